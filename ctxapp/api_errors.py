@@ -1,0 +1,133 @@
+"""Every API error is JSON: {"error": {"code": ..., "message": ..., "details": {...}}}.
+
+This covers DRF's own exceptions, our DomainErrors, Django's 404/500 handlers for /api/ paths,
+and the 413 raised before a body is read.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+from rest_framework.views import set_rollback
+
+from memory.exceptions import DomainError
+
+logger = logging.getLogger(__name__)
+
+DRF_CODES: dict[type[Exception], tuple[str, str | None]] = {
+    drf.ParseError: ("invalid_json", "The request body is not valid JSON."),
+    drf.NotAuthenticated: (
+        "unauthenticated",
+        "Authentication required: send 'Authorization: Bearer <api key>'.",
+    ),
+    drf.AuthenticationFailed: ("invalid_api_key", None),
+    drf.PermissionDenied: ("forbidden", None),
+    drf.NotFound: ("not_found", "Not found."),
+    drf.MethodNotAllowed: ("method_not_allowed", None),
+    drf.NotAcceptable: ("not_acceptable", None),
+    drf.UnsupportedMediaType: ("unsupported_media_type", None),
+    drf.Throttled: ("rate_limited", None),
+}
+
+
+def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": details or {}}}
+
+
+def _validation_details(detail: Any) -> dict[str, Any]:
+    if isinstance(detail, dict):
+        return {"fields": detail}
+    return {"fields": {"non_field_errors": detail if isinstance(detail, list) else [detail]}}
+
+
+def _first_message(detail: Any, prefix: str = "") -> str:
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            return _first_message(value, name)
+    if isinstance(detail, list) and detail:
+        for index, item in enumerate(detail):
+            if isinstance(item, dict | list):
+                return _first_message(item, f"{prefix}[{index}]")
+            return f"{prefix}: {item}" if prefix and prefix != "non_field_errors" else str(item)
+    return f"{prefix}: {detail}" if prefix else str(detail)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    set_rollback()
+    if isinstance(exc, DomainError):
+        return Response(error_body(exc.code, exc.message, exc.details), status=exc.http_status)
+    if isinstance(exc, Http404):
+        return Response(error_body("not_found", "Not found."), status=404)
+    if isinstance(exc, PermissionDenied):
+        return Response(error_body("forbidden", "You may not do this."), status=403)
+    if isinstance(exc, RequestDataTooBig):
+        return too_large_response()
+    if isinstance(exc, drf.ValidationError):
+        detail = exc.detail
+        return Response(
+            error_body("validation_error", _first_message(detail), _validation_details(detail)),
+            status=422,
+        )
+    if isinstance(exc, drf.APIException):
+        code, message = DRF_CODES.get(type(exc), (None, None))
+        if code is None:
+            for klass, (c, m) in DRF_CODES.items():
+                if isinstance(exc, klass):
+                    code, message = c, m
+                    break
+        code = code or str(getattr(exc, "default_code", "error"))
+        text = message or (str(exc.detail) if not isinstance(exc.detail, dict | list) else str(exc.default_detail))
+        response = Response(error_body(code, text), status=exc.status_code)
+        if isinstance(exc, drf.NotAuthenticated | drf.AuthenticationFailed):
+            response["WWW-Authenticate"] = 'Bearer realm="api"'
+        if isinstance(exc, drf.Throttled) and exc.wait:
+            response["Retry-After"] = str(int(exc.wait))
+        return response
+    logger.exception("Unhandled error in %s", context.get("view"))
+    return Response(
+        error_body("internal_error", "Something went wrong on our side; the request was not applied."),
+        status=500,
+    )
+
+
+def too_large_response() -> JsonResponse:
+    from django.conf import settings
+
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return JsonResponse(
+        error_body(
+            "payload_too_large",
+            f"The request body is larger than the limit of {limit} bytes.",
+            {"limit_bytes": limit},
+        ),
+        status=413,
+    )
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path.startswith("/api/")
+
+
+def handler404(request: HttpRequest, exception: Exception | None = None):  # type: ignore[no-untyped-def]
+    if _is_api(request):
+        return JsonResponse(error_body("not_found", f"No endpoint at {request.path}."), status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception or Http404())
+
+
+def handler500(request: HttpRequest):  # type: ignore[no-untyped-def]
+    if _is_api(request):
+        return JsonResponse(
+            error_body("internal_error", "Something went wrong on our side; the request was not applied."),
+            status=500,
+        )
+    from django.views.defaults import server_error
+
+    return server_error(request)

@@ -1,0 +1,301 @@
+"""The one settings surface of ctxapp.
+
+Every tunable is declared here once: its environment variable, type, default and a line of
+documentation. `ctxapp/settings.py` reads them; `ctxapp config` prints their effective values
+and where each came from; `docs/settings.md` is generated from this list
+(`ctxapp config --markdown`).
+
+Values come from, in order of precedence: the process environment, then the env file
+(`CTXAPP_ENV_FILE`, default `./.env`), then the default. A value that does not parse fails at
+start with the variable's name: ctxapp never guesses.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+
+class SettingError(ValueError):
+    """A setting's value could not be parsed. The message names the variable."""
+
+
+def parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError("expected one of true/false, yes/no, on/off, 1/0")
+
+
+def parse_int(raw: str) -> int:
+    return int(raw.strip().replace("_", ""))
+
+
+def parse_float(raw: str) -> float:
+    return float(raw.strip())
+
+
+def parse_list(raw: str) -> list[str]:
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def parse_str(raw: str) -> str:
+    return raw
+
+
+def parse_choice(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+
+    parse.__name__ = "choice"
+    return parse
+
+
+def parse_fraction(raw: str) -> float:
+    value = float(raw.strip())
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("expected a number between 0 and 1")
+    return value
+
+
+def parse_port(raw: str) -> int:
+    value = int(raw.strip())
+    if not 0 < value < 65536:
+        raise ValueError("expected a TCP port between 1 and 65535")
+    return value
+
+
+def parse_positive_int(raw: str) -> int:
+    value = parse_int(raw)
+    if value <= 0:
+        raise ValueError("expected a positive integer")
+    return value
+
+
+TYPE_NAMES: dict[Callable[[str], Any], str] = {
+    parse_bool: "bool",
+    parse_int: "int",
+    parse_positive_int: "positive int",
+    parse_float: "float",
+    parse_fraction: "fraction 0..1",
+    parse_list: "comma-separated list",
+    parse_str: "string",
+    parse_port: "port",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    env: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    secret: bool = False
+    group: str = "core"
+
+    @property
+    def type_name(self) -> str:
+        return TYPE_NAMES.get(self.parse, getattr(self.parse, "__name__", "string"))
+
+
+@dataclass(frozen=True)
+class Resolved:
+    setting: Setting
+    value: Any
+    source: str  # "default" | "environment" | "file"
+
+    def display(self) -> str:
+        return mask(self.setting, self.value)
+
+
+def mask(setting: Setting, value: Any) -> str:
+    if value is None or value == "":
+        return "(unset)"
+    if isinstance(value, list):
+        return ",".join(value)
+    text = str(value)
+    if setting.secret:
+        return "****" + (text[-4:] if len(text) > 12 else "")
+    if "://" in text:
+        return mask_url(text)
+    return text
+
+
+def mask_url(url: str) -> str:
+    """Hide the password of a URL, keep everything else readable."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = f"{parts.username}:****@{parts.hostname}"
+        if parts.port:
+            netloc += f":{parts.port}"
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+SETTINGS: list[Setting] = [
+    # --- core ----------------------------------------------------------------------------------
+    Setting("CTXAPP_DEBUG", parse_bool, False, "Django debug mode. Never on in production."),
+    Setting(
+        "CTXAPP_SECRET_KEY",
+        parse_str,
+        "",
+        "Django secret key. Unset: generated once and kept in the data directory (embedded mode).",
+        secret=True,
+    ),
+    Setting(
+        "CTXAPP_ALLOWED_HOSTS",
+        parse_list,
+        ["localhost", "127.0.0.1", "[::1]"],
+        "Host names this server answers to.",
+    ),
+    Setting(
+        "CTXAPP_CSRF_TRUSTED_ORIGINS",
+        parse_list,
+        [],
+        "Origins trusted for dashboard form posts behind a proxy, e.g. https://ctx.example.com.",
+    ),
+    Setting(
+        "CTXAPP_DATA_DIR",
+        parse_str,
+        "./.ctxapp",
+        "Where the embedded PostgreSQL, the secret key and the lock file live.",
+    ),
+    Setting(
+        "DATABASE_URL",
+        parse_str,
+        "",
+        "PostgreSQL with pgvector, e.g. postgresql://user:pass@host:5432/ctxapp. "
+        "Unset: ctxapp runs its embedded PostgreSQL in the data directory.",
+    ),
+    Setting(
+        "REDIS_URL",
+        parse_str,
+        "",
+        "Redis for the Celery broker and the Channels layer. "
+        "Unset: both run on the PostgreSQL database (see docs/run-modes.md).",
+    ),
+    Setting("CTXAPP_HOST", parse_str, "127.0.0.1", "Interface the web server of `ctxapp up` binds."),
+    Setting("CTXAPP_PORT", parse_port, 8000, "Port the web server of `ctxapp up` binds."),
+    Setting("CTXAPP_WEB_WORKERS", parse_positive_int, 1, "ASGI server processes started by `ctxapp up`."),
+    Setting(
+        "CTXAPP_WORKER_CONCURRENCY",
+        parse_positive_int,
+        2,
+        "Celery worker processes started by `ctxapp up`.",
+    ),
+    Setting("CTXAPP_LOG_LEVEL", parse_choice("debug", "info", "warning", "error"), "info", "Log level."),
+    Setting(
+        "CTXAPP_QUEUE_PREFIX",
+        parse_str,
+        "ctxapp",
+        "Prefix of Celery queue names and channel groups; lets several installations share one Redis.",
+    ),
+    Setting(
+        "CTXAPP_DB_CONN_MAX_AGE",
+        parse_int,
+        60,
+        "Seconds a database connection is reused (Django CONN_MAX_AGE).",
+    ),
+    # --- API -----------------------------------------------------------------------------------
+    Setting(
+        "CTXAPP_MAX_BODY_BYTES",
+        parse_positive_int,
+        64 * 1024 * 1024,
+        "Largest request body accepted; larger → 413.",
+        group="api",
+    ),
+    Setting(
+        "CTXAPP_MESSAGE_MAX_BYTES",
+        parse_positive_int,
+        1024 * 1024,
+        "Largest content of one message (UTF-8 bytes); larger → 422.",
+        group="api",
+    ),
+    Setting(
+        "CTXAPP_BATCH_MAX_MESSAGES",
+        parse_positive_int,
+        1000,
+        "Most messages in one batch append.",
+        group="api",
+    ),
+    Setting(
+        "CTXAPP_EVENT_PAYLOAD_MAX_BYTES",
+        parse_positive_int,
+        256 * 1024,
+        "Largest payload of an agent-emitted event (JSON bytes).",
+        group="api",
+    ),
+    Setting(
+        "CTXAPP_IDEMPOTENCY_TTL_HOURS",
+        parse_positive_int,
+        24,
+        "How long a stored Idempotency-Key response is replayed.",
+        group="api",
+    ),
+    Setting("CTXAPP_PAGE_SIZE", parse_positive_int, 100, "Default page size of list endpoints.", group="api"),
+    Setting(
+        "CTXAPP_API_KEY_TOUCH_SECONDS",
+        parse_positive_int,
+        60,
+        "An API key's last-used time is written at most this often.",
+        group="api",
+    ),
+]
+
+
+
+def env_file_path() -> Path:
+    return Path(os.environ.get("CTXAPP_ENV_FILE", ".env"))
+
+
+def _file_values() -> dict[str, str]:
+    path = env_file_path()
+    if not path.is_file():
+        return {}
+    from dotenv import dotenv_values
+
+    return {k: v for k, v in dotenv_values(path).items() if v is not None}
+
+
+def resolve_all(environ: dict[str, str] | None = None) -> dict[str, Resolved]:
+    """Resolve every setting. Raises SettingError naming the first variable that does not parse."""
+    env = os.environ if environ is None else environ
+    file_values = _file_values()
+    resolved: dict[str, Resolved] = {}
+    for setting in SETTINGS:
+        if setting.env in env:
+            raw, source = env[setting.env], "environment"
+        elif setting.env in file_values:
+            raw, source = file_values[setting.env], f"file {env_file_path()}"
+        else:
+            resolved[setting.env] = Resolved(setting, setting.default, "default")
+            continue
+        try:
+            value = setting.parse(raw)
+        except (ValueError, TypeError) as exc:
+            raise SettingError(
+                f"{setting.env}={raw!r} is not a valid {setting.type_name}: {exc}"
+            ) from None
+        resolved[setting.env] = Resolved(setting, value, source)
+    return resolved
+
+
+def markdown_table(resolved: dict[str, Resolved] | None = None) -> str:
+    """The settings reference, as docs/settings.md shows it."""
+    lines = [
+        "| variable | type | default | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for setting in SETTINGS:
+        default = mask(setting, setting.default) if not setting.secret else "(generated)"
+        lines.append(f"| `{setting.env}` | {setting.type_name} | `{default}` | {setting.doc} |")
+    return "\n".join(lines)

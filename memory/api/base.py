@@ -1,0 +1,153 @@
+"""The base of every /api/v1 view: tenant, validation, idempotent writes, cursor pages.
+
+Views are adapters: validate with a nested InputSerializer, call one service, shape the output.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from memory.exceptions import IdempotencyConflict, IdempotencyInProgress, InvalidInput
+from memory.models import IdempotencyRecord, Tenant
+
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+
+
+class TenantApiView(APIView):
+    """An API view whose caller is one tenant (from its API key).
+
+    Any write carrying an `Idempotency-Key` header runs at most once: the response is stored in
+    the same transaction as the write, and a retry with the same key and body gets it back
+    (header `Idempotent-Replayed: true`); the same key with another body → 409.
+    """
+
+    required_scope: str | None = None
+
+    @property
+    def tenant(self) -> Tenant:
+        return self.request.auth.tenant  # type: ignore[union-attr]
+
+    def validate(self, serializer_class: type[serializers.Serializer], data: Any = None) -> dict[str, Any]:
+        serializer = serializer_class(data=self.request.data if data is None else data)
+        serializer.is_valid(raise_exception=True)
+        return dict(serializer.validated_data)
+
+    def validate_query(self, serializer_class: type[serializers.Serializer]) -> dict[str, Any]:
+        return self.validate(serializer_class, data=self.request.query_params)
+
+    # --- idempotency -----------------------------------------------------------------------
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        # Mirrors APIView.dispatch, with the handler call wrapped for Idempotency-Key.
+        self.args = args
+        self.kwargs = kwargs
+        request = self.initialize_request(request, *args, **kwargs)
+        self.request = request
+        self.headers = self.default_response_headers
+        try:
+            self.initial(request, *args, **kwargs)
+            if request.method.lower() in self.http_method_names:
+                handler = getattr(self, request.method.lower(), self.http_method_not_allowed)
+            else:
+                handler = self.http_method_not_allowed
+            key = request.headers.get(IDEMPOTENCY_HEADER)
+            if key is not None and request.method in WRITE_METHODS and handler != self.http_method_not_allowed:
+                response = self._idempotent(request, key, handler, *args, **kwargs)
+            else:
+                response = handler(request, *args, **kwargs)
+        except Exception as exc:
+            response = self.handle_exception(exc)
+        self.response = self.finalize_response(request, response, *args, **kwargs)
+        return self.response
+
+    def _idempotent(self, request: Request, key: str, handler: Any, *args: Any, **kwargs: Any) -> Response:
+        if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+            raise InvalidInput(
+                f"The {IDEMPOTENCY_HEADER} header must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} characters.",
+                details={"header": IDEMPOTENCY_HEADER},
+            )
+        body = request._request.body  # read once, before the parser; Django keeps a copy for it
+        digest = hashlib.sha256(
+            b"\0".join([request.method.encode(), request.get_full_path().encode(), body])
+        ).hexdigest()
+        tenant = self.tenant
+        ttl = timedelta(hours=settings.CTXAPP["CTXAPP_IDEMPOTENCY_TTL_HOURS"])
+        with transaction.atomic():
+            IdempotencyRecord.objects.filter(tenant=tenant, key=key, created_at__lt=timezone.now() - ttl).delete()
+            # If another request holds this key in an open transaction, this INSERT waits for it
+            # to commit or roll back (unique index), so we never run the write twice.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"INSERT INTO {IdempotencyRecord._meta.db_table} "
+                    "(tenant_id, key, request_hash, created_at) VALUES (%s, %s, %s, %s) "
+                    "ON CONFLICT (tenant_id, key) DO NOTHING RETURNING id",
+                    [tenant.pk, key, digest, timezone.now()],
+                )
+                row = cursor.fetchone()
+            if row is None:
+                record = IdempotencyRecord.objects.get(tenant=tenant, key=key)
+                if record.request_hash != digest:
+                    raise IdempotencyConflict(details={"header": IDEMPOTENCY_HEADER})
+                if record.status_code is None:
+                    raise IdempotencyInProgress()
+                response = Response(record.response_body, status=record.status_code)
+                response["Idempotent-Replayed"] = "true"
+                return response
+            response = handler(request, *args, **kwargs)
+            if response.status_code >= 500:
+                transaction.set_rollback(True)
+                return response
+            IdempotencyRecord.objects.filter(pk=row[0]).update(
+                status_code=response.status_code, response_body=response.data
+            )
+            return response
+
+
+# --- cursor pages ---------------------------------------------------------------------------
+
+
+class CursorSerializer(serializers.Serializer):
+    cursor = serializers.CharField(required=False, allow_blank=True)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=1000)
+
+
+def encode_cursor(value: int) -> str:
+    return base64.urlsafe_b64encode(str(value).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        return int(base64.urlsafe_b64decode(padded.encode()).decode())
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidInput(
+            "The cursor is not valid: pass back the next_cursor of a previous page.",
+            details={"fields": {"cursor": ["Not a valid cursor."]}},
+        ) from None
+
+
+def keyset_page(
+    queryset: QuerySet[Any], *, cursor: str | None, limit: int | None, newest_first: bool = True
+) -> tuple[list[Any], str | None]:
+    """One page of `queryset` ordered by primary key, and the cursor of the next page (or None)."""
+    size = limit or settings.CTXAPP["CTXAPP_PAGE_SIZE"]
+    if cursor:
+        last = decode_cursor(cursor)
+        queryset = queryset.filter(pk__lt=last) if newest_first else queryset.filter(pk__gt=last)
+    rows = list(queryset.order_by("-pk" if newest_first else "pk")[: size + 1])
+    next_cursor = encode_cursor(rows[size - 1].pk) if len(rows) > size else None
+    return rows[:size], next_cursor

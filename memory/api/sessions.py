@@ -1,0 +1,5 @@
+"""API views of this capability."""
+
+from django.urls import path  # noqa: F401
+
+urlpatterns: list = []

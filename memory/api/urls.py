@@ -1,0 +1,12 @@
+"""/api/v1 routes, one module per capability."""
+
+from django.urls import include, path
+
+urlpatterns = [
+    path("", include("memory.api.tenancy")),
+    path("", include("memory.api.sessions")),
+    path("", include("memory.api.context")),
+    path("", include("memory.api.experiences")),
+    path("", include("memory.api.cognition")),
+    path("", include("memory.api.decay")),
+]

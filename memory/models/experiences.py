@@ -1,0 +1,1 @@
+"""Models of this capability (see memory/models/__init__.py)."""

@@ -1,0 +1,10 @@
+"""Celery tasks, one module per capability. Each task fetches by id and calls one service.
+
+The beat schedule is assembled here from each module's SCHEDULE dict.
+"""
+
+from memory.tasks import cognition, context, decay, experiences, sessions
+
+BEAT_SCHEDULE: dict = {}
+for _module in (sessions, context, experiences, cognition, decay):
+    BEAT_SCHEDULE.update(getattr(_module, "SCHEDULE", {}))

@@ -1,0 +1,3 @@
+"""Celery tasks of this capability."""
+
+SCHEDULE: dict = {}

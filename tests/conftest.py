@@ -1,0 +1,109 @@
+"""Shared fixtures. Tenant A and tenant B must never see each other's data.
+
+Everything is real: the embedded PostgreSQL + pgvector started by ctxapp/settings_test.py,
+Redis as broker and channel layer, and (fixture `celery_worker`) a real Celery worker process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from memory.models import ApiKey, Tenant
+from memory.services.tenancy import api_key_create
+
+
+@pytest.fixture
+def tenant_a(db: None) -> Tenant:
+    return Tenant.objects.create(name="Alice's team", slug="alice")
+
+
+@pytest.fixture
+def tenant_b(db: None) -> Tenant:
+    return Tenant.objects.create(name="Bob's team", slug="bob")
+
+
+def _client_for(tenant: Tenant, scopes: list[str] | None = None) -> APIClient:
+    key, secret = api_key_create(tenant=tenant, name="test", scopes=scopes)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    client.api_key = key  # type: ignore[attr-defined]
+    client.secret = secret  # type: ignore[attr-defined]
+    return client
+
+
+@pytest.fixture
+def api_a(tenant_a: Tenant) -> APIClient:
+    """Alice's API client (read + write)."""
+    return _client_for(tenant_a)
+
+
+@pytest.fixture
+def api_b(tenant_b: Tenant) -> APIClient:
+    """Bob's API client: must never see Alice's stuff."""
+    return _client_for(tenant_b)
+
+
+@pytest.fixture
+def make_client() -> Any:
+    return _client_for
+
+
+@pytest.fixture
+def anon() -> APIClient:
+    return APIClient()
+
+
+def key_of(client: APIClient) -> ApiKey:
+    return client.api_key  # type: ignore[attr-defined,no-any-return]
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a subprocess (worker, server) that must use the test database."""
+    db = settings.DATABASES["default"]
+    host = db.get("OPTIONS", {}).get("host") or db.get("HOST") or ""
+    name = db["NAME"]
+    user = db.get("USER") or "postgres"
+    password = db.get("PASSWORD") or ""
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    if host.startswith("/"):
+        url = f"postgresql://{user}:{password}@/{name}?host={host}"
+    else:
+        url = f"postgresql://{user}:{password}@{host}{port}/{name}"
+    env = dict(os.environ)
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "ctxapp.settings",
+            "DATABASE_URL": url,
+            "CTXAPP_DB_CONN_MAX_AGE": "0",
+        }
+    )
+    env.pop("CTXAPP_EMBEDDED_DATABASE_URL", None)
+    return env
+
+
+@pytest.fixture
+def celery_worker(transactional_db: None) -> Iterator[subprocess.Popen[bytes]]:
+    """A real Celery worker process on the test database and this run's Redis queue."""
+    queue = f"{settings.QUEUE_PREFIX}-default"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "ctxapp", "worker", "--loglevel", "warning",
+         "--concurrency", "1", "--queues", queue, "--without-gossip", "--without-mingle", "--pool", "solo"],
+        env=worker_env(),
+    )  # fmt: skip
+    time.sleep(2.0)  # long enough for the worker to connect to Redis and start consuming
+    yield proc
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
