@@ -1,5 +1,20 @@
-"""ctxapp: context and memory service, and flight recorder, for LLM agents."""
+"""ctxapp: context and memory service, and flight recorder, for LLM agents.
 
-from ctxapp.celery import app as celery_app
+The Celery app is loaded lazily (`ctxapp.celery_app`, or `celery -A ctxapp`, which finds
+`ctxapp.celery.app`), so `ctxapp.client` imports without Django or Celery. Django processes
+load it in `memory.apps.MemoryConfig.ready`, so `shared_task`s bind to it there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["celery_app"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "celery_app":
+        from ctxapp.celery import app
+
+        return app
+    raise AttributeError(f"module 'ctxapp' has no attribute {name!r}")

@@ -83,6 +83,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
                     break
         code = code or str(getattr(exc, "default_code", "error"))
         text = message or (str(exc.detail) if not isinstance(exc.detail, dict | list) else str(exc.default_detail))
+        if isinstance(exc, drf.UnsupportedMediaType):
+            text = f"{text} Send the body as JSON, with 'Content-Type: application/json'."
         response = Response(error_body(code, text), status=exc.status_code)
         if isinstance(exc, drf.NotAuthenticated | drf.AuthenticationFailed):
             response["WWW-Authenticate"] = 'Bearer realm="api"'

@@ -249,6 +249,149 @@ SETTINGS: list[Setting] = [
         "An API key's last-used time is written at most this often.",
         group="api",
     ),
+    # --- experiences -----------------------------------------------------------------------------
+    Setting(
+        "CTXAPP_EMBEDDER",
+        parse_choice("local", "openai"),
+        "local",
+        "Embedder of experiences: `local` (all-MiniLM-L6-v2 int8 ONNX, in-process) or `openai` "
+        "(any OpenAI-compatible /embeddings endpoint, CTXAPP_EMBEDDING_URL).",
+        group="experiences",
+    ),
+    Setting(
+        "CTXAPP_EMBEDDING_URL",
+        parse_str,
+        "",
+        "Base URL of an OpenAI-compatible embeddings API, e.g. https://api.openai.com/v1 (CTXAPP_EMBEDDER=openai).",
+        group="experiences",
+    ),
+    Setting(
+        "CTXAPP_EMBEDDING_MODEL",
+        parse_str,
+        "text-embedding-3-small",
+        "Model name sent to the embeddings endpoint; it must return 384 dimensions.",
+        group="experiences",
+    ),
+    Setting(
+        "CTXAPP_EMBEDDING_API_KEY", parse_str, "", "Bearer key of the embeddings endpoint.", secret=True,
+        group="experiences",
+    ),
+    Setting(
+        "CTXAPP_EMBEDDING_TIMEOUT", parse_float, 30.0, "Seconds to wait for the embeddings endpoint.",
+        group="experiences",
+    ),
+    Setting(
+        "CTXAPP_EMBEDDING_BATCH_SIZE",
+        parse_positive_int,
+        64,
+        "Pending experiences embedded per Celery job.",
+        group="experiences",
+    ),
+    Setting(
+        "CTXAPP_EMBEDDING_MAX_RETRIES",
+        parse_int,
+        5,
+        "Retries of an embedding job on a transient error before its experiences are marked failed.",
+        group="experiences",
+    ),
+    Setting(
+        "CTXAPP_EMBEDDING_RETRY_BACKOFF",
+        parse_float,
+        5.0,
+        "Seconds before the first retry of an embedding job; doubles each retry (capped at 10 minutes).",
+        group="experiences",
+    ),
+    Setting(
+        "CTXAPP_EMBEDDING_STALE_MINUTES",
+        parse_positive_int,
+        15,
+        "A pending experience older than this is re-queued by the embedding sweep (lost job).",
+        group="experiences",
+    ),
+    Setting(
+        "CTXAPP_DISTILL_LLM",
+        parse_bool,
+        True,
+        "Full distillation also asks the summariser's chat endpoint (CTXAPP_SUMMARISER_URL, model, key, "
+        "timeout, retries) to extract experiences, when that endpoint is set.",
+        group="experiences",
+    ),
+    # --- cognition -----------------------------------------------------------------------------
+    Setting(
+        "CTXAPP_RECOVERY_PART_TIMEOUT_MS",
+        parse_positive_int,
+        2000,
+        "Deadline of each part of a recovered state (fold, checkpoint, session, tasks, events); "
+        "a part that misses it is left out with a warning.",
+        group="cognition",
+    ),
+    Setting(
+        "CTXAPP_RECOVERY_HISTORY_MESSAGES",
+        parse_positive_int,
+        20,
+        "Recent messages of the latest session included in a recovered state.",
+        group="cognition",
+    ),
+    Setting(
+        "CTXAPP_RECOVERY_MAX_EVENTS",
+        parse_positive_int,
+        500,
+        "Most events-after-the-last-checkpoint listed in a recovered state (the fold covers all).",
+        group="cognition",
+    ),
+    Setting(
+        "CTXAPP_STATE_MAX_BYTES",
+        parse_positive_int,
+        4 * 1024 * 1024,
+        "Largest cognitive state or private context (JSON bytes); larger → 413.",
+        group="cognition",
+    ),
+    # --- context -------------------------------------------------------------------------------
+    Setting(
+        "CTXAPP_UNKNOWN_MODEL_INPUT_TOKENS",
+        parse_positive_int,
+        64000,
+        "Input window assumed for a model not in the profile table (a warning says so).",
+        group="context",
+    ),
+    Setting(
+        "CTXAPP_CALIBRATION_MIN_REPORTS",
+        parse_positive_int,
+        3,
+        "Usage reports of a model needed before its estimated token counts are corrected by them.",
+        group="context",
+    ),
+    Setting(
+        "CTXAPP_SUMMARISER_URL",
+        parse_str,
+        "",
+        "Base URL of an OpenAI-compatible chat API (POST {url}/chat/completions) that writes session "
+        "summaries. Unset: the offline extractive summariser.",
+        group="context",
+    ),
+    Setting("CTXAPP_SUMMARISER_MODEL", parse_str, "gpt-4o-mini", "Chat model that writes summaries.", group="context"),
+    Setting(
+        "CTXAPP_SUMMARISER_API_KEY", parse_str, "", "Bearer key of the summariser endpoint.", secret=True,
+        group="context",
+    ),
+    Setting(
+        "CTXAPP_SUMMARISER_TIMEOUT", parse_float, 30.0, "Seconds to wait for the summariser endpoint.",
+        group="context",
+    ),
+    Setting(
+        "CTXAPP_SUMMARISER_RETRIES",
+        parse_int,
+        2,
+        "Extra attempts at the summariser endpoint before falling back to the offline summariser.",
+        group="context",
+    ),    # --- dashboard ---
+    Setting(
+        "CTXAPP_DASHBOARD_FLUSH_MS",
+        parse_positive_int,
+        400,
+        "Live dashboard: events are coalesced and each page is re-rendered at most once per this many ms.",
+        group="dashboard",
+    ),
 ]
 
 

@@ -31,19 +31,50 @@ def pgdata_dir(data_dir: Path) -> Path:
     return data_dir / "pg"
 
 
+# Files initdb writes last or near the end: a directory without them was never fully initialised.
+REQUIRED_FILES = ("PG_VERSION", "global/pg_control", "postgresql.conf", "base")
+
+
 def _check_data_dir(pgdata: Path) -> None:
     if not pgdata.exists():
         return
+    if not pgdata.is_dir():
+        raise EmbeddedDatabaseError(f"{pgdata} should be the embedded database's directory but is a file.")
     entries = [p for p in pgdata.iterdir() if p.name not in {"log", ".handle_pids.json"}]
-    if entries and not (pgdata / "PG_VERSION").exists():
-        raise EmbeddedDatabaseError(
-            f"The data directory {pgdata} exists but holds no complete database (PG_VERSION is missing): "
-            "an earlier start was interrupted during initialisation. If it holds nothing you need, "
-            f"remove it (rm -rf {pgdata}) and start again."
-        )
-    if not entries and pgdata.exists():
-        # An empty or log-only directory: a crash before initdb finished. Safe to start over.
+    if not entries:
+        # An empty or log-only directory: a crash before initdb wrote anything. Safe to start over.
         shutil.rmtree(pgdata)
+        return
+    missing = [name for name in REQUIRED_FILES if not (pgdata / name).exists()]
+    if missing:
+        raise EmbeddedDatabaseError(
+            f"The database directory {pgdata} is half-initialised ({', '.join(missing)} missing): an "
+            "earlier first start was interrupted while creating it. If it holds nothing you need, remove "
+            f"it and start again:  rm -rf {pgdata}"
+        )
+    _forget_dead_handles(pgdata)
+
+
+def _forget_dead_handles(pgdata: Path) -> None:
+    """Drop pids of processes that no longer exist from pgserver's handle list.
+
+    pgserver stops the server when the last process holding a handle exits, and keeps the
+    holders' pids in a file. A holder killed with SIGKILL never removes its pid, and the server
+    would then outlive every later run; the caller holds the data-directory lock, so pruning
+    here cannot race another `ctxapp up`.
+    """
+    import json
+
+    import psutil
+
+    path = pgdata / ".handle_pids.json"
+    try:
+        pids = json.loads(path.read_text() or "[]")
+    except (OSError, ValueError):
+        return
+    alive = [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
+    if alive != pids:
+        path.write_text(json.dumps(alive))
 
 
 def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop"):  # type: ignore[no-untyped-def]
@@ -106,9 +137,7 @@ def check_pgvector(uri: str) -> None:
     """Refuse a server without pgvector, with a message that says how to fix it."""
     try:
         with psycopg.connect(uri, autocommit=True, connect_timeout=5) as conn:
-            available = conn.execute(
-                "SELECT 1 FROM pg_available_extensions WHERE name = 'vector'"
-            ).fetchone()
+            available = conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone()
             if not available:
                 raise EmbeddedDatabaseError(
                     "The PostgreSQL server at DATABASE_URL has no pgvector extension. Install pgvector "
@@ -118,3 +147,7 @@ def check_pgvector(uri: str) -> None:
             conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
     except psycopg.OperationalError as exc:
         raise EmbeddedDatabaseError(f"Cannot connect to DATABASE_URL: {exc}".strip()) from None
+    except psycopg.Error as exc:
+        raise EmbeddedDatabaseError(
+            f"The PostgreSQL server at DATABASE_URL refused the pgvector check: {exc}".strip()
+        ) from None

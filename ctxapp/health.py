@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -11,6 +13,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
+
+logger = logging.getLogger(__name__)
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -27,24 +31,53 @@ def check_database() -> dict[str, Any]:
 
 
 def check_broker() -> dict[str, Any]:
+    """Connect to the broker and declare the default queue (a real round trip, for every transport)."""
+    from django.conf import settings
+
     from ctxapp.celery import app
 
     with app.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1, timeout=3)
-        transport = conn.transport_cls if isinstance(conn.transport_cls, str) else conn.transport.driver_type
-    return {"ok": True, "transport": str(transport)}
+        with conn.channel() as channel:
+            declared = channel.queue_declare(queue=settings.CELERY_TASK_DEFAULT_QUEUE, passive=False)
+        transport = conn.transport.driver_type
+    return {"ok": True, "transport": str(transport), "queued": declared.message_count}
+
+
+CHANNEL_LAYER_TIMEOUT_SECONDS = 5.0
+# One probe channel per layer and process. channels_postgres keeps an advisory lock for every
+# channel it has received on, for the life of the process: a new channel per check would leak one
+# lock per /readyz call.
+_probe_channels: dict[int, str] = {}
+
+
+async def _channel_layer_roundtrip(layer: Any) -> None:
+    channel = _probe_channels.get(id(layer))
+    if channel is None:
+        channel = _probe_channels[id(layer)] = await layer.new_channel("readyz")
+    # channels_postgres drops a message that arrives for a channel before its reader holds the
+    # channel's lock, so take the lock before sending (a no-op for other layers).
+    take_lock = getattr(layer, "_get_or_create_channel_advisory_lock", None)
+    if take_lock is not None:
+        await take_lock(channel)
+    token = uuid.uuid4().hex
+    await layer.send(channel, {"type": "readyz.ping", "token": token})
+
+    async def wait_for_token() -> None:
+        while (await layer.receive(channel)).get("token") != token:
+            pass  # a late answer to an earlier probe that timed out
+
+    await asyncio.wait_for(wait_for_token(), CHANNEL_LAYER_TIMEOUT_SECONDS)
 
 
 def check_channel_layer() -> dict[str, Any]:
     layer = get_channel_layer()
     if layer is None:
         return {"ok": False, "error": "no channel layer configured"}
-    channel = async_to_sync(layer.new_channel)()
-    token = uuid.uuid4().hex
-    async_to_sync(layer.send)(channel, {"type": "readyz.ping", "token": token})
-    received = async_to_sync(layer.receive)(channel)
-    if received.get("token") != token:
-        return {"ok": False, "error": "the channel layer returned another message"}
+    try:
+        async_to_sync(_channel_layer_roundtrip)(layer)
+    except TimeoutError:
+        return {"ok": False, "error": f"no message came back within {CHANNEL_LAYER_TIMEOUT_SECONDS:.0f} s"}
     return {"ok": True, "backend": type(layer).__name__}
 
 
@@ -66,4 +99,25 @@ def readyz(request: HttpRequest) -> JsonResponse:
         result["ms"] = round((time.perf_counter() - started) * 1000, 1)
         report[name] = result
     ok = all(part["ok"] for part in report.values())
-    return JsonResponse({"status": "ok" if ok else "unavailable", "checks": report}, status=200 if ok else 503)
+    response = JsonResponse(
+        {"status": "ok" if ok else "unavailable", "checks": report}, status=200 if ok else 503
+    )
+    _log_change(ok, report)
+    # Load balancers and `ctxapp up` poll this often: log a change of state once (above)
+    # instead of an ERROR line from django.request for every 503.
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
+
+
+_last_state: dict[str, bool | None] = {"ok": None}
+
+
+def _log_change(ok: bool, report: dict[str, Any]) -> None:
+    if _last_state["ok"] is ok:
+        return
+    previous, _last_state["ok"] = _last_state["ok"], ok
+    if ok and previous is not None:
+        logger.warning("readyz: every dependency is ok again")
+    elif not ok:
+        failing = {name: part.get("error") for name, part in report.items() if not part["ok"]}
+        logger.warning("readyz: not ready: %s", failing)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import warnings
 from pathlib import Path
 
 import dj_database_url
@@ -60,6 +61,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "ctxapp.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -94,7 +96,9 @@ TEMPLATES = [
 DATABASE_URL = CTXAPP["DATABASE_URL"] or os.environ.get("CTXAPP_EMBEDDED_DATABASE_URL", "")
 EMBEDDED_DATABASE = not CTXAPP["DATABASE_URL"]
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=CTXAPP["CTXAPP_DB_CONN_MAX_AGE"])}
+    DATABASES = {
+        "default": dj_database_url.parse(DATABASE_URL, conn_max_age=CTXAPP["CTXAPP_DB_CONN_MAX_AGE"])
+    }
 else:
     # Not started yet (e.g. `ctxapp config`): a placeholder that fails clearly if used.
     DATABASES = {
@@ -144,7 +148,9 @@ else:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_postgres.core.PostgresChannelLayer",
-            "CONFIG": {**DATABASES["default"], "prefix": f"{QUEUE_PREFIX}_asgi"},
+            # channels_postgres builds its own Django DatabaseWrapper from this dict, so it needs
+            # the keys Django would otherwise fill in for DATABASES entries (TIME_ZONE, …).
+            "CONFIG": {**DATABASES["default"], "TIME_ZONE": None, "prefix": f"{QUEUE_PREFIX}_asgi"},
         }
     }
 
@@ -159,7 +165,11 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE: dict = {}  # filled by memory.tasks (see memory/tasks/__init__.py)
-CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": 3600}
+# Transport options are transport-specific: Kombu's SQLAlchemy transport hands every option to
+# SQLAlchemy's create_engine(), which rejects unknown ones (such as Redis's visibility_timeout).
+CELERY_BROKER_TRANSPORT_OPTIONS: dict = (
+    {"visibility_timeout": 3600} if REDIS_URL else {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 3}
+)
 
 # --- auth, i18n, static -------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
@@ -175,6 +185,11 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "staticfiles"
+# WhiteNoise serves static files from the ASGI process itself (admin, dashboard, API docs), so
+# `ctxapp up` needs no separate web server; with finders on, no collectstatic step is needed.
+# Production images run collectstatic into STATIC_ROOT at build time (see Dockerfile).
+WHITENOISE_USE_FINDERS = True
+warnings.filterwarnings("ignore", message="No directory at")
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = CTXAPP["CTXAPP_MAX_BODY_BYTES"]
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000

@@ -28,9 +28,10 @@ elif os.environ.get("CTXAPP_TEST_DATABASE_URL"):
     os.environ["DATABASE_URL"] = os.environ["CTXAPP_TEST_DATABASE_URL"]
 
 from ctxapp.settings import *  # noqa: E402,F403
-from ctxapp.settings import DATABASES  # noqa: E402
+from ctxapp.settings import DATABASES, STATIC_ROOT  # noqa: E402
 
 ALLOWED_HOSTS = ["*"]
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns about a missing one
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 DATABASES["default"]["TEST"] = {"NAME": "test_ctxapp"}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -1,3 +1,7 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
 
-websocket_urlpatterns: list = []
+from dashboard.consumers import DashboardConsumer
+
+websocket_urlpatterns: list = [
+    path("ws/dashboard/", DashboardConsumer.as_asgi()),
+]

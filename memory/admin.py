@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from memory.models import ApiKey, Membership, Tenant
-from memory.services.tenancy import api_key_revoke
+from memory.models import ApiKey, ApiKeyScope, Membership, Tenant
+from memory.services.tenancy import api_key_create, api_key_revoke
 
 POLICY_INLINES: list[type[admin.options.InlineModelAdmin]] = []
 
@@ -46,13 +47,34 @@ class TenantAdmin(admin.ModelAdmin):
         return [MembershipInline, ApiKeyInline, *POLICY_INLINES]
 
 
+class ApiKeyAdminForm(forms.ModelForm):
+    scopes = forms.MultipleChoiceField(
+        choices=ApiKeyScope.choices,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="None ticked = read and write. admin = everything, including managing keys via the API.",
+    )
+
+    class Meta:
+        model = ApiKey
+        fields = ["tenant", "name", "scopes", "expires_at"]
+
+    def clean_scopes(self) -> list[str]:
+        return sorted(self.cleaned_data.get("scopes") or [])
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
+    form = ApiKeyAdminForm
     list_display = ["name", "tenant", "visible_prefix", "scopes", "last_used_at", "expires_at", "status"]
     list_filter = ["tenant"]
+    list_select_related = ["tenant"]
     search_fields = ["name", "prefix", "tenant__slug"]
     readonly_fields = ["visible_prefix", "created_at", "last_used_at", "revoked_at"]
-    fields = ["tenant", "name", "scopes", "expires_at", "visible_prefix", "created_at", "last_used_at", "revoked_at"]
+    fields = [
+        *["tenant", "name", "scopes", "expires_at"],
+        *["visible_prefix", "created_at", "last_used_at", "revoked_at"],
+    ]
     actions = ["revoke"]
 
     @admin.display(description="key")
@@ -67,23 +89,37 @@ class ApiKeyAdmin(admin.ModelAdmin):
             return "expired"
         return "active"
 
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> list[str]:
+        # A key's tenant never changes: moving a key would hand one tenant's access to another.
+        return [*self.readonly_fields, "tenant"] if obj is not None else list(self.readonly_fields)
+
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         if change:
             super().save_model(request, obj, form, change)
             return
-        full, prefix, digest = ApiKey.generate()
-        obj.prefix, obj.secret_hash = prefix, digest
-        super().save_model(request, obj, form, change)
+        key, secret = api_key_create(
+            tenant=obj.tenant,
+            name=obj.name,
+            scopes=list(obj.scopes or []),
+            expires_at=obj.expires_at,
+            actor=f"admin user {request.user}",
+        )
+        obj.pk = key.pk
+        obj._state.adding = False
+        obj.refresh_from_db()
         messages.warning(
             request,
-            f"The new API key is {full} — copy it now: it is stored hashed and will not be shown again.",
+            f"The new API key is {secret} — copy it now: it is stored hashed and will not be shown again.",
         )
 
     @admin.action(description="Revoke the selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        for key in queryset:
-            api_key_revoke(api_key=key)
-        self.message_user(request, f"Revoked {queryset.count()} key(s).")
+        revoked = 0
+        for key in queryset.select_related("tenant"):
+            if key.revoked_at is None:
+                api_key_revoke(api_key=key, actor=f"admin user {request.user}")
+                revoked += 1
+        self.message_user(request, f"Revoked {revoked} key(s); requests with them now answer 401.")
 
 
 @admin.register(Membership)
@@ -91,3 +127,205 @@ class MembershipAdmin(admin.ModelAdmin):
     list_display = ["user", "tenant", "role", "created_at"]
     list_filter = ["tenant", "role"]
     autocomplete_fields = ["user", "tenant"]
+
+
+# --- sessions (agent API and flight recorder) ----------------------------------------------------
+from memory.models import Event, Session, SessionRetentionPolicy, Task  # noqa: E402
+
+
+class SessionRetentionPolicyInline(admin.StackedInline):
+    model = SessionRetentionPolicy
+    can_delete = False
+    extra = 0
+    max_num = 1
+
+
+POLICY_INLINES.append(SessionRetentionPolicyInline)
+
+
+@admin.register(Session)
+class SessionAdmin(admin.ModelAdmin):
+    list_display = ["public_id", "tenant", "agent", "user_id", "status", "message_count", "last_accessed_at"]
+    list_filter = ["tenant", "status"]
+    search_fields = ["public_id", "agent__external_id", "user_id"]
+    list_select_related = ["tenant", "agent"]
+    readonly_fields = ["public_id", "message_seq", "message_count", "token_count", "created_at"]
+    raw_id_fields = ["agent"]
+
+
+@admin.register(Task)
+class TaskAdmin(admin.ModelAdmin):
+    list_display = ["public_id", "tenant", "status", "value_tier", "created_at", "expires_at"]
+    list_filter = ["tenant", "status"]
+    search_fields = ["public_id", "user_id", "title"]
+    raw_id_fields = ["session", "agent"]
+
+
+@admin.register(Event)
+class EventAdmin(admin.ModelAdmin):
+    """Read-only: the flight recorder is append-only."""
+
+    list_display = ["stream", "seq", "type", "tenant", "created_at"]
+    list_filter = ["tenant", "type"]
+    search_fields = ["stream", "type", "public_id"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+# --- decay ---------------------------------------------------------------------------------------
+from memory.models import DecayPolicy, TrackedFact  # noqa: E402
+
+
+class DecayPolicyInline(admin.StackedInline):
+    model = DecayPolicy
+    can_delete = False
+    extra = 0
+    max_num = 1
+
+
+POLICY_INLINES.append(DecayPolicyInline)
+
+
+@admin.register(TrackedFact)
+class TrackedFactAdmin(admin.ModelAdmin):
+    list_display = ["public_id", "key", "fact_type", "importance", "tenant", "last_referenced_round", "decayed"]
+    list_filter = ["tenant", "importance", "decayed"]
+    search_fields = ["public_id", "key", "content"]
+    list_select_related = ["tenant"]
+    raw_id_fields = ["session"]
+    readonly_fields = ["public_id", "embedding", "created_at", "updated_at"]
+
+
+# --- cognition -----------------------------------------------------------------------------------
+from memory.models import Checkpoint, CheckpointPolicy, CognitiveState  # noqa: E402
+
+
+class CheckpointPolicyInline(admin.StackedInline):
+    model = CheckpointPolicy
+    can_delete = False
+    extra = 0
+    max_num = 1
+
+
+POLICY_INLINES.append(CheckpointPolicyInline)
+
+
+@admin.register(CognitiveState)
+class CognitiveStateAdmin(admin.ModelAdmin):
+    list_display = ["agent", "tenant", "schema_version", "version", "checkpoint_seq", "updated_at"]
+    list_filter = ["tenant"]
+    search_fields = ["agent__external_id"]
+    list_select_related = ["agent", "tenant"]
+    readonly_fields = [
+        "tenant", "agent", "schema_version", "document", "version",
+        "checkpoint", "checkpoint_seq", "updated_at",
+    ]  # fmt: skip
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(admin.ModelAdmin):
+    """Read-only: checkpoints are immutable; retention prunes them."""
+
+    list_display = ["public_id", "agent", "seq", "reason", "storage", "state_bytes", "created_at"]
+    list_filter = ["tenant", "storage"]
+    search_fields = ["public_id", "agent__external_id", "reason"]
+    list_select_related = ["agent"]
+    exclude = ["payload", "fold_state"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+# --- context engine ---------------------------------------------------------------------------
+from memory.models import BudgetSample, ContextPolicy, ModelProfile, Summary, TokenUsageReport  # noqa: E402
+
+
+class ContextPolicyInline(admin.StackedInline):
+    model = ContextPolicy
+    extra = 0
+    max_num = 1
+    can_delete = False
+    verbose_name_plural = "context policy"
+
+
+class ModelProfileInline(admin.TabularInline):
+    """The tenant's own models; a row named like a built-in model overrides it."""
+
+    model = ModelProfile
+    extra = 0
+    fields = ["name", "provider", "input_limit", "output_limit", "tokenizer", "notes"]
+
+
+POLICY_INLINES.append(ContextPolicyInline)
+POLICY_INLINES.append(ModelProfileInline)
+
+
+@admin.register(Summary)
+class SummaryAdmin(admin.ModelAdmin):
+    list_display = ["public_id", "session", "is_current", "covers_up_to_seq", "folded_count",
+                    "tokens_before", "tokens_after", "method", "created_at"]  # fmt: skip
+    list_filter = ["tenant", "is_current", "method"]
+    search_fields = ["public_id", "session__public_id"]
+    list_select_related = ["session"]
+    readonly_fields = [f.name for f in Summary._meta.fields]
+
+
+@admin.register(BudgetSample)
+class BudgetSampleAdmin(admin.ModelAdmin):
+    list_display = ["public_id", "session", "model_name", "prompt_tokens", "input_limit", "utilisation",
+                    "summarisation_queued", "created_at"]  # fmt: skip
+    list_filter = ["tenant", "model_name"]
+    search_fields = ["public_id", "session__public_id"]
+    list_select_related = ["session"]
+    readonly_fields = [f.name for f in BudgetSample._meta.fields]
+
+
+@admin.register(TokenUsageReport)
+class TokenUsageReportAdmin(admin.ModelAdmin):
+    list_display = ["model_name", "session", "estimated_input_tokens", "input_tokens", "cached_input_tokens",
+                    "reasoning_tokens", "created_at"]  # fmt: skip
+    list_filter = ["tenant", "model_name"]
+    list_select_related = ["session"]
+
+
+# --- experiences ---------------------------------------------------------------------------------
+from memory.models import Experience, ExperiencePolicy  # noqa: E402
+
+
+class ExperiencePolicyInline(admin.StackedInline):
+    model = ExperiencePolicy
+    can_delete = False
+    extra = 0
+    max_num = 1
+
+
+POLICY_INLINES.append(ExperiencePolicyInline)
+
+
+@admin.register(Experience)
+class ExperienceAdmin(admin.ModelAdmin):
+    list_display = [
+        "public_id", "tenant", "kind", "extraction_method", "embedding_status", "confidence", "use_count",
+        "last_used_at", "created_at",
+    ]  # fmt: skip
+    list_filter = ["tenant", "kind", "extraction_method", "embedding_status", "scope"]
+    search_fields = ["public_id", "problem", "solution", "user_id"]
+    list_select_related = ["tenant"]
+    exclude = ["embedding", "problem_embedding"]
+    readonly_fields = [
+        "public_id", "text_hash", "embedding_model", "embedding_dimensions", "embedding_status",
+        "embedding_error", "embedding_attempts", "embedded_at", "merged_into", "merged_at", "superseded_by",
+        "superseded_at",
+        "provenance", "use_count", "last_used_at", "helpful_count", "unhelpful_count", "merge_count",
+    ]  # fmt: skip
+    raw_id_fields = ["source_task", "source_session"]

@@ -57,3 +57,69 @@ class IdempotencyInProgress(Conflict):
 class SessionEnded(Conflict):
     code = "session_ended"
     default_message = "The session is no longer open; start a new session."
+
+
+# --- sessions (agent API and flight recorder) ----------------------------------------------------
+
+
+class PayloadTooLarge(DomainError):
+    """A field is over its size limit; `details.field` names it."""
+
+    code, http_status = "payload_too_large", 413
+    default_message = "A field of the request is larger than its limit."
+
+
+class NoSession(NotFound):
+    code = "no_session"
+    default_message = "This agent has no session yet: create one with POST /api/v1/sessions."
+
+
+class TaskFinished(Conflict):
+    code = "task_finished"
+    default_message = "The task already finished (succeeded or failed); its status and output are final."
+
+
+class InvalidTransition(Conflict):
+    code = "invalid_transition"
+    default_message = "This status change is not allowed."
+
+
+# --- cognition (cognitive state, checkpoints, context layers, recovery) ------------------------
+
+
+class InvalidState(DomainError):
+    """A cognitive state with a wrong type in it; `details.field` names the JSON path."""
+
+    code, http_status = "invalid_state", 400
+    default_message = "The cognitive state is not valid."
+
+
+class SchemaVersionUnsupported(DomainError):
+    code, http_status = "schema_version_unsupported", 422
+    default_message = "The state's schema_version is newer than this server supports."
+
+
+class VersionConflict(Conflict):
+    code = "version_conflict"
+    default_message = "The document changed since you read it; read it again and retry with its version."
+
+
+class CheckpointCorrupt(DomainError):
+    code, http_status = "checkpoint_corrupt", 500
+    default_message = "A checkpoint could not be reconstructed to the state it recorded."
+
+
+class AgentMismatch(DomainError):
+    code, http_status = "agent_mismatch", 403
+    default_message = "Only the agent itself may read this (the X-Agent-Id header names another agent)."
+
+
+# --- context engine ---------------------------------------------------------------------------
+
+
+class PromptTooLong(DomainError):
+    """Even the minimal context (required system parts, tools, high-importance facts, the new
+    input) does not fit the gate. `details` carries the numbers."""
+
+    code, http_status = "prompt_too_long", 422
+    default_message = "The prompt is too long for the model even with every optional part dropped."

@@ -65,7 +65,11 @@ class TenantApiView(APIView):
             else:
                 handler = self.http_method_not_allowed
             key = request.headers.get(IDEMPOTENCY_HEADER)
-            if key is not None and request.method in WRITE_METHODS and handler != self.http_method_not_allowed:
+            if (
+                key is not None
+                and request.method in WRITE_METHODS
+                and handler != self.http_method_not_allowed
+            ):
                 response = self._idempotent(request, key, handler, *args, **kwargs)
             else:
                 response = handler(request, *args, **kwargs)
@@ -82,12 +86,12 @@ class TenantApiView(APIView):
             )
         body = request._request.body  # read once, before the parser; Django keeps a copy for it
         digest = hashlib.sha256(
-            b"\0".join([request.method.encode(), request.get_full_path().encode(), body])
+            b"\0".join([(request.method or "").encode(), request.get_full_path().encode(), body])
         ).hexdigest()
         tenant = self.tenant
+        now = timezone.now()
         ttl = timedelta(hours=settings.CTXAPP["CTXAPP_IDEMPOTENCY_TTL_HOURS"])
         with transaction.atomic():
-            IdempotencyRecord.objects.filter(tenant=tenant, key=key, created_at__lt=timezone.now() - ttl).delete()
             # If another request holds this key in an open transaction, this INSERT waits for it
             # to commit or roll back (unique index), so we never run the write twice.
             with connection.cursor() as cursor:
@@ -95,18 +99,26 @@ class TenantApiView(APIView):
                     f"INSERT INTO {IdempotencyRecord._meta.db_table} "
                     "(tenant_id, key, request_hash, created_at) VALUES (%s, %s, %s, %s) "
                     "ON CONFLICT (tenant_id, key) DO NOTHING RETURNING id",
-                    [tenant.pk, key, digest, timezone.now()],
+                    [tenant.pk, key, digest, now],
                 )
                 row = cursor.fetchone()
             if row is None:
-                record = IdempotencyRecord.objects.get(tenant=tenant, key=key)
-                if record.request_hash != digest:
-                    raise IdempotencyConflict(details={"header": IDEMPOTENCY_HEADER})
-                if record.status_code is None:
-                    raise IdempotencyInProgress()
-                response = Response(record.response_body, status=record.status_code)
-                response["Idempotent-Replayed"] = "true"
-                return response
+                record = IdempotencyRecord.objects.select_for_update().get(tenant=tenant, key=key)
+                if record.created_at < now - ttl:
+                    # Past its TTL (not yet purged by retention): the key is free to reuse. Done
+                    # here rather than by a DELETE before every insert, which cost a query per write.
+                    record.request_hash, record.created_at = digest, now
+                    record.status_code = record.response_body = None
+                    record.save(update_fields=["request_hash", "created_at", "status_code", "response_body"])
+                    row = (record.pk,)
+                else:
+                    if record.request_hash != digest:
+                        raise IdempotencyConflict(details={"header": IDEMPOTENCY_HEADER})
+                    if record.status_code is None:
+                        raise IdempotencyInProgress()
+                    response = Response(record.response_body, status=record.status_code)
+                    response["Idempotent-Replayed"] = "true"
+                    return response
             response = handler(request, *args, **kwargs)
             if response.status_code >= 500:
                 transaction.set_rollback(True)

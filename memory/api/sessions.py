@@ -1,5 +1,501 @@
-"""API views of this capability."""
+"""The agent API: sessions, messages, tasks and the flight recorder's events (DESIGN.md §7).
 
-from django.urls import path  # noqa: F401
+Views are adapters: validate, call one service (memory.services.sessions / recorder), shape
+the output. Every lookup is by the caller's tenant, so another tenant's id answers 404 exactly
+like a missing one. Writes accept an Idempotency-Key (TenantApiView).
+"""
 
-urlpatterns: list = []
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.urls import path
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer, inline_serializer
+from rest_framework import serializers
+from rest_framework.response import Response
+
+from memory.api.base import CursorSerializer, TenantApiView, keyset_page
+from memory.models import Event, Message, Session, SessionStatus, Task, TaskStatus, ValueTier
+from memory.services import recorder
+from memory.services import sessions as svc
+
+# --- output shapes (plain functions on the hot path; the serializers document them) ----------
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def session_out(session: Session) -> dict[str, Any]:
+    return {
+        "id": session.public_id,
+        "agent": session.agent.external_id,
+        "user_id": session.user_id,
+        "model": session.model_name,
+        "metadata": session.metadata,
+        "status": session.status,
+        "created_at": _iso(session.created_at),
+        "last_accessed_at": _iso(session.last_accessed_at),
+        "expires_at": _iso(session.expires_at),
+        "ended_at": _iso(session.ended_at),
+        "idle_ttl_seconds": session.idle_ttl_seconds,
+        "last_seq": session.message_seq,
+        "message_count": session.message_count,
+        "token_count": session.token_count,
+    }
+
+
+def message_out(message: Message) -> dict[str, Any]:
+    return {
+        "seq": message.seq,
+        "role": message.role,
+        "content": message.content,
+        "token_count": message.token_count,
+        "turn_id": message.turn_id,
+        "tool_call_id": message.tool_call_id,
+        "tool_calls": message.tool_calls,
+        "event_kind": message.event_kind,
+        "parent_seq": message.parent_seq,
+        "artifact_refs": message.artifact_refs,
+        "metadata": message.metadata,
+        "created_at": _iso(message.created_at),
+    }
+
+
+def task_out(task: Task) -> dict[str, Any]:
+    return {
+        "id": task.public_id,
+        "session": task.session.public_id if task.session is not None else None,
+        "agent": task.agent.external_id if task.agent is not None else None,
+        "user_id": task.user_id,
+        "title": task.title,
+        "input": task.input,
+        "output": task.output,
+        "status": task.status,
+        "value_tier": task.value_tier,
+        "metadata": task.metadata,
+        "created_at": _iso(task.created_at),
+        "updated_at": _iso(task.updated_at),
+        "finished_at": _iso(task.finished_at),
+        "expires_at": _iso(task.expires_at),
+    }
+
+
+def event_out(event: Event) -> dict[str, Any]:
+    return {
+        "id": event.public_id,
+        "stream": event.stream,
+        "seq": event.seq,
+        "type": event.type,
+        "session": event.payload.get("gen_ai.conversation.id"),
+        "payload": event.payload,
+        "created_at": _iso(event.created_at),
+    }
+
+
+class SessionOutputSerializer(serializers.Serializer):
+    id = serializers.CharField(help_text="`sess_` + 24 hex characters (gen_ai.conversation.id).")
+    agent = serializers.CharField(help_text="The agent's external id (gen_ai.agent.id).")
+    user_id = serializers.CharField()
+    model = serializers.CharField(help_text="gen_ai.request.model")
+    metadata = serializers.DictField()
+    status = serializers.ChoiceField(choices=SessionStatus.choices)
+    created_at = serializers.DateTimeField()
+    last_accessed_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField(allow_null=True, help_text="Idle expiry; moves on every access.")
+    ended_at = serializers.DateTimeField(allow_null=True)
+    idle_ttl_seconds = serializers.IntegerField()
+    last_seq = serializers.IntegerField(help_text="The seq of the newest message (0 when empty).")
+    message_count = serializers.IntegerField()
+    token_count = serializers.IntegerField()
+
+
+class MessageOutputSerializer(serializers.Serializer):
+    seq = serializers.IntegerField()
+    role = serializers.CharField()
+    content = serializers.CharField()
+    token_count = serializers.IntegerField()
+    turn_id = serializers.CharField()
+    tool_call_id = serializers.CharField()
+    tool_calls = serializers.ListField(child=serializers.DictField())
+    event_kind = serializers.CharField()
+    parent_seq = serializers.IntegerField(allow_null=True)
+    artifact_refs = serializers.ListField()
+    metadata = serializers.DictField()
+    created_at = serializers.DateTimeField()
+
+
+class MessageInputSerializer(serializers.Serializer):
+    """Documents one message; validation is memory.services.sessions.message_input_parse."""
+
+    role = serializers.ChoiceField(choices=["system", "user", "assistant", "tool"])
+    content = serializers.CharField(required=False, allow_blank=True)
+    turn_id = serializers.CharField(required=False, max_length=200)
+    tool_call_id = serializers.CharField(
+        required=False, max_length=200, help_text="Required for role `tool`."
+    )
+    tool_calls = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        help_text="[{id, type: 'function', function: {name, arguments}}]",
+    )
+    event_kind = serializers.CharField(required=False, max_length=64)
+    parent_seq = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    artifact_refs = serializers.ListField(required=False)
+    metadata = serializers.DictField(required=False)
+
+
+class TaskOutputSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    session = serializers.CharField(allow_null=True)
+    agent = serializers.CharField(allow_null=True)
+    user_id = serializers.CharField()
+    title = serializers.CharField()
+    input = serializers.CharField()
+    output = serializers.CharField()
+    status = serializers.ChoiceField(choices=TaskStatus.choices)
+    value_tier = serializers.ChoiceField(choices=ValueTier.choices)
+    metadata = serializers.DictField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    expires_at = serializers.DateTimeField(allow_null=True)
+
+
+class EventOutputSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    stream = serializers.CharField()
+    seq = serializers.IntegerField()
+    type = serializers.CharField()
+    session = serializers.CharField(allow_null=True)
+    payload = serializers.DictField()
+    created_at = serializers.DateTimeField()
+
+
+SessionPageSerializer = inline_serializer(
+    "SessionPage",
+    {"items": SessionOutputSerializer(many=True), "next_cursor": serializers.CharField(allow_null=True)},
+)
+MessagePageSerializer = inline_serializer(
+    "MessagePage",
+    {
+        "items": MessageOutputSerializer(many=True),
+        "next_after": serializers.IntegerField(
+            allow_null=True, help_text="Pass as `after` for the next page."
+        ),
+    },
+)
+EventPageSerializer = inline_serializer(
+    "EventPage",
+    {"items": EventOutputSerializer(many=True), "next_after": serializers.IntegerField(allow_null=True)},
+)
+BatchOutputSerializer = inline_serializer(
+    "MessageBatchAppended",
+    {
+        "session": serializers.CharField(),
+        "first_seq": serializers.IntegerField(),
+        "last_seq": serializers.IntegerField(),
+        "messages": inline_serializer(
+            "AppendedMessage",
+            {"seq": serializers.IntegerField(), "token_count": serializers.IntegerField()},
+            many=True,
+        ),
+    },
+)
+
+
+class AfterSerializer(serializers.Serializer):
+    after = serializers.IntegerField(required=False, min_value=0, default=0)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=1000)
+
+
+def _after_page(rows: list[Any], limit: int) -> tuple[list[Any], int | None]:
+    """Rows were fetched with limit + 1: trim, and say where the next page starts (or None)."""
+    if len(rows) > limit:
+        return rows[:limit], rows[limit - 1].seq
+    return rows, None
+
+
+# --- sessions ----------------------------------------------------------------------------------
+
+
+class SessionListCreateApi(TenantApiView):
+    @extend_schema_serializer(component_name="SessionCreate")
+    class InputSerializer(serializers.Serializer):
+        agent = serializers.CharField(
+            max_length=200, help_text="The agent's external id; created on first use."
+        )
+        user_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+        model = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+        metadata = serializers.DictField(required=False, default=dict)
+        ttl_seconds = serializers.IntegerField(
+            required=False,
+            min_value=60,
+            max_value=90 * 24 * 3600,
+            help_text="Idle TTL (default: tenant policy, 24 h).",
+        )
+
+    @extend_schema_serializer(component_name="SessionFilter")
+    class FilterSerializer(CursorSerializer):
+        agent = serializers.CharField(required=False)
+        user_id = serializers.CharField(required=False)
+        status = serializers.ChoiceField(choices=SessionStatus.choices, required=False)
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={201: SessionOutputSerializer},
+        summary="Open a session for an agent",
+        description="Records `session.created`. Evicts the agent's least recently used open sessions "
+        "beyond the tenant's live-session limit (100).",
+    )
+    def post(self, request: Any) -> Response:
+        from datetime import timedelta
+
+        data = self.validate(self.InputSerializer)
+        ttl = timedelta(seconds=data["ttl_seconds"]) if data.get("ttl_seconds") else None
+        session = svc.session_create(
+            tenant=self.tenant,
+            agent_external_id=data["agent"],
+            user_id=data["user_id"],
+            model_name=data["model"],
+            metadata=data["metadata"],
+            ttl=ttl,
+        )
+        return Response(session_out(session), status=201)
+
+    @extend_schema(
+        parameters=[FilterSerializer],
+        responses=SessionPageSerializer,
+        summary="List sessions, newest first (filter by agent, user, status)",
+    )
+    def get(self, request: Any) -> Response:
+        data = self.validate_query(self.FilterSerializer)
+        queryset = svc.sessions_list(
+            tenant=self.tenant,
+            agent_external_id=data.get("agent"),
+            user_id=data.get("user_id"),
+            status=data.get("status"),
+        )
+        rows, next_cursor = keyset_page(queryset, cursor=data.get("cursor"), limit=data.get("limit"))
+        return Response({"items": [session_out(s) for s in rows], "next_cursor": next_cursor})
+
+
+class SessionDetailApi(TenantApiView):
+    @extend_schema(responses=SessionOutputSerializer, summary="Read a session (keeps it alive)")
+    def get(self, request: Any, session_id: str) -> Response:
+        return Response(session_out(svc.session_get(tenant=self.tenant, session_id=session_id)))
+
+    @extend_schema(
+        responses={204: None},
+        summary="Delete a session and its messages",
+        description="Its events stay (the audit trail); records `session.deleted`.",
+    )
+    def delete(self, request: Any, session_id: str) -> Response:
+        session = svc.session_get(tenant=self.tenant, session_id=session_id, touch=False)
+        svc.session_delete(tenant=self.tenant, session=session)
+        return Response(status=204)
+
+
+class SessionEndApi(TenantApiView):
+    @extend_schema(
+        request=None,
+        responses=SessionOutputSerializer,
+        summary="End a session",
+        description="Promotes its important facts to long-term memory and records `session.ended`. "
+        "Ending a session that is no longer open changes nothing.",
+    )
+    def post(self, request: Any, session_id: str) -> Response:
+        session = svc.session_get(tenant=self.tenant, session_id=session_id, touch=False)
+        return Response(session_out(svc.session_end(tenant=self.tenant, session=session)))
+
+
+class SessionMessagesApi(TenantApiView):
+    @extend_schema(
+        request=MessageInputSerializer,
+        responses={201: MessageOutputSerializer, 200: BatchOutputSerializer},
+        summary='Append one message, or a batch: {"messages": [...]} (all or nothing)',
+        description="A batch holds up to CTXAPP_BATCH_MAX_MESSAGES (1,000) messages and answers "
+        "`{session, first_seq, last_seq, messages: [{seq, token_count}]}`. Seqs are gapless per session. "
+        "Bad fields → 422 naming them (`messages[3].role`); ended session → 409 `session_ended`.",
+    )
+    def post(self, request: Any, session_id: str) -> Response:
+        items, is_batch = svc.message_inputs_parse(request.data)
+        session = svc.session_get(tenant=self.tenant, session_id=session_id, touch=False)
+        messages = svc.messages_append(tenant=self.tenant, session=session, items=items)
+        if not is_batch:
+            return Response(message_out(messages[0]), status=201)
+        return Response(
+            {
+                "session": session.public_id,
+                "first_seq": messages[0].seq,
+                "last_seq": messages[-1].seq,
+                "messages": [{"seq": m.seq, "token_count": m.token_count} for m in messages],
+            },
+            status=201,
+        )
+
+    @extend_schema(
+        parameters=[AfterSerializer],
+        responses=MessagePageSerializer,
+        summary="List messages with seq > after, oldest first",
+    )
+    def get(self, request: Any, session_id: str) -> Response:
+        data = self.validate_query(AfterSerializer)
+        limit = data.get("limit") or settings.CTXAPP["CTXAPP_PAGE_SIZE"]
+        session = svc.session_get(tenant=self.tenant, session_id=session_id)
+        rows, next_after = _after_page(
+            svc.messages_after(tenant=self.tenant, session=session, after_seq=data["after"], limit=limit + 1),
+            limit,
+        )
+        return Response({"items": [message_out(m) for m in rows], "next_after": next_after})
+
+
+class AgentLatestSessionApi(TenantApiView):
+    @extend_schema(
+        responses=SessionOutputSerializer,
+        summary="The agent's most recently created session",
+        description="404 `no_session` when the agent has none; 404 `not_found` for an unknown agent.",
+    )
+    def get(self, request: Any, agent: str) -> Response:
+        return Response(session_out(svc.session_latest(tenant=self.tenant, agent_external_id=agent)))
+
+
+# --- tasks -------------------------------------------------------------------------------------
+
+
+class TaskCreateApi(TenantApiView):
+    @extend_schema_serializer(component_name="TaskCreate")
+    class InputSerializer(serializers.Serializer):
+        session = serializers.CharField(required=False, help_text="The session the task runs in.")
+        agent = serializers.CharField(
+            required=False, max_length=200, help_text="Default: the session's agent."
+        )
+        user_id = serializers.CharField(required=False, max_length=200, allow_blank=True, default="")
+        title = serializers.CharField(required=False, max_length=500, allow_blank=True, default="")
+        input = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, default="")
+        value_tier = serializers.ChoiceField(
+            choices=ValueTier.choices, required=False, default=ValueTier.NORMAL
+        )
+        metadata = serializers.DictField(required=False, default=dict)
+
+    @extend_schema(request=InputSerializer, responses={201: TaskOutputSerializer}, summary="Record a task")
+    def post(self, request: Any) -> Response:
+        data = self.validate(self.InputSerializer)
+        session = None
+        if data.get("session"):
+            session = svc.session_get(tenant=self.tenant, session_id=data["session"], touch=False)
+        task = svc.task_create(
+            tenant=self.tenant,
+            session=session,
+            agent_external_id=data.get("agent"),
+            user_id=data["user_id"],
+            title=data["title"],
+            input=data["input"],
+            value_tier=data["value_tier"],
+            metadata=data["metadata"],
+        )
+        return Response(task_out(task), status=201)
+
+
+class TaskDetailApi(TenantApiView):
+    @extend_schema_serializer(component_name="TaskUpdate")
+    class InputSerializer(serializers.Serializer):
+        status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
+        output = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+        metadata = serializers.DictField(required=False, help_text="Merged into the task's metadata.")
+
+    @extend_schema(responses=TaskOutputSerializer, summary="Read a task")
+    def get(self, request: Any, task_id: str) -> Response:
+        return Response(task_out(svc.task_get(tenant=self.tenant, task_id=task_id)))
+
+    @extend_schema(
+        request=InputSerializer,
+        responses=TaskOutputSerializer,
+        summary="Update a task's status, output or metadata",
+        description="pending → running → succeeded | failed. Finishing records `task.completed` and "
+        "hands the task to distillation; a finished task is final (409 `task_finished`).",
+    )
+    def patch(self, request: Any, task_id: str) -> Response:
+        data = self.validate(self.InputSerializer)
+        task = svc.task_get(tenant=self.tenant, task_id=task_id)
+        task = svc.task_update(tenant=self.tenant, task=task, **data)
+        return Response(task_out(task))
+
+
+# --- events (flight recorder) --------------------------------------------------------------------
+
+
+class AgentEventsApi(TenantApiView):
+    @extend_schema_serializer(component_name="AgentEventCreate")
+    class InputSerializer(serializers.Serializer):
+        type = serializers.CharField(
+            max_length=100, help_text="Must start with `agent.` (e.g. `agent.tool.called`)."
+        )
+        payload = serializers.DictField(required=False, default=dict)
+        session = serializers.CharField(
+            required=False, help_text="A session of this agent the event belongs to."
+        )
+
+    @extend_schema_serializer(component_name="EventFilter")
+    class FilterSerializer(AfterSerializer):
+        type = serializers.CharField(
+            required=False, help_text="Comma-separated types; `agent.*` matches a prefix."
+        )
+
+    @extend_schema(
+        parameters=[FilterSerializer],
+        responses=EventPageSerializer,
+        summary="The agent's events with seq > after, oldest first",
+    )
+    def get(self, request: Any, agent: str) -> Response:
+        data = self.validate_query(self.FilterSerializer)
+        limit = data.get("limit") or settings.CTXAPP["CTXAPP_PAGE_SIZE"]
+        agent_row = svc.agent_get(tenant=self.tenant, external_id=agent)
+        types = [t.strip() for t in data.get("type", "").split(",") if t.strip()] or None
+        rows, next_after = _after_page(
+            recorder.events_list(
+                tenant=self.tenant, agent=agent_row, after_seq=data["after"], limit=limit + 1, types=types
+            ),
+            limit,
+        )
+        return Response({"items": [event_out(e) for e in rows], "next_after": next_after})
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={201: EventOutputSerializer},
+        parameters=[OpenApiParameter("agent", OpenApiTypes.STR, OpenApiParameter.PATH)],
+        summary="Record an event the agent emits (type `agent.*`, payload ≤ 256 KiB)",
+        description="422 naming `type` for another prefix; 413 naming `payload` when it is too large.",
+    )
+    def post(self, request: Any, agent: str) -> Response:
+        data = self.validate(self.InputSerializer)
+        session = None
+        if data.get("session"):
+            session = svc.session_get(tenant=self.tenant, session_id=data["session"], touch=False)
+        with transaction.atomic():  # a refused event must not leave a new agent behind
+            agent_row = svc.agent_get_or_create(tenant=self.tenant, external_id=agent)
+            event = recorder.event_emit(
+                tenant=self.tenant,
+                agent=agent_row,
+                type=data["type"],
+                payload=data["payload"],
+                session=session,
+            )
+        return Response(event_out(event), status=201)
+
+
+urlpatterns = [
+    path("sessions", SessionListCreateApi.as_view(), name="api-sessions"),
+    path("sessions/<str:session_id>", SessionDetailApi.as_view(), name="api-session"),
+    path("sessions/<str:session_id>/end", SessionEndApi.as_view(), name="api-session-end"),
+    path("sessions/<str:session_id>/messages", SessionMessagesApi.as_view(), name="api-session-messages"),
+    path(
+        "agents/<str:agent>/latest-session", AgentLatestSessionApi.as_view(), name="api-agent-latest-session"
+    ),
+    path("agents/<str:agent>/events", AgentEventsApi.as_view(), name="api-agent-events"),
+    path("tasks", TaskCreateApi.as_view(), name="api-tasks"),
+    path("tasks/<str:task_id>", TaskDetailApi.as_view(), name="api-task"),
+]

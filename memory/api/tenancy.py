@@ -1,13 +1,25 @@
-"""GET /api/v1/tenant: who am I (the key's tenant and scopes)."""
+"""The caller's tenant and its API keys.
+
+GET    /api/v1/tenant                      who am I (the key's tenant and scopes)
+GET    /api/v1/tenant/api-keys             the tenant's keys (admin scope)
+POST   /api/v1/tenant/api-keys             a new key; its secret is in this response only (admin)
+DELETE /api/v1/tenant/api-keys/{prefix}    revoke a key (admin; idempotent)
+"""
+
+from __future__ import annotations
 
 from typing import Any
 
 from django.urls import path
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers
+from rest_framework import serializers, status
 from rest_framework.response import Response
 
-from memory.api.base import TenantApiView
+from memory.api.auth import ApiPrincipal
+from memory.api.base import CursorSerializer, TenantApiView, keyset_page
+from memory.models import ApiKey, ApiKeyScope
+from memory.services.tenancy import api_key_create, api_key_get, api_key_list, api_key_revoke
 
 
 class TenantApi(TenantApiView):
@@ -32,4 +44,115 @@ class TenantApi(TenantApiView):
         )
 
 
-urlpatterns = [path("tenant", TenantApi.as_view(), name="api-tenant")]
+def _status(key: ApiKey) -> str:
+    if key.revoked_at is not None:
+        return "revoked"
+    if key.expires_at is not None and key.expires_at <= timezone.now():
+        return "expired"
+    return "active"
+
+
+class ApiKeyOutputSerializer(serializers.Serializer):
+    prefix = serializers.CharField(help_text="The visible part of the key: ctx_<prefix>_…")
+    name = serializers.CharField()
+    scopes = serializers.ListField(child=serializers.CharField(), help_text="Empty = read and write.")
+    status = serializers.ChoiceField(choices=["active", "expired", "revoked"])
+    created_at = serializers.DateTimeField()
+    last_used_at = serializers.DateTimeField(allow_null=True)
+    expires_at = serializers.DateTimeField(allow_null=True)
+    revoked_at = serializers.DateTimeField(allow_null=True)
+
+
+def api_key_out(key: ApiKey) -> dict[str, Any]:
+    return ApiKeyOutputSerializer(
+        {
+            "prefix": key.prefix,
+            "name": key.name,
+            "scopes": key.scopes,
+            "status": _status(key),
+            "created_at": key.created_at,
+            "last_used_at": key.last_used_at,
+            "expires_at": key.expires_at,
+            "revoked_at": key.revoked_at,
+        }
+    ).data
+
+
+def _actor(request: Any) -> str:
+    principal = request.user
+    return str(principal) if isinstance(principal, ApiPrincipal) else "api"
+
+
+class ApiKeyListCreateApi(TenantApiView):
+    required_scope = ApiKeyScope.ADMIN
+
+    class InputSerializer(serializers.Serializer):
+        name = serializers.CharField(max_length=200)
+        scopes = serializers.ListField(
+            child=serializers.ChoiceField(choices=ApiKeyScope.values), required=False, default=list
+        )
+        expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+        def validate_expires_at(self, value: Any) -> Any:
+            if value is not None and value <= timezone.now():
+                raise serializers.ValidationError("Must be in the future.")
+            return value
+
+    class CreatedSerializer(ApiKeyOutputSerializer):
+        key = serializers.CharField(
+            help_text="The full secret key. Shown in this response only: store it now."
+        )
+
+    class PageSerializer(serializers.Serializer):
+        items = ApiKeyOutputSerializer(many=True)
+        next_cursor = serializers.CharField(allow_null=True)
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={201: CreatedSerializer},
+        summary="Create an API key for the caller's tenant (admin scope); the secret is shown once",
+    )
+    def post(self, request: Any) -> Response:
+        data = self.validate(self.InputSerializer)
+        key, secret = api_key_create(
+            tenant=self.tenant,
+            name=data["name"],
+            scopes=data["scopes"],
+            expires_at=data["expires_at"],
+            actor=_actor(request),
+        )
+        return Response({**api_key_out(key), "key": secret}, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        parameters=[CursorSerializer], responses=PageSerializer, summary="The tenant's API keys (admin scope)"
+    )
+    def get(self, request: Any) -> Response:
+        page = self.validate_query(CursorSerializer)
+        rows, next_cursor = keyset_page(
+            api_key_list(tenant=self.tenant), cursor=page.get("cursor"), limit=page.get("limit")
+        )
+        return Response({"items": [api_key_out(key) for key in rows], "next_cursor": next_cursor})
+
+
+class ApiKeyDetailApi(TenantApiView):
+    required_scope = ApiKeyScope.ADMIN
+
+    @extend_schema(responses=ApiKeyOutputSerializer, summary="One of the tenant's API keys (admin scope)")
+    def get(self, request: Any, prefix: str) -> Response:
+        return Response(api_key_out(api_key_get(tenant=self.tenant, prefix=prefix)))
+
+    @extend_schema(
+        request=None,
+        responses=ApiKeyOutputSerializer,
+        summary="Revoke an API key (admin scope); later requests with it answer 401. Idempotent.",
+    )
+    def delete(self, request: Any, prefix: str) -> Response:
+        key = api_key_get(tenant=self.tenant, prefix=prefix)
+        return Response(api_key_out(api_key_revoke(api_key=key, actor=_actor(request))))
+
+
+urlpatterns = [
+    path("tenant", TenantApi.as_view(), name="api-tenant"),
+    path("tenant/api-keys", ApiKeyListCreateApi.as_view(), name="api-tenant-api-keys"),
+    path("tenant/api-keys/<str:prefix>", ApiKeyDetailApi.as_view(), name="api-tenant-api-key"),
+]

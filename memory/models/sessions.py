@@ -8,7 +8,19 @@ from django.db import models
 from django.utils import timezone
 
 from memory.ids import new_sess_id, new_task_id
-from memory.models.tenancy import Tenant
+from memory.models.tenancy import Tenant, TenantPolicyBase
+
+__all__ = [
+    "Agent",
+    "Message",
+    "MessageRole",
+    "Session",
+    "SessionRetentionPolicy",
+    "SessionStatus",
+    "Task",
+    "TaskStatus",
+    "ValueTier",
+]
 
 
 class Agent(models.Model):
@@ -45,6 +57,9 @@ class Session(models.Model):
     status = models.CharField(max_length=16, choices=SessionStatus.choices, default=SessionStatus.OPEN)
     created_at = models.DateTimeField(default=timezone.now)
     last_accessed_at = models.DateTimeField(default=timezone.now)
+    # Idle TTL of this session (from the tenant's SessionRetentionPolicy at creation unless the
+    # caller chose one): every access moves expires_at to last_accessed_at + this.
+    idle_ttl_seconds = models.PositiveIntegerField(default=24 * 3600)
     expires_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     # The last message seq handed out; incremented under the row lock, so seqs are gapless.
@@ -57,6 +72,8 @@ class Session(models.Model):
             models.Index(fields=["tenant", "agent", "-created_at"], name="session_agent_created"),
             models.Index(fields=["tenant", "status", "last_accessed_at"], name="session_status_access"),
             models.Index(fields=["tenant", "user_id"], name="session_user"),
+            models.Index(fields=["status", "expires_at"], name="session_status_expires"),
+            models.Index(fields=["agent", "status", "last_accessed_at"], name="session_agent_live_lru"),
         ]
 
     def __str__(self) -> str:
@@ -119,7 +136,9 @@ class ValueTier(models.TextChoices):
 class Task(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tasks")
     public_id = models.CharField(max_length=32, unique=True, default=new_task_id, editable=False)
-    session = models.ForeignKey(Session, on_delete=models.SET_NULL, null=True, blank=True, related_name="tasks")
+    session = models.ForeignKey(
+        Session, on_delete=models.SET_NULL, null=True, blank=True, related_name="tasks"
+    )
     agent = models.ForeignKey(Agent, on_delete=models.SET_NULL, null=True, blank=True, related_name="tasks")
     user_id = models.CharField(max_length=200, blank=True, default="")
     title = models.CharField(max_length=500, blank=True, default="")
@@ -136,7 +155,39 @@ class Task(models.Model):
     class Meta:
         indexes: ClassVar = [
             models.Index(fields=["tenant", "created_at"], name="task_tenant_created"),
+            models.Index(fields=["expires_at"], name="task_expires"),
         ]
 
     def __str__(self) -> str:
         return self.public_id
+
+
+class SessionRetentionPolicy(TenantPolicyBase):
+    """How long a tenant's sessions, tasks and events live (memory/services/retention.py).
+
+    Defaults are DESIGN.md §5's starting numbers. Edited in the admin, inline on the tenant.
+    """
+
+    session_idle_ttl_hours = models.PositiveIntegerField(
+        default=24, help_text="An open session not read or written for this long becomes expired."
+    )
+    max_live_sessions_per_agent = models.PositiveIntegerField(
+        default=100, help_text="Open sessions per agent; beyond this the least recently accessed are evicted."
+    )
+    task_retention_days = models.PositiveIntegerField(
+        default=7, help_text="Tasks older than this are purged (their events stay)."
+    )
+    max_tasks = models.PositiveIntegerField(
+        default=1000, help_text="Tasks kept per tenant; beyond this the oldest are purged."
+    )
+    event_retention_days = models.PositiveIntegerField(
+        default=90,
+        help_text="Events older than this are deleted from the flight recorder. 0 keeps them forever.",
+    )
+
+    class Meta:
+        verbose_name = "session retention policy"
+        verbose_name_plural = "session retention policy"
+
+    def __str__(self) -> str:
+        return f"retention of {self.tenant_id}"

@@ -8,11 +8,15 @@ pushed to the tenant's dashboards after commit (memory.broadcast).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from memory import broadcast
+from memory.exceptions import InvalidInput, PayloadTooLarge
 from memory.models import Agent, Event, EventStream, Session, Tenant
 
 TENANT_STREAM = "tenant"
@@ -22,22 +26,35 @@ def stream_key(agent: Agent | None) -> str:
     return f"agent:{agent.external_id}" if agent is not None else TENANT_STREAM
 
 
-def _allocate_seqs(*, tenant: Tenant, key: str, count: int) -> int:
-    """Reserve `count` consecutive seqs on a stream; return the first.
+def _insert_events(*, tenant: Tenant, key: str, events: list[Event]) -> None:
+    """Reserve consecutive seqs on stream `key` and insert `events` with them, in ONE statement.
 
-    The upsert takes the stream row's lock until the transaction ends, so concurrent writers
-    queue up and seqs are gapless: a rolled-back transaction gives its seqs back.
+    The upsert of the stream's counter takes its row lock until the transaction ends, so
+    concurrent writers queue up and seqs are gapless: a rolled-back transaction gives its seqs
+    back. One round trip instead of two (counter, then rows) matters on the append hot path.
     """
-    table = EventStream._meta.db_table
+    streams, table = EventStream._meta.db_table, Event._meta.db_table
+    first = events[0]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} (tenant_id, key, last_seq) VALUES (%s, %s, %s) "
-            f"ON CONFLICT (tenant_id, key) DO UPDATE SET last_seq = {table}.last_seq + EXCLUDED.last_seq "
-            "RETURNING last_seq",
-            [tenant.pk, key, count],
-        )
-        last = cursor.fetchone()[0]
-    return int(last) - count + 1
+            f"WITH s AS (INSERT INTO {streams} (tenant_id, key, last_seq) VALUES (%s, %s, %s) "
+            f"ON CONFLICT (tenant_id, key) DO UPDATE SET last_seq = {streams}.last_seq + EXCLUDED.last_seq "
+            "RETURNING last_seq) "
+            f"INSERT INTO {table} "
+            "(tenant_id, public_id, stream, seq, type, agent_id, session_id, payload, created_at) "
+            "SELECT %s, e.public_id, %s, s.last_seq - %s + e.ord, %s, %s, %s, e.payload, %s "
+            "FROM s, unnest(%s::varchar[], %s::jsonb[]) WITH ORDINALITY AS e(public_id, payload, ord) "
+            "RETURNING public_id, id, seq",
+            [
+                tenant.pk, key, len(events),
+                tenant.pk, key, len(events), first.type, first.agent_id, first.session_id, first.created_at,
+                [e.public_id for e in events], [json.dumps(e.payload) for e in events],
+            ],
+        )  # fmt: skip
+        assigned = {public_id: (pk, seq) for public_id, pk, seq in cursor.fetchall()}
+    for event in events:
+        event.pk, event.seq = assigned[event.public_id]
+    events.sort(key=lambda e: e.seq)
 
 
 def _otel_fields(agent: Agent | None, session: Session | None) -> dict[str, Any]:
@@ -65,7 +82,9 @@ def event_append(
     The payload gets the OpenTelemetry GenAI ids (`gen_ai.agent.id`, `gen_ai.conversation.id`,
     `gen_ai.request.model`) of the agent and session. Broadcasts after commit.
     """
-    return event_append_many(tenant=tenant, type=type, payloads=[payload or {}], agent=agent, session=session)[0]
+    return event_append_many(
+        tenant=tenant, type=type, payloads=[payload or {}], agent=agent, session=session
+    )[0]
 
 
 def event_append_many(
@@ -81,22 +100,25 @@ def event_append_many(
         raise RuntimeError("event_append must run inside the transaction of the write it records")
     if agent is None and session is not None:
         agent = session.agent
+    if not payloads:
+        return []
     key = stream_key(agent)
-    first = _allocate_seqs(tenant=tenant, key=key, count=len(payloads))
     otel = _otel_fields(agent, session)
+    now = timezone.now()
     events = [
         Event(
             tenant=tenant,
             stream=key,
-            seq=first + index,
+            seq=0,
             type=type,
             agent=agent,
             session=session,
             payload={**otel, **payload},
+            created_at=now,
         )
-        for index, payload in enumerate(payloads)
+        for payload in payloads
     ]
-    Event.objects.bulk_create(events)
+    _insert_events(tenant=tenant, key=key, events=events)
     for event in events:
         broadcast.on_commit(tenant.pk, event_summary(event))
     return events
@@ -122,5 +144,65 @@ def payload_size(payload: Any) -> int:
 def events_since(*, tenant: Tenant, agent: Agent, after_seq: int = 0, limit: int = 100) -> list[Event]:
     """Events of the agent's stream with seq > after_seq, oldest first. Read-only."""
     return list(
-        Event.objects.filter(tenant=tenant, stream=stream_key(agent), seq__gt=after_seq).order_by("seq")[:limit]
+        Event.objects.filter(tenant=tenant, stream=stream_key(agent), seq__gt=after_seq).order_by("seq")[
+            :limit
+        ]
     )
+
+
+AGENT_EVENT_PREFIX = "agent."
+AGENT_EVENT_TYPE = re.compile(r"^agent\.[a-z0-9_]+(?:[.\-][a-z0-9_]+)*$")
+
+
+def events_list(
+    *, tenant: Tenant, agent: Agent, after_seq: int = 0, limit: int = 100, types: list[str] | None = None
+) -> list[Event]:
+    """Events of the agent's stream with seq > after_seq, oldest first. Read-only.
+
+    `types` filters by type; an entry ending in `*` (`agent.*`) matches a prefix.
+    """
+    queryset = Event.objects.filter(tenant=tenant, stream=stream_key(agent), seq__gt=after_seq)
+    if types:
+        condition = Q()
+        for entry in types:
+            condition |= Q(type__startswith=entry[:-1]) if entry.endswith("*") else Q(type=entry)
+        queryset = queryset.filter(condition)
+    return list(queryset.select_related("session").order_by("seq")[:limit])
+
+
+def event_emit(
+    *,
+    tenant: Tenant,
+    agent: Agent,
+    type: str,
+    payload: dict[str, Any],
+    session: Session | None = None,
+) -> Event:
+    """Record an event the agent itself emits (type `agent.*`, payload ≤ CTXAPP_EVENT_PAYLOAD_MAX_BYTES).
+
+    Raises InvalidInput (422, field `type`) for a type outside `agent.*`, PayloadTooLarge (413,
+    field `payload`) for a payload over the limit. Not idempotent on its own (the API's
+    Idempotency-Key makes retries safe). Broadcasts after commit.
+    """
+    from django.conf import settings
+
+    if not AGENT_EVENT_TYPE.match(type) or len(type) > 100:
+        raise InvalidInput(
+            f"An agent's event type must start with {AGENT_EVENT_PREFIX!r} and use lowercase dotted words "
+            f"(e.g. 'agent.tool.called'), at most 100 characters; got {type!r}.",
+            details={"fields": {"type": ["Must match agent.<name>[.<name>…]."]}},
+        )
+    limit = settings.CTXAPP["CTXAPP_EVENT_PAYLOAD_MAX_BYTES"]
+    size = payload_size(payload)
+    if size > limit:
+        raise PayloadTooLarge(
+            f"The event payload is {size} bytes; the limit is {limit} bytes (JSON, UTF-8).",
+            details={"field": "payload", "size_bytes": size, "limit_bytes": limit},
+        )
+    if session is not None and session.agent_id != agent.pk:
+        raise InvalidInput(
+            f"Session {session.public_id} belongs to another agent.",
+            details={"fields": {"session": ["Belongs to another agent."]}},
+        )
+    with transaction.atomic():
+        return event_append(tenant=tenant, type=type, payload=payload, agent=agent, session=session)

@@ -3,13 +3,55 @@
 CONTRACT (called by the context engine; keep these signatures):
 - experiences_for_context: the memory slot of a built context.
 - experiences_mark_used: after a build included them (use count, last used).
-Placeholder bodies until the experience-memory capability lands.
+
+Search (`experiences_search`) gathers candidates from two sources — pgvector cosine over the
+HNSW index and PostgreSQL full text (an OR query over the query's lexemes, GIN index) — then
+scores every candidate on both signals:
+
+    score = w_vector · similarity + w_text · ts_rank / (ts_rank + 0.5)
+    similarity = 0.6 · cos(query, whole experience) + 0.4 · cos(query, "Problem: …")
+
+Weighted fusion with a small lexical weight (default 1.0 / 0.1, per-tenant policy) was chosen on
+the dev set: it keeps the embedding's paraphrase ranking and lets exact error strings (and
+pending rows without a vector) score. Reciprocal rank fusion is available (`fusion="rrf"`) but
+measured far worse (docs/experiences.md has the table).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+
+from django.contrib.postgres.search import SearchQuery, SearchRank
+from django.db import connection, transaction
+from django.db.models import F, Subquery
+from pgvector.django import CosineDistance
+
+from memory.exceptions import InvalidInput
+from memory.models import Experience, ExperiencePolicy, ExperienceScope, Tenant
+from memory.services.embedding import EmbedderError, embed_query
+from memory.services.experiences import experiences_touch, scope_filter, visible_filter
+
+logger = logging.getLogger(__name__)
+
+SOURCES = ("vector", "text")
+FUSIONS = ("weighted", "rrf")
+RRF_K = 60
+CANDIDATES_PER_SOURCE = 50
+HNSW_EF_SEARCH = 100
+FULL_TEXT_CONFIG = "english"
+# ts_rank at which the normalised text score is 0.5 (score = rank / (rank + this)).
+TEXT_RANK_HALF = 0.5
+TEXT_MATCH_CAP = 1000
+# similarity = 0.6 · cosine(query, problem + cause + solution) + 0.4 · cosine(query, problem)
+FULL_TEXT_SHARE = 0.6
+DEFERRED = ("embedding", "problem_embedding", "search_vector")
+SCOPE_PRIORITY = {ExperienceScope.USER: 1.0, ExperienceScope.TENANT: 0.5}
+# A pending experience (no vector yet) found by full text enters a context with its saturated
+# text score, ts_rank / (ts_rank + 0.5), standing in for the similarity.
+PENDING_SIMILARITY_FACTOR = 1.0
 
 
 @dataclass(frozen=True)
@@ -22,13 +64,241 @@ class RetrievedMemory:
     scope_priority: float
 
 
+@dataclass
+class SearchHit:
+    experience: Experience
+    score: float
+    similarity: float | None  # cosine to the query; None when the row has no vector yet
+    text_score: float  # full-text rank normalised to 0..1 among the candidates
+    contributions: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SearchResult:
+    hits: list[SearchHit]
+    plan: dict[str, Any]
+    warnings: list[str]
+
+
+def _tsquery_text(query: str) -> str:
+    """An OR tsquery over the query's English lexemes ('' when it has none)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT tsvector_to_array(to_tsvector(%s::regconfig, %s))", [FULL_TEXT_CONFIG, query])
+        lexemes = cursor.fetchone()[0] or []
+    quoted = ["'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'" for lexeme in lexemes]
+    return " | ".join(quoted)
+
+
+def search_plan(
+    *,
+    policy: ExperiencePolicy,
+    sources: list[str] | None,
+    weights: dict[str, float] | None,
+    fusion: str | None,
+) -> dict[str, Any]:
+    """The effective retrieval plan: sources, weights (policy defaults), fusion. Raises InvalidInput."""
+    chosen = list(dict.fromkeys(sources or SOURCES))
+    unknown = [s for s in chosen if s not in SOURCES]
+    if unknown or not chosen:
+        raise InvalidInput(
+            f"sources must be a non-empty subset of {', '.join(SOURCES)}.",
+            details={"fields": {"sources": [f"Unknown source {s!r}." for s in unknown] or ["Empty."]}},
+        )
+    effective = {"vector": policy.vector_weight, "text": policy.text_weight}
+    for name, value in (weights or {}).items():
+        if name not in SOURCES or value < 0:
+            raise InvalidInput(
+                "weights maps a source (vector, text) to a number >= 0.",
+                details={"fields": {"weights": [f"Bad weight {name!r}."]}},
+            )
+        effective[name] = float(value)
+    fusion = fusion or "weighted"
+    if fusion not in FUSIONS:
+        raise InvalidInput("fusion is weighted or rrf.", details={"fields": {"fusion": ["Unknown."]}})
+    return {"sources": chosen, "weights": {s: effective[s] for s in chosen}, "fusion": fusion}
+
+
+def experiences_search(
+    *,
+    tenant: Tenant,
+    query: str,
+    user_id: str | None = None,
+    limit: int = 10,
+    sources: list[str] | None = None,
+    weights: dict[str, float] | None = None,
+    fusion: str | None = None,
+    include_superseded: bool = False,
+    as_of: datetime | None = None,
+    kind: str | None = None,
+) -> SearchResult:
+    """Hybrid search of the tenant's experiences (optionally also one user's own). Read-only.
+
+    Each hit carries its score and each source's contribution. When the embedder is down the
+    vector source is skipped with a warning (full text still answers). Raises InvalidInput.
+    """
+    policy = ExperiencePolicy.for_tenant(tenant)
+    plan = search_plan(policy=policy, sources=sources, weights=weights, fusion=fusion)
+    warnings: list[str] = []
+    base = (
+        Experience.objects.filter(tenant=tenant)
+        .filter(visible_filter(include_superseded=include_superseded, as_of=as_of))
+        .filter(scope_filter(user_id=user_id))
+    )
+    if kind:
+        base = base.filter(kind=kind)
+    vector = None
+    if "vector" in plan["sources"]:
+        try:
+            _, vector = embed_query(query)
+        except EmbedderError as exc:
+            warnings.append(f"vector search skipped: {exc}")
+            logger.warning("vector search skipped: %s", exc)
+    tsquery_text = _tsquery_text(query) if "text" in plan["sources"] else ""
+    tsquery = SearchQuery(tsquery_text, search_type="raw", config="simple") if tsquery_text else None
+    per_source = max(CANDIDATES_PER_SOURCE, limit * 2)
+
+    vector_ranks: dict[int, int] = {}
+    text_ranks: dict[int, int] = {}
+    with transaction.atomic():
+        if vector is not None:
+            with connection.cursor() as cursor:
+                # Filters (tenant, scope, visibility) apply after the index scan; iterative scans
+                # keep walking the graph until enough rows pass them (pgvector >= 0.8).
+                cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+                cursor.execute(f"SET LOCAL hnsw.ef_search = {max(HNSW_EF_SEARCH, per_source)}")
+            ids = (
+                base.filter(embedding__isnull=False)
+                .annotate(distance=CosineDistance("embedding", vector))
+                .order_by("distance")
+                .values_list("pk", flat=True)[:per_source]
+            )
+            vector_ranks = {pk: rank for rank, pk in enumerate(ids, start=1)}
+        if tsquery is not None:
+            # Rank at most TEXT_MATCH_CAP matching rows: an OR query of common words can match
+            # most of a large tenant, and ts_rank over all of them would dominate the latency.
+            matching = base.filter(search_vector=tsquery).values("pk")[:TEXT_MATCH_CAP]
+            ids = (
+                Experience.objects.filter(pk__in=Subquery(matching))
+                .annotate(rank=SearchRank(F("search_vector"), tsquery))
+                .order_by("-rank", "pk")
+                .values_list("pk", flat=True)[:per_source]
+            )
+            text_ranks = {pk: rank for rank, pk in enumerate(ids, start=1)}
+    candidates = set(vector_ranks) | set(text_ranks)
+    if not candidates:
+        return SearchResult([], plan, warnings)
+    # Score the candidates from a light query (numbers only); build model objects for the
+    # returned page alone.
+    scores = Experience.objects.filter(pk__in=candidates)
+    fields = ["pk"]
+    if vector is not None:
+        scores = scores.annotate(
+            distance=CosineDistance("embedding", vector),
+            problem_distance=CosineDistance("problem_embedding", vector),
+        )
+        fields += ["distance", "problem_distance"]
+    if tsquery is not None:
+        scores = scores.annotate(rank=SearchRank(F("search_vector"), tsquery))
+        fields.append("rank")
+    scored: list[tuple[float, int, float | None, float, dict[str, float]]] = []
+    for row in scores.values(*fields):
+        pk = row["pk"]
+        similarity = None
+        if row.get("distance") is not None:
+            similarity = 1.0 - float(row["distance"])
+            if row.get("problem_distance") is not None:
+                problem_similarity = 1.0 - float(row["problem_distance"])
+                similarity = FULL_TEXT_SHARE * similarity + (1.0 - FULL_TEXT_SHARE) * problem_similarity
+        raw_rank = float(row.get("rank") or 0.0)
+        # Absolute, not relative to the best candidate: a weak accidental match of a paraphrase
+        # must stay weak (max-normalisation turned it into 1.0 and cut paraphrase R@1 in half).
+        text_score = raw_rank / (raw_rank + TEXT_RANK_HALF)
+        contributions: dict[str, float] = {}
+        if plan["fusion"] == "rrf":
+            if pk in vector_ranks:
+                contributions["vector"] = plan["weights"]["vector"] / (RRF_K + vector_ranks[pk])
+            if pk in text_ranks:
+                contributions["text"] = plan["weights"]["text"] / (RRF_K + text_ranks[pk])
+        else:
+            if "vector" in plan["weights"] and similarity is not None:
+                contributions["vector"] = plan["weights"]["vector"] * similarity
+            if "text" in plan["weights"]:
+                contributions["text"] = plan["weights"]["text"] * text_score
+        contributions = {k: round(v, 6) for k, v in contributions.items()}
+        scored.append((round(sum(contributions.values()), 6), pk, similarity, text_score, contributions))
+    scored.sort(key=lambda item: (-item[0], item[1]))
+    top = scored[:limit]
+    objects = Experience.objects.select_related(
+        "merged_into", "superseded_by", "source_task", "source_session"
+    ).defer(
+        # Vectors are large and parsed in Python; the scores above came from PostgreSQL.
+        *DEFERRED,
+        *(f"{rel}__{name}" for rel in ("merged_into", "superseded_by") for name in DEFERRED),
+    )
+    by_pk = objects.in_bulk([item[1] for item in top])
+    hits = [
+        SearchHit(
+            experience=by_pk[pk],
+            score=score,
+            similarity=None if similarity is None else round(similarity, 6),
+            text_score=round(text_score, 6),
+            contributions=contributions,
+        )
+        for score, pk, similarity, text_score, contributions in top
+    ]
+    return SearchResult(hits, plan, warnings)
+
+
+def memory_rank(*, hit: SearchHit, policy: ExperiencePolicy) -> RetrievedMemory:
+    """The context slot score: 0.5·similarity + 0.3·confidence + 0.2·scope priority + feedback."""
+    experience = hit.experience
+    similarity = hit.similarity if hit.similarity is not None else PENDING_SIMILARITY_FACTOR * hit.text_score
+    similarity = max(0.0, similarity)
+    scope_priority = SCOPE_PRIORITY.get(ExperienceScope(experience.scope), 0.5)
+    votes = experience.helpful_count - experience.unhelpful_count
+    feedback = policy.helpful_weight * votes / (experience.helpful_count + experience.unhelpful_count + 1)
+    score = 0.5 * similarity + 0.3 * experience.confidence + 0.2 * scope_priority + feedback
+    return RetrievedMemory(
+        experience_id=experience.public_id,
+        text=experience.text,
+        score=round(score, 6),
+        similarity=round(similarity, 6),
+        confidence=experience.confidence,
+        scope_priority=scope_priority,
+    )
+
+
 def experiences_for_context(
     *, tenant: Any, session: Any, query: str, limit: int, max_chars: int
 ) -> list[RetrievedMemory]:
-    """The best experiences for `query`, at most `limit`, their texts within `max_chars` in total."""
-    return []
+    """The best experiences for `query`, at most `limit`, their texts within `max_chars` in total.
+
+    Read-only. Candidates come from hybrid search in the tenant plus the session user's own
+    memories; those less similar than policy.context_min_similarity are left out; the rest are
+    ranked by `memory_rank` and packed greedily (an experience that does not fit is skipped,
+    a smaller one after it may still fit).
+    """
+    if not query.strip() or limit <= 0 or max_chars <= 0:
+        return []
+    policy = ExperiencePolicy.for_tenant(tenant)
+    result = experiences_search(
+        tenant=tenant, query=query, user_id=session.user_id or "", limit=max(20, limit * 4)
+    )
+    ranked = [memory_rank(hit=hit, policy=policy) for hit in result.hits]
+    ranked = [m for m in ranked if m.similarity >= policy.context_min_similarity]
+    ranked.sort(key=lambda m: -m.score)
+    chosen: list[RetrievedMemory] = []
+    used = 0
+    for memory in ranked:
+        if len(chosen) >= limit:
+            break
+        if used + len(memory.text) > max_chars:
+            continue
+        chosen.append(memory)
+        used += len(memory.text)
+    return chosen
 
 
 def experiences_mark_used(*, tenant: Any, experience_ids: list[str]) -> None:
-    """Count a use of each experience (use count + 1, last used = now)."""
-    return None
+    """Count a use of each experience (use count + 1, last used = now). Foreign ids are ignored."""
+    experiences_touch(tenant=tenant, experience_ids=experience_ids)

@@ -8,8 +8,10 @@ from datetime import datetime
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
+from memory.exceptions import NotFound
 from memory.models import ApiKey, ApiKeyScope, Membership, MembershipRole, Tenant
 
 DEMO_TENANT_SLUG = "demo"
@@ -17,25 +19,80 @@ DEMO_ADMIN_USERNAME = "admin"
 
 
 def api_key_create(
-    *, tenant: Tenant, name: str, scopes: list[str] | None = None, expires_at: datetime | None = None
+    *,
+    tenant: Tenant,
+    name: str,
+    scopes: list[str] | None = None,
+    expires_at: datetime | None = None,
+    actor: str | None = None,
 ) -> tuple[ApiKey, str]:
-    """Create a key and return it with its secret, which is not stored and cannot be shown again."""
+    """Create a key and return it with its secret, which is not stored and cannot be shown again.
+
+    Not idempotent (each call makes a new key). With `actor` (who asked: "api-key ctx_ab12cd34",
+    "admin user alice"), records an `api_key.created` event on the tenant stream in the same
+    transaction. Raises ValueError for an unknown scope.
+    """
     unknown = set(scopes or []) - set(ApiKeyScope.values)
     if unknown:
         raise ValueError(f"unknown scopes: {', '.join(sorted(unknown))}")
     full, prefix, digest = ApiKey.generate()
-    key = ApiKey.objects.create(
-        tenant=tenant, name=name, prefix=prefix, secret_hash=digest, scopes=list(scopes or []), expires_at=expires_at
-    )
+    with transaction.atomic():
+        key = ApiKey.objects.create(
+            tenant=tenant,
+            name=name,
+            prefix=prefix,
+            secret_hash=digest,
+            scopes=sorted(set(scopes or [])),
+            expires_at=expires_at,
+        )
+        if actor is not None:
+            _record(tenant=tenant, type="api_key.created", api_key=key, actor=actor)
     return key, full
 
 
-def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
-    """Revoke a key (idempotent): every later request with it answers 401."""
-    if api_key.revoked_at is None:
-        api_key.revoked_at = timezone.now()
-        api_key.save(update_fields=["revoked_at"])
+def api_key_revoke(*, api_key: ApiKey, actor: str | None = None) -> ApiKey:
+    """Revoke a key: every later request with it answers 401.
+
+    Idempotent: revoking a revoked key changes nothing and records nothing. With `actor`, the
+    first revocation records an `api_key.revoked` event on the tenant stream.
+    """
+    with transaction.atomic():
+        # Conditional update: two concurrent revocations record one event, not two.
+        changed = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        api_key.refresh_from_db(fields=["revoked_at"])
+        if changed and actor is not None:
+            _record(tenant=api_key.tenant, type="api_key.revoked", api_key=api_key, actor=actor)
     return api_key
+
+
+def api_key_get(*, tenant: Tenant, prefix: str) -> ApiKey:
+    """The tenant's key with this visible prefix. Read-only; raises NotFound for another tenant's key."""
+    key = ApiKey.objects.filter(tenant=tenant, prefix=prefix).first()
+    if key is None:
+        raise NotFound.of("api key", prefix)
+    return key
+
+
+def api_key_list(*, tenant: Tenant) -> QuerySet[ApiKey]:
+    """The tenant's keys, revoked and expired ones included. Read-only."""
+    return ApiKey.objects.filter(tenant=tenant)
+
+
+def _record(*, tenant: Tenant, type: str, api_key: ApiKey, actor: str) -> None:
+    from memory.services import recorder
+
+    recorder.event_append(
+        tenant=tenant,
+        type=type,
+        payload={
+            "key_prefix": api_key.prefix,
+            "name": api_key.name,
+            "scopes": api_key.scopes,
+            "actor": actor,
+        },
+    )
 
 
 @dataclass(frozen=True)

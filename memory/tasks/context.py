@@ -1,3 +1,20 @@
-"""Celery tasks of this capability."""
+"""Celery tasks of the context engine (thin: ids in, one service call)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.db import OperationalError
 
 SCHEDULE: dict = {}
+
+
+@shared_task(acks_late=True, autoretry_for=(OperationalError,), retry_backoff=5, max_retries=5)
+def session_summarise(session_id: int) -> None:
+    """Fold a session's old messages into its rolling summary. Idempotent; a deleted session is skipped."""
+    from memory.models import Session
+    from memory.services import summarise
+
+    session = Session.objects.select_related("tenant", "agent").filter(pk=session_id).first()
+    if session is None:
+        return
+    summarise.session_summarise(tenant=session.tenant, session=session)

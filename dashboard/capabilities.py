@@ -1,0 +1,363 @@
+"""Read adapters for the capabilities built beside the dashboard (context, experiences,
+cognition, decay, recovery).
+
+Each function returns the data its panel shows, or a `Pending` naming the capability that has
+not landed yet — never invented data. They only read: models of `memory` and the read-only
+service functions the capabilities expose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from dashboard import charts
+from dashboard.selectors import memory_service, session_events
+from memory.exceptions import NotFound
+from memory.models import Agent, Session, Tenant
+
+
+@dataclass(frozen=True)
+class Pending:
+    note: str
+    pending: bool = True
+
+
+CONTEXT_PENDING = Pending("Budgets and built contexts arrive with the context-engine capability.")
+SUMMARY_PENDING = Pending("Summaries arrive with the context-engine (summarisation) capability.")
+FACTS_PENDING = Pending("Tracked facts arrive with the decay-detection capability.")
+CHECKPOINT_PENDING = Pending("Checkpoints arrive with the cognitive-state capability.")
+COGNITIVE_PENDING = Pending("The cognitive state arrives with the cognitive-state capability.")
+RECOVERY_PENDING = Pending("The recovered-state document arrives with the crash-recovery capability.")
+EXPERIENCE_PENDING = Pending("Experiences arrive with the experience-memory capability.")
+SEARCH_PENDING = Pending("Hybrid search arrives with the experience-memory (retrieval) capability.")
+
+
+BUDGET_SAMPLES_PLOTTED = 60
+FACTS_SHOWN = 50
+
+
+def session_budget(*, tenant: Tenant, session: Session) -> Any:
+    """Gauge, stacked components, line over time with summarisation markers, and the forecast."""
+    samples_list = memory_service("context", "budget_samples_list")
+    if samples_list is None:
+        return CONTEXT_PENDING
+    samples = list(reversed(samples_list(tenant=tenant, session=session, limit=BUDGET_SAMPLES_PLOTTED)))
+    if not samples:
+        return {"latest": None}
+    latest = samples[-1]
+    threshold = latest.threshold_tokens / latest.input_limit if latest.input_limit else 0.85
+    markers = [
+        charts.Marker(
+            at=event.created_at, label=f"summary up to #{event.payload.get('covers_up_to_seq', '?')}"
+        )
+        for event in session_events(tenant=tenant, session=session, types=["summary.created"], limit=100)
+    ]
+    markers += [
+        charts.Marker(at=sample.created_at, label="summarisation queued")
+        for sample in samples
+        if sample.summarisation_queued
+    ]
+    parts = [(name, int(value)) for name, value in (latest.components or {}).items() if value]
+    forecast = latest.forecast or {}
+    return {
+        "latest": {"used": latest.prompt_tokens, "limit": latest.input_limit, "sample": latest},
+        "gauge": charts.gauge(used=latest.prompt_tokens, limit=latest.input_limit, threshold=threshold),
+        "stacked": charts.stacked_bar(parts=parts, limit=latest.input_limit),
+        "line": charts.line_chart(
+            points=[(s.created_at, s.prompt_tokens) for s in samples],
+            limit=latest.input_limit,
+            threshold=threshold,
+            markers=markers,
+        ),
+        "markers": markers,
+        "forecast_text": _forecast_text(forecast),
+        "reserve": latest.output_reserve,
+        "model": latest.model_name,
+        "exact": latest.exact,
+        "threshold": threshold,
+    }
+
+
+def _forecast_text(forecast: dict[str, Any]) -> str:
+    if not forecast:
+        return ""
+    until = forecast.get("turns_until_summarisation")
+    growth = forecast.get("growth_tokens_per_turn")
+    window = forecast.get("turns_until_window")
+    if until is None:
+        text = "No growth measured yet: no forecast of the 85 % threshold."
+    elif until == 0:
+        text = "At or above the summarisation threshold now."
+    else:
+        text = f"About {until} turn{'s' if until != 1 else ''} until the summarisation threshold"
+        if window is not None:
+            text += f", {window} until the budget is full"
+        text += "."
+    if growth:
+        text += f" (≈{growth:,.0f} tokens per turn, from {forecast.get('basis', 'builds')})"
+    return text
+
+
+def session_manifest(*, tenant: Tenant, session: Session) -> Any:
+    """The latest build's manifest: every item, included or dropped, and where critical ones sit."""
+    samples_list = memory_service("context", "budget_samples_list")
+    if samples_list is None:
+        return CONTEXT_PENDING
+    latest = next(iter(samples_list(tenant=tenant, session=session, limit=1)), None)
+    if latest is None:
+        return {"items": []}
+    manifest = latest.manifest or {}
+    total = manifest.get("total_tokens") or latest.prompt_tokens or 1
+    middle = (0.30, 0.70)
+    items = []
+    for entry in manifest.get("items", []):
+        position = entry.get("position")
+        if position is None and entry.get("offset") is not None:
+            position = entry["offset"] / total
+        items.append(
+            {
+                "label": entry.get("id") or entry.get("kind"),
+                "kind": entry.get("kind", ""),
+                "tokens": entry.get("tokens", 0),
+                "included": entry.get("included", True),
+                "critical": entry.get("critical", False),
+                "reason": entry.get("reason", ""),
+                "position": position * 100 if position is not None else None,
+                "risky": bool(
+                    entry.get("critical") and position is not None and middle[0] <= position <= middle[1]
+                ),
+            }
+        )
+    strip = charts.position_strip(
+        items=[
+            (i["label"], i["position"] / 100, True)
+            for i in items
+            if i["critical"] and i["position"] is not None
+        ]
+    )
+    return {
+        "items": items,
+        "strip": strip,
+        "built_at": latest.created_at,
+        "build_id": latest.public_id,
+        "total_tokens": total,
+        "critical_count": sum(1 for i in items if i["critical"] and i["included"]),
+        "risky_count": sum(1 for i in items if i["risky"]),
+        "included_count": sum(1 for i in items if i["included"]),
+        "dropped_count": sum(1 for i in items if not i["included"]),
+        "warnings": [
+            w.get("message", w.get("code", "")) if isinstance(w, dict) else str(w)
+            for w in latest.warnings or []
+        ],
+    }
+
+
+def session_summaries(*, tenant: Tenant, session: Session) -> Any:
+    summaries_list = memory_service("summarise", "summaries_list")
+    if summaries_list is None:
+        return SUMMARY_PENDING
+    return [
+        {
+            "covers_to": s.covers_up_to_seq,
+            "tokens": s.tokens,
+            "text": s.text,
+            "created_at": s.created_at,
+            "current": s.is_current,
+            "method": s.method,
+            "folded": s.folded_count,
+            "before": s.tokens_before,
+        }
+        for s in summaries_list(tenant=tenant, session=session, limit=10)
+    ]
+
+
+def session_facts(*, tenant: Tenant, session: Session) -> Any:
+    facts_list = memory_service("decay", "facts_list")
+    if facts_list is None:
+        return FACTS_PENDING
+    _, statuses = facts_list(tenant=tenant, session=session)
+    rows = []
+    for status in statuses[:FACTS_SHOWN]:
+        left = status.threshold - status.rounds_since_reference
+        state = (
+            "decayed" if status.decayed else ("at_risk" if left <= max(2, status.threshold // 4) else "fresh")
+        )
+        rows.append(
+            {
+                "key": status.fact.key,
+                "type": status.fact.fact_type,
+                "content": status.fact.content,
+                "importance": status.fact.importance,
+                "rounds_since": status.rounds_since_reference,
+                "rounds_left": max(left, 0) if not status.decayed else None,
+                "state": state,
+                "recommendation": status.recommendation,
+                "references": status.fact.reference_count,
+            }
+        )
+    return rows
+
+
+CHECKPOINTS_SHOWN = 50
+
+
+def agent_checkpoints(*, tenant: Tenant, agent: Agent) -> Any:
+    checkpoints_list = memory_service("cognition", "checkpoints_list")
+    if checkpoints_list is None:
+        return CHECKPOINT_PENDING
+    return [
+        {
+            "id": c.public_id,
+            "seq": c.seq,
+            "reason": c.reason,
+            "created_at": c.created_at,
+            "step": c.step,
+            "bytes": c.state_bytes,
+            "storage": c.storage,
+        }
+        for c in checkpoints_list(tenant=tenant, agent=agent).order_by("-seq")[:CHECKPOINTS_SHOWN]
+    ]
+
+
+def agent_cognitive_state(*, tenant: Tenant, agent: Agent) -> Any:
+    state_get = memory_service("cognition", "state_get")
+    if state_get is None:
+        return COGNITIVE_PENDING
+    view = state_get(tenant=tenant, agent=agent)
+    if view.version == 0:
+        return None
+    return {
+        "schema_version": view.schema_version,
+        "version": view.version,
+        "updated_at": view.updated_at,
+        "checkpoint": view.checkpoint,
+        "fields": list(view.document.items()),
+    }
+
+
+def agent_recovered_state(*, tenant: Tenant, agent: Agent) -> Any:
+    """What the agent would get from GET /agents/{agent}/recovered-state right now.
+
+    `recovered_state` records an `agent.recovered` event; the dashboard only previews it, so the
+    call runs in a transaction that is rolled back: nothing is recorded or broadcast.
+    """
+    recovered_state = memory_service("recovery", "recovered_state")
+    if recovered_state is None:
+        return RECOVERY_PENDING
+    with transaction.atomic():
+        result = recovered_state(tenant=tenant, agent=agent)
+        transaction.set_rollback(True)
+    document = result.document
+    if not any(document.get(k) for k in ("checkpoint", "session", "tasks")) and not (
+        document.get("operational") or {}
+    ).get("last_event_seq"):
+        return None
+    document.pop("parts", None)
+    return document
+
+
+def checkpoint_get(*, tenant: Tenant, agent: Agent, checkpoint_id: str) -> Any | None:
+    """One checkpoint with its reconstructed state (None if missing, foreign or not landed)."""
+    get = memory_service("cognition", "checkpoint_get")
+    state = memory_service("cognition", "checkpoint_state")
+    if get is None or state is None:
+        return None
+    try:
+        checkpoint = get(tenant=tenant, agent=agent, ref=checkpoint_id)
+    except NotFound:
+        return None
+    return {
+        "seq": checkpoint.seq,
+        "id": checkpoint.public_id,
+        "reason": checkpoint.reason,
+        "created_at": checkpoint.created_at,
+        "state": state(checkpoint=checkpoint),
+    }
+
+
+def checkpoint_diff(*, tenant: Tenant, agent: Agent, a: str, b: str) -> Any | None:
+    """Per-field differences from checkpoint `a` to `b` (None if either is missing)."""
+    diff = memory_service("cognition", "checkpoint_diff")
+    if diff is None or not a or not b:
+        return None
+    try:
+        result = diff(tenant=tenant, agent=agent, source=a, target=b)
+    except NotFound:
+        return None
+    return {
+        "a": {"seq": result.source.seq, "id": result.source.public_id},
+        "b": {"seq": result.target.seq, "id": result.target.public_id},
+        "fields": [
+            {"path": c["path"], "change": c["change"], "before": c.get("old"), "after": c.get("new")}
+            for c in result.changes
+        ],
+    }
+
+
+EXPERIENCES_SHOWN = 25
+
+
+def experience_card(x: Any) -> dict[str, Any]:
+    """What the dashboard shows of one experience: text, origin, embedding status, links."""
+    links = []
+    if x.merged_into_id:
+        links.append({"kind": "merged into", "target": x.merged_into.public_id})
+    if x.superseded_by_id:
+        links.append({"kind": "superseded by", "target": x.superseded_by.public_id})
+    if x.merge_count:
+        links.append({"kind": "absorbed", "target": f"{x.merge_count} duplicate(s)"})
+    return {
+        "public_id": x.public_id,
+        "problem": x.problem,
+        "cause": x.cause,
+        "solution": x.solution,
+        "confidence": x.confidence,
+        "kind": x.kind,
+        "extraction_method": x.extraction_method,
+        "embedding_status": x.embedding_status,
+        "embedding_model": x.embedding_model,
+        "embedding_error": x.embedding_error,
+        "use_count": x.use_count,
+        "created_at": x.created_at,
+        "user_id": x.user_id,
+        "source_task_public_id": x.source_task.public_id if x.source_task_id else "",
+        "source_task_id": x.source_task_id,
+        "source_session": x.source_session.public_id if x.source_session_id else "",
+        "provenance": x.provenance,
+        "links": links,
+    }
+
+
+def experiences_recent(*, tenant: Tenant) -> Any:
+    experiences_list = memory_service("experiences", "experiences_list")
+    if experiences_list is None:
+        return EXPERIENCE_PENDING
+    rows = experiences_list(tenant=tenant, include_superseded=True).order_by("-created_at")[
+        :EXPERIENCES_SHOWN
+    ]
+    return [experience_card(x) for x in rows]
+
+
+def experiences_search(*, tenant: Tenant, query: str, user_id: str = "") -> Any:
+    """Hybrid search results with each signal's contribution to the score."""
+    search = memory_service("retrieval", "experiences_search")
+    if search is None:
+        return SEARCH_PENDING
+    result = search(tenant=tenant, query=query, user_id=user_id or None, limit=10)
+    hits = []
+    for hit in result.hits:
+        signals = [(name, value) for name, value in (hit.contributions or {}).items()]
+        hits.append(
+            {
+                "experience": experience_card(hit.experience),
+                "score": hit.score,
+                "similarity": hit.similarity,
+                "text_score": hit.text_score,
+                "signals": signals,
+                "signals_svg": charts.contribution_bar(parts=signals, full=max(hit.score, 1.0)),
+            }
+        )
+    return {"hits": hits, "plan": result.plan, "warnings": result.warnings}

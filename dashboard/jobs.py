@@ -1,0 +1,265 @@
+"""What "jobs" means on the dashboard, honestly.
+
+ctxapp's background work is Celery tasks on one broker (Redis, or Kombu's SQLAlchemy transport
+on the embedded PostgreSQL). Celery keeps no history without a result backend, and we run
+without one, so:
+
+- queue depth = the number of messages waiting in each queue, asked of the broker itself;
+- running jobs = what the workers report through Celery's remote control (`inspect().active()`);
+  the SQLAlchemy transport has no broadcast, so there the panel says it cannot know;
+- failed jobs = the recorded events whose type ends in `.failed` / `_failed` (every capability
+  records its job failures as events, with the ids needed to retry);
+- progress = the latest `*.progress` event of each long job (`done` / `total` in the payload);
+- retry = the owning capability's service (RETRY_HANDLERS: today the embedding retry of the
+  experience-memory capability); a failure without one says it cannot be retried from here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from memory.models import Event, Tenant
+
+logger = logging.getLogger(__name__)
+
+INSPECT_TIMEOUT = 0.5
+
+# Failed-job event type -> how to retry it: the owning capability's service, called with the
+# ids the failure event recorded. Each adapter returns a message for the operator.
+
+
+def _retry_embedding(*, tenant: Tenant, event: Event) -> str:
+    from memory.services.experiences import experiences_retry_failed
+
+    experience = event.payload.get("experience")
+    count = experiences_retry_failed(tenant=tenant, experience_ids=[experience] if experience else None)
+    if not count:
+        return f"Nothing to retry: {experience} is no longer failed (already retried or embedded)."
+    return f"Embedding of {experience} queued again."
+
+
+RETRY_HANDLERS: dict[str, tuple[str, str, Any]] = {
+    # prefix: (module that must exist, function that must exist, adapter)
+    "experience.embedding_failed": (
+        "memory.services.experiences",
+        "experiences_retry_failed",
+        _retry_embedding,
+    ),
+}
+
+
+@dataclass
+class QueueDepth:
+    name: str
+    depth: int | None
+    error: str = ""
+
+
+def queue_names() -> list[str]:
+    names = [settings.CELERY_TASK_DEFAULT_QUEUE]
+    routes = getattr(settings, "CELERY_TASK_ROUTES", None) or {}
+    if isinstance(routes, dict):
+        for route in routes.values():
+            queue = route.get("queue") if isinstance(route, dict) else None
+            if queue and queue not in names:
+                names.append(queue)
+    return names
+
+
+_depth_cache: tuple[float, list[QueueDepth]] | None = None
+DEPTH_CACHE_SECONDS = 2.0
+
+
+def queue_depths() -> list[QueueDepth]:
+    """Messages waiting in each queue, asked of the broker (passive declare). Never raises.
+
+    Cached for 2 s per process: live pages re-render often and the answer is a gauge anyway.
+    """
+    global _depth_cache
+    now = time.monotonic()
+    if _depth_cache is not None and now - _depth_cache[0] < DEPTH_CACHE_SECONDS:
+        return _depth_cache[1]
+    result = _queue_depths_uncached()
+    _depth_cache = (now, result)
+    return result
+
+
+def _queue_depths_uncached() -> list[QueueDepth]:
+    from ctxapp.celery import app
+
+    result = []
+    try:
+        with app.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+            channel = conn.default_channel
+            for name in queue_names():
+                try:
+                    ok = channel.queue_declare(queue=name, passive=True)
+                    result.append(QueueDepth(name=name, depth=int(ok.message_count)))
+                except Exception as exc:  # a queue nobody declared yet is empty
+                    logger.debug("queue %s: %s", name, exc)
+                    result.append(QueueDepth(name=name, depth=0))
+    except Exception as exc:
+        return [
+            QueueDepth(name=name, depth=None, error=f"broker unreachable: {exc}") for name in queue_names()
+        ]
+    return result
+
+
+@dataclass
+class RunningJobs:
+    available: bool
+    note: str
+    jobs: list[dict[str, Any]]
+
+
+def running_jobs() -> RunningJobs:
+    """Tasks the workers are executing now (Celery remote control). Never raises."""
+    from ctxapp.celery import app
+
+    if not str(settings.CELERY_BROKER_URL).startswith(("redis", "rediss", "amqp")):
+        return RunningJobs(
+            False, "This broker has no broadcast channel, so running jobs cannot be listed.", []
+        )
+    try:
+        inspector = app.control.inspect(timeout=INSPECT_TIMEOUT)
+        active = inspector.active() or {}
+    except Exception as exc:
+        return RunningJobs(False, f"Workers could not be asked: {exc}", [])
+    jobs = []
+    ours = set(queue_names())
+    for worker, tasks in active.items():
+        for task in tasks or []:
+            # Remote control reaches every worker on the broker; keep only jobs of our queues.
+            queue = (task.get("delivery_info") or {}).get("routing_key")
+            if queue is not None and queue not in ours:
+                continue
+            started = task.get("time_start")
+            jobs.append(
+                {
+                    "worker": worker,
+                    "name": task.get("name", ""),
+                    "id": task.get("id", ""),
+                    "args": task.get("args"),
+                    "started": datetime.fromtimestamp(started, tz=UTC) if started else None,
+                }
+            )
+    note = "" if active else "No worker answered within 0.5 s (none running, or all busy)."
+    return RunningJobs(True, note, jobs)
+
+
+def retry_handler(event_type: str) -> Any | None:
+    """The adapter that retries a failed job of this event type, if its service exists."""
+    for prefix, (module, name, adapter) in RETRY_HANDLERS.items():
+        if event_type.startswith(prefix):
+            try:
+                return adapter if hasattr(importlib.import_module(module), name) else None
+            except ImportError:
+                return None
+    return None
+
+
+def failed_jobs(*, tenant: Tenant, limit: int = 25) -> list[dict[str, Any]]:
+    """Recent job failures (events) with whether each can be retried from the dashboard."""
+    from dashboard.selectors import failed_events
+
+    rows = []
+    for event in failed_events(tenant=tenant, since=timezone.now() - timedelta(days=7))[:limit]:
+        rows.append({"event": event, "retryable": retry_handler(event.type) is not None})
+    return rows
+
+
+def job_retry(*, tenant: Tenant, event_id: str) -> str:
+    """Retry the failed job recorded by event `event_id` through its capability's service.
+
+    Raises Event.DoesNotExist for a missing or foreign id, LookupError when no service can retry it.
+    Returns a message for the operator.
+    """
+    event = Event.objects.get(tenant=tenant, public_id=event_id)
+    handler = retry_handler(event.type)
+    if handler is None:
+        raise LookupError(f"No service can retry a {event.type} job yet.")
+    outcome = handler(tenant=tenant, event=event)
+    return str(outcome) if outcome else f"Retry of {event.type} queued."
+
+
+def job_progress(*, tenant: Tenant, limit: int = 10) -> list[dict[str, Any]]:
+    """The latest progress of each long job (events `*.progress` of the last hour)."""
+    since = timezone.now() - timedelta(hours=1)
+    latest: dict[str, dict[str, Any]] = {}
+    for event in Event.objects.filter(
+        tenant=tenant, type__endswith=".progress", created_at__gte=since
+    ).order_by("-created_at")[:500]:
+        job = str(event.payload.get("job") or event.payload.get("job_id") or event.type)
+        if job in latest:
+            continue
+        done, total = event.payload.get("done"), event.payload.get("total")
+        pct = (
+            round(100 * done / total) if isinstance(done, int) and isinstance(total, int) and total else None
+        )
+        latest[job] = {
+            "job": job,
+            "type": event.type,
+            "done": done,
+            "total": total,
+            "pct": pct,
+            "at": event.created_at,
+        }
+        if len(latest) >= limit:
+            break
+    return list(latest.values())
+
+
+# Events that record a background job finishing (the Celery tasks of each capability).
+JOB_RESULT_TYPES = [
+    "experience.embedded",
+    "experience.embedding_failed",
+    "experience.embedding_retried",
+    "memory.distilled",
+    "summary.created",
+    "fact.decayed",
+    "fact.promoted",
+    "retention.evicted",
+    "session.expired",
+]
+
+
+def job_results(*, tenant: Tenant, limit: int = 15) -> list[Event]:
+    """The latest finished background jobs (their result events), newest first."""
+    return list(
+        Event.objects.filter(tenant=tenant, type__in=JOB_RESULT_TYPES).order_by("-created_at", "-id")[:limit]
+    )
+
+
+def embedding_backlog(*, tenant: Tenant) -> dict[str, Any] | None:
+    """Experiences by embedding status: the progress of the embedding pipeline (None if not landed)."""
+    from django.db.models import Count
+
+    from dashboard.selectors import memory_model
+
+    experience = memory_model("Experience")
+    if experience is None:
+        return None
+    counts = dict(
+        experience.objects.filter(tenant=tenant)
+        .values_list("embedding_status")
+        .annotate(n=Count("id"))
+        .values_list("embedding_status", "n")
+    )
+    total = sum(counts.values())
+    done = counts.get("completed", 0)
+    return {
+        "total": total,
+        "completed": done,
+        "pending": counts.get("pending", 0),
+        "failed": counts.get("failed", 0),
+        "pct": round(100 * done / total) if total else 100,
+    }

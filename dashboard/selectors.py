@@ -1,0 +1,213 @@
+"""Read-only queries behind the dashboard pages. Every function is scoped to one tenant.
+
+Nothing here writes. Each function runs a bounded number of queries whatever the data size
+(keyset pages, LIMITs, indexed ranges), so a 100,000-message session renders as fast as an
+empty one. Capabilities that have not landed yet are detected, never faked: their selectors
+return None and the panel says so.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, F, Max, Q
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from memory.models import Agent, Event, Message, Session, SessionStatus, Tenant
+
+MESSAGE_PAGE_SIZE = 50
+EVENT_PAGE_SIZE = 50
+RECENT_EVENTS = 15
+RATE_WINDOW_MINUTES = 30
+
+
+# --- capability detection -------------------------------------------------------------------
+
+
+def memory_model(name: str) -> Any | None:
+    """The model class `memory.models.<name>` if its capability has landed, else None."""
+    models = importlib.import_module("memory.models")
+    return getattr(models, name, None)
+
+
+def memory_service(module: str, name: str) -> Any | None:
+    """The function `memory.services.<module>.<name>` if it exists, else None."""
+    try:
+        mod = importlib.import_module(f"memory.services.{module}")
+    except ImportError:
+        return None
+    return getattr(mod, name, None)
+
+
+# --- overview -------------------------------------------------------------------------------
+
+
+@dataclass
+class OverviewStats:
+    agents: int
+    open_sessions: int
+    messages_last_minute: int
+    messages_per_minute: list[int]
+    events_last_hour: int
+    failures_last_day: int
+
+
+def overview_stats(*, tenant: Tenant, now: datetime | None = None) -> OverviewStats:
+    """Counts for the overview cards; messages per minute from `message.added` events (indexed)."""
+    now = now or timezone.now()
+    since = now - timedelta(minutes=RATE_WINDOW_MINUTES)
+    per_minute = dict(
+        Event.objects.filter(tenant=tenant, type="message.added", created_at__gte=since)
+        .annotate(minute=TruncMinute("created_at"))
+        .values_list("minute")
+        .annotate(n=Count("id"))
+        .values_list("minute", "n")
+    )
+    start = now.replace(second=0, microsecond=0) - timedelta(minutes=RATE_WINDOW_MINUTES - 1)
+    series = [per_minute.get(start + timedelta(minutes=i), 0) for i in range(RATE_WINDOW_MINUTES)]
+    return OverviewStats(
+        agents=Agent.objects.filter(tenant=tenant).count(),
+        open_sessions=Session.objects.filter(tenant=tenant, status=SessionStatus.OPEN).count(),
+        messages_last_minute=series[-1],
+        messages_per_minute=series,
+        events_last_hour=Event.objects.filter(
+            tenant=tenant, created_at__gte=now - timedelta(hours=1)
+        ).count(),
+        failures_last_day=failed_events(tenant=tenant, since=now - timedelta(days=1)).count(),
+    )
+
+
+def agents_recent(*, tenant: Tenant, limit: int = 20) -> list[Agent]:
+    """The most recently active agents with their open-session count and last activity."""
+    return list(
+        Agent.objects.filter(tenant=tenant)
+        .annotate(
+            open_sessions=Count("sessions", filter=Q(sessions__status=SessionStatus.OPEN)),
+            last_seen=Max("sessions__last_accessed_at"),
+        )
+        .order_by(F("last_seen").desc(nulls_last=True), "external_id")[:limit]
+    )
+
+
+def sessions_open(*, tenant: Tenant, limit: int = 15) -> list[Session]:
+    return list(
+        Session.objects.filter(tenant=tenant, status=SessionStatus.OPEN)
+        .select_related("agent")
+        .order_by("-last_accessed_at")[:limit]
+    )
+
+
+def sessions_recent(*, tenant: Tenant, agent: Agent | None = None, limit: int = 20) -> list[Session]:
+    qs = Session.objects.filter(tenant=tenant).select_related("agent")
+    if agent is not None:
+        qs = qs.filter(agent=agent)
+    return list(qs.order_by("-created_at")[:limit])
+
+
+def events_recent(*, tenant: Tenant, limit: int = RECENT_EVENTS) -> list[Event]:
+    return list(Event.objects.filter(tenant=tenant).order_by("-created_at", "-id")[:limit])
+
+
+def failed_events(*, tenant: Tenant, since: datetime | None = None) -> Any:
+    """Events that report a failed background job (`*.failed`, `*_failed`), newest first.
+
+    Agent-emitted events (`agent.*`, e.g. a failed tool call) are the agent's business, not jobs.
+    """
+    qs = (
+        Event.objects.filter(tenant=tenant)
+        .filter(Q(type__endswith=".failed") | Q(type__endswith="_failed"))
+        .exclude(type__startswith="agent.")
+    )
+    if since is not None:
+        qs = qs.filter(created_at__gte=since)
+    return qs.order_by("-created_at", "-id")
+
+
+# --- session ----------------------------------------------------------------------------------
+
+
+@dataclass
+class MessagePage:
+    messages: list[Message]
+    older_before: int | None  # pass as ?before= to get the next older page; None = no older
+
+
+def messages_page(
+    *, tenant: Tenant, session: Session, before: int | None = None, limit: int = MESSAGE_PAGE_SIZE
+) -> MessagePage:
+    """One page of a session's messages, newest first, older than seq `before` (keyset on seq)."""
+    qs = Message.objects.filter(tenant=tenant, session=session)
+    if before is not None:
+        qs = qs.filter(seq__lt=before)
+    rows = list(qs.order_by("-seq")[: limit + 1])
+    older = rows[limit - 1].seq if len(rows) > limit else None
+    return MessagePage(messages=rows[:limit], older_before=older)
+
+
+def messages_after(
+    *, tenant: Tenant, session: Session, after: int, limit: int = MESSAGE_PAGE_SIZE
+) -> list[Message]:
+    """Messages with seq > after, newest first, at most `limit` (the newest ones if more)."""
+    return list(
+        Message.objects.filter(tenant=tenant, session=session, seq__gt=after).order_by("-seq")[:limit]
+    )
+
+
+def session_events(*, tenant: Tenant, session: Session, types: list[str], limit: int = 200) -> list[Event]:
+    return list(
+        Event.objects.filter(tenant=tenant, session=session, type__in=types).order_by("-created_at", "-id")[
+            :limit
+        ]
+    )
+
+
+# --- agent ------------------------------------------------------------------------------------
+
+
+@dataclass
+class EventFilter:
+    type: str = ""
+    session: str = ""
+    before: int | None = None  # seq keyset
+
+
+@dataclass
+class EventPage:
+    events: list[Event]
+    older_before: int | None
+    types: list[str] = field(default_factory=list)
+
+
+def agent_events(
+    *, tenant: Tenant, agent: Agent, filters: EventFilter, limit: int = EVENT_PAGE_SIZE
+) -> EventPage:
+    """The agent's event log, newest first, filtered by type prefix and session id, keyset on seq."""
+    from memory.services.recorder import stream_key
+
+    qs = Event.objects.filter(tenant=tenant, stream=stream_key(agent))
+    if filters.type:
+        qs = qs.filter(type__startswith=filters.type)
+    if filters.session:
+        qs = qs.filter(session__public_id=filters.session)
+    if filters.before is not None:
+        qs = qs.filter(seq__lt=filters.before)
+    rows = list(qs.select_related("session").order_by("-seq")[: limit + 1])
+    older = rows[limit - 1].seq if len(rows) > limit else None
+    return EventPage(events=rows[:limit], older_before=older)
+
+
+def event_type_choices(*, tenant: Tenant, agent: Agent) -> list[str]:
+    """The event type families seen in the agent's recent events (for the filter menu)."""
+    from memory.services.recorder import stream_key
+
+    recent = (
+        Event.objects.filter(tenant=tenant, stream=stream_key(agent))
+        .order_by("-seq")
+        .values_list("type", flat=True)
+    )[:500]
+    families = {t.split(".")[0] for t in recent}
+    return sorted(families | {t for t in recent})

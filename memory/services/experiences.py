@@ -1,0 +1,794 @@
+"""Experience memory: create, read, merge, supersede, embed, feedback, promotion, eviction.
+
+Rules (docs/experiences.md explains them):
+
+- An experience is created `pending` and is findable by full text at once; a Celery job embeds
+  it (`experiences_embed`), after which it is findable by vector too.
+- Duplicates never pile up. An exact duplicate (same text, scope, user and kind) merges at
+  creation; a near-duplicate (cosine > policy.merge_threshold, 0.85) merges when it is embedded.
+  Merging raises the older row's confidence and use count and appends the newcomer's
+  provenance; the newcomer is kept, hidden, with `merged_into`.
+- A contradiction supersedes: when a newer experience has the same problem (problem cosine >=
+  policy.supersede_problem_threshold) but a different solution (solution cosine <
+  policy.solution_agreement_threshold), the older one gets `superseded_by` and is hidden by
+  default; `include_superseded` / `as_of` show history. A caller may also supersede explicitly.
+- Nothing in extraction deletes. Only capacity eviction (`experiences_evict`) deletes, least
+  recently USED first, with a `retention.evicted` event.
+
+Public functions for other capabilities:
+
+- `experiences_promote(tenant=, user_id=, kind=, key=, content=, source=, session=None)` — the
+  decay capability calls it at session end for user preferences, project configuration and
+  constraints (kinds `preference`, `project_config`, `constraint`). Idempotent for the same
+  content; a new content for the same (user, kind, key) supersedes the old value. Must run inside
+  or outside a transaction (it opens its own atomic block).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Case, F, Q, QuerySet, Value, When
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+from pgvector.django import CosineDistance
+
+from memory.exceptions import InvalidInput, NotFound
+from memory.models import (
+    EmbeddingCache,
+    EmbeddingStatus,
+    Experience,
+    ExperienceFeedback,
+    ExperienceKind,
+    ExperiencePolicy,
+    ExperienceScope,
+    ExtractionMethod,
+    Session,
+    Task,
+    Tenant,
+)
+from memory.services import recorder
+from memory.services.embedding import EmbedderError, embedder_get, text_hash
+
+logger = logging.getLogger(__name__)
+
+PROMOTABLE_KINDS = {ExperienceKind.PREFERENCE, ExperienceKind.PROJECT_CONFIG, ExperienceKind.CONSTRAINT}
+KIND_LABELS = {
+    ExperienceKind.PREFERENCE: "User preference",
+    ExperienceKind.PROJECT_CONFIG: "Project configuration",
+    ExperienceKind.CONSTRAINT: "Constraint",
+}
+# A neighbour less similar than this is not even considered for merge / supersede.
+RECONCILE_CANDIDATE_FLOOR = 0.55
+
+
+@dataclass(frozen=True)
+class CreateResult:
+    experience: Experience
+    outcome: str  # "created" | "merged" | "unchanged"
+
+
+# --- reads -----------------------------------------------------------------------------------------
+
+
+def experience_get(*, tenant: Tenant, experience_id: str) -> Experience:
+    """One experience of `tenant`. Read-only. Raises NotFound for a missing or foreign id."""
+    experience = (
+        Experience.objects.filter(tenant=tenant, public_id=experience_id)
+        .select_related("merged_into", "superseded_by", "source_task", "source_session")
+        .first()
+    )
+    if experience is None:
+        raise NotFound.of("experience", experience_id)
+    return experience
+
+
+def visible_filter(*, include_superseded: bool = False, as_of: datetime | None = None) -> Q:
+    """Which rows a reader sees: active ones now, or those that were active at `as_of`."""
+    if as_of is not None:
+        condition = Q(created_at__lte=as_of) & (Q(merged_at__isnull=True) | Q(merged_at__gt=as_of))
+        if not include_superseded:
+            condition &= Q(superseded_at__isnull=True) | Q(superseded_at__gt=as_of)
+        return condition
+    condition = Q(merged_into__isnull=True)
+    if not include_superseded:
+        condition &= Q(superseded_by__isnull=True)
+    return condition
+
+
+def scope_filter(*, user_id: str | None) -> Q:
+    """Tenant-wide experiences plus, when `user_id` is given, only that user's own ones."""
+    if user_id is None:
+        return Q()
+    return Q(scope=ExperienceScope.TENANT) | Q(scope=ExperienceScope.USER, user_id=user_id)
+
+
+def experiences_list(
+    *,
+    tenant: Tenant,
+    user_id: str | None = None,
+    kind: str | None = None,
+    embedding_status: str | None = None,
+    extraction_method: str | None = None,
+    include_superseded: bool = False,
+    as_of: datetime | None = None,
+) -> QuerySet[Experience]:
+    """The tenant's visible experiences, filtered. Read-only."""
+    queryset = Experience.objects.filter(tenant=tenant).filter(
+        visible_filter(include_superseded=include_superseded, as_of=as_of)
+    )
+    if user_id is not None:
+        queryset = queryset.filter(scope_filter(user_id=user_id))
+    if kind:
+        queryset = queryset.filter(kind=kind)
+    if embedding_status:
+        queryset = queryset.filter(embedding_status=embedding_status)
+    if extraction_method:
+        queryset = queryset.filter(extraction_method=extraction_method)
+    return queryset.select_related("merged_into", "superseded_by", "source_task", "source_session")
+
+
+# --- create, merge, supersede ------------------------------------------------------------------
+
+
+def _provenance_entry(
+    *,
+    method: str,
+    task: Task | None,
+    session: Session | None,
+    message_seqs: list[int] | None = None,
+    source: Any = None,
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {"method": method, "at": timezone.now().isoformat()}
+    if task is not None:
+        entry["task"] = task.public_id
+    if session is not None:
+        entry["session"] = session.public_id
+    if message_seqs:
+        entry["message_seqs"] = sorted(set(message_seqs))
+    if source is not None:
+        entry["source"] = source
+    return entry
+
+
+def _boosted_confidence(current: float, incoming: float) -> float:
+    """Agreement raises confidence toward 1, never past it (a damped noisy-OR)."""
+    return round(min(1.0, 1.0 - (1.0 - current) * (1.0 - 0.5 * incoming)), 4)
+
+
+def _event_payload(experience: Experience, **extra: Any) -> dict[str, Any]:
+    return {
+        "experience": experience.public_id,
+        "extraction_method": experience.extraction_method,
+        "kind": experience.kind,
+        **({"task": experience.source_task.public_id} if experience.source_task_id else {}),  # type: ignore[union-attr]
+        **extra,
+    }
+
+
+_local = threading.local()
+
+
+def _enqueue_embedding(ids: list[int]) -> None:
+    """Queue embedding of `ids` when the current transaction commits, in batches.
+
+    All experiences created in one transaction share their jobs (a distillation that yields
+    three experiences queues one job, not three).
+    """
+    if not ids:
+        return
+    connection_ = transaction.get_connection()
+    if not connection_.in_atomic_block:
+        _send_embedding_jobs(ids)
+        return
+    pending: list[int] | None = getattr(_local, "embed_pending", None)
+    # After a rollback our flush callback is gone from the connection: start a new list.
+    if pending is None or not any(entry[1] is _flush_embedding for entry in connection_.run_on_commit):
+        pending = _local.embed_pending = []
+        transaction.on_commit(_flush_embedding)
+    pending.extend(ids)
+
+
+def _flush_embedding() -> None:
+    ids: list[int] = getattr(_local, "embed_pending", None) or []
+    _local.embed_pending = None
+    _send_embedding_jobs(ids)
+
+
+def _send_embedding_jobs(ids: list[int]) -> None:
+    from memory.tasks.experiences import experiences_embed_task
+
+    batch = settings.CTXAPP["CTXAPP_EMBEDDING_BATCH_SIZE"]
+    for start in range(0, len(ids), batch):
+        experiences_embed_task.delay(ids[start : start + batch])
+
+
+def experience_create(
+    *,
+    tenant: Tenant,
+    problem: str,
+    cause: str = "",
+    solution: str = "",
+    confidence: float = 0.5,
+    extraction_method: str = ExtractionMethod.MANUAL,
+    user_id: str = "",
+    scope: str | None = None,
+    kind: str = ExperienceKind.EXPERIENCE,
+    key: str = "",
+    source_task: Task | None = None,
+    source_session: Session | None = None,
+    message_seqs: list[int] | None = None,
+    source: Any = None,
+    supersedes: Experience | None = None,
+) -> CreateResult:
+    """Store one experience `pending` and queue its embedding (after commit).
+
+    Not a plain insert: an exact duplicate of a visible experience (same text, kind, scope,
+    user) merges into it (outcome "merged"), and the same duplicate from the same task and
+    method is a no-op (outcome "unchanged"), so re-running a distillation is harmless.
+    `supersedes` hides that older experience behind the new one at once. Records
+    `experience.created` / `experience.merged` / `experience.superseded`. Raises InvalidInput.
+    """
+    problem, cause, solution = problem.strip(), cause.strip(), solution.strip()
+    if not problem:
+        raise InvalidInput("An experience needs a problem.", details={"fields": {"problem": ["Required."]}})
+    if not 0.0 <= confidence <= 1.0:
+        raise InvalidInput("confidence is between 0 and 1.", details={"fields": {"confidence": ["0..1"]}})
+    scope = scope or (ExperienceScope.USER if user_id else ExperienceScope.TENANT)
+    if scope == ExperienceScope.USER and not user_id:
+        raise InvalidInput(
+            "A user-scoped experience needs a user_id.",
+            details={"fields": {"user_id": ["Required for scope user."]}},
+        )
+    if source_session is None and source_task is not None and source_task.session_id:
+        source_session = source_task.session
+    digest = text_hash(Experience.compose_text(problem, cause, solution))
+    entry = _provenance_entry(
+        method=extraction_method,
+        task=source_task,
+        session=source_session,
+        message_seqs=message_seqs,
+        source=source,
+    )
+    with transaction.atomic():
+        duplicate = (
+            Experience.objects.select_for_update()
+            .filter(tenant=tenant, text_hash=digest, kind=kind, scope=scope, user_id=user_id)
+            .filter(visible_filter())
+            .order_by("pk")
+            .first()
+        )
+        if duplicate is not None and supersedes is None:
+            same_source = any(
+                p.get("method") == entry["method"] and p.get("task") == entry.get("task") and "task" in entry
+                for p in duplicate.provenance
+            )
+            if same_source:
+                return CreateResult(duplicate, "unchanged")
+            duplicate.confidence = _boosted_confidence(duplicate.confidence, confidence)
+            duplicate.use_count += 1
+            duplicate.merge_count += 1
+            duplicate.provenance = [*duplicate.provenance, {**entry, "merge": "exact"}]
+            duplicate.updated_at = timezone.now()
+            duplicate.save(
+                update_fields=["confidence", "use_count", "merge_count", "provenance", "updated_at"]
+            )
+            recorder.event_append(
+                tenant=tenant,
+                type="experience.merged",
+                session=source_session,
+                payload=_event_payload(duplicate, similarity=1.0, merged="exact duplicate"),
+            )
+            return CreateResult(duplicate, "merged")
+        experience = Experience.objects.create(
+            tenant=tenant,
+            user_id=user_id,
+            scope=scope,
+            kind=kind,
+            key=key,
+            problem=problem,
+            cause=cause,
+            solution=solution,
+            confidence=confidence,
+            extraction_method=extraction_method,
+            source_task=source_task,
+            source_session=source_session,
+            provenance=[entry],
+            text_hash=digest,
+        )
+        recorder.event_append(
+            tenant=tenant,
+            type="experience.created",
+            session=source_session,
+            payload=_event_payload(experience, embedding_status=experience.embedding_status),
+        )
+        if supersedes is not None:
+            experience_supersede(tenant=tenant, older=supersedes, newer=experience, reason="explicit")
+        _enqueue_embedding([experience.pk])
+    return CreateResult(experience, "created")
+
+
+def experience_merge(*, tenant: Tenant, duplicate: Experience, into: Experience, similarity: float) -> None:
+    """Fold `duplicate` into the older `into`: confidence and use count up, provenance kept.
+
+    `duplicate` stays, hidden, with merged_into. Call inside a transaction. Records experience.merged.
+    """
+    now = timezone.now()
+    into.confidence = _boosted_confidence(into.confidence, duplicate.confidence)
+    into.use_count += 1 + duplicate.use_count
+    into.merge_count += 1
+    into.helpful_count += duplicate.helpful_count
+    into.unhelpful_count += duplicate.unhelpful_count
+    into.provenance = [
+        *into.provenance,
+        *({**p, "merged_from": duplicate.public_id} for p in duplicate.provenance),
+    ]
+    into.updated_at = now
+    into.save(
+        update_fields=[
+            "confidence", "use_count", "merge_count", "helpful_count", "unhelpful_count", "provenance",
+            "updated_at",
+        ]
+    )  # fmt: skip
+    duplicate.merged_into = into
+    duplicate.merged_at = now
+    duplicate.updated_at = now
+    duplicate.save(update_fields=["merged_into", "merged_at", "updated_at"])
+    recorder.event_append(
+        tenant=tenant,
+        type="experience.merged",
+        session=duplicate.source_session,
+        payload=_event_payload(into, merged=duplicate.public_id, similarity=round(similarity, 4)),
+    )
+
+
+def experience_supersede(
+    *, tenant: Tenant, older: Experience, newer: Experience, reason: str, **scores: float
+) -> None:
+    """Hide `older` behind `newer` (kept, linked). Call inside a transaction.
+
+    Records experience.superseded.
+    """
+    if older.tenant_id != tenant.pk or newer.tenant_id != tenant.pk:
+        raise NotFound.of("experience", older.public_id)
+    now = timezone.now()
+    older.superseded_by = newer
+    older.superseded_at = now
+    older.updated_at = now
+    older.save(update_fields=["superseded_by", "superseded_at", "updated_at"])
+    recorder.event_append(
+        tenant=tenant,
+        type="experience.superseded",
+        session=newer.source_session,
+        payload=_event_payload(
+            older, superseded_by=newer.public_id, reason=reason, **{k: round(v, 4) for k, v in scores.items()}
+        ),
+    )
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b))
+
+
+def _reconcile(*, experience: Experience, policy: ExperiencePolicy) -> str | None:
+    """After `experience` got its vector: merge it into, or let it supersede, its nearest neighbour."""
+    if experience.kind != ExperienceKind.EXPERIENCE or experience.embedding is None:
+        return None
+    neighbour_query = (
+        Experience.objects.filter(
+            tenant_id=experience.tenant_id,
+            kind=experience.kind,
+            scope=experience.scope,
+            user_id=experience.user_id,
+            embedding_status=EmbeddingStatus.COMPLETED,
+            merged_into__isnull=True,
+            superseded_by__isnull=True,
+        )
+        .exclude(pk=experience.pk)
+        .annotate(distance=CosineDistance("embedding", experience.embedding))
+        .order_by("distance")
+        .select_related("source_session")
+        .defer("embedding", "problem_embedding", "search_vector")
+    )
+    if experience.problem_embedding is not None:
+        neighbour_query = neighbour_query.annotate(
+            problem_distance=CosineDistance("problem_embedding", experience.problem_embedding)
+        )
+    neighbour = neighbour_query.first()
+    if neighbour is None:
+        return None
+    similarity = 1.0 - float(neighbour.distance)
+    if similarity < RECONCILE_CANDIDATE_FLOOR:
+        return None
+    tenant = experience.tenant
+    problem_distance = getattr(neighbour, "problem_distance", None)
+    # Problems are compared on the stored problem vectors; only a pair about the same problem
+    # pays for embedding its two solutions (cached by text).
+    problem_similarity = 1.0 - float(problem_distance) if problem_distance is not None else similarity
+    if (
+        experience.solution
+        and neighbour.solution
+        and problem_similarity >= policy.supersede_problem_threshold
+    ):
+        texts = [experience.solution, neighbour.solution]
+        _, by_hash = _vectors_for({text_hash(t): t for t in texts})
+        solution_similarity = _cosine(by_hash[text_hash(texts[0])], by_hash[text_hash(texts[1])])
+        if (
+            problem_similarity >= policy.supersede_problem_threshold
+            and solution_similarity < policy.solution_agreement_threshold
+        ):
+            older, newer = (
+                (neighbour, experience)
+                if neighbour.created_at <= experience.created_at
+                else (experience, neighbour)
+            )
+            experience_supersede(
+                tenant=tenant,
+                older=older,
+                newer=newer,
+                reason="contradiction",
+                problem_similarity=problem_similarity,
+                solution_similarity=solution_similarity,
+            )
+            return "superseded"
+    if similarity > policy.merge_threshold:
+        duplicate, into = (
+            (experience, neighbour)
+            if neighbour.created_at <= experience.created_at
+            else (neighbour, experience)
+        )
+        experience_merge(tenant=tenant, duplicate=duplicate, into=into, similarity=similarity)
+        return "merged"
+    return None
+
+
+# --- embedding -------------------------------------------------------------------------------------
+
+
+def _vectors_for(texts_by_hash: dict[str, str]) -> tuple[str, dict[str, np.ndarray]]:
+    """Vectors for each text hash: from the (model, text hash) cache, the rest embedded once each."""
+    embedder = embedder_get()
+    found = {
+        row.text_hash: np.asarray(row.vector, dtype=np.float32)
+        for row in EmbeddingCache.objects.filter(model=embedder.model_name, text_hash__in=list(texts_by_hash))
+    }
+    missing = [h for h in texts_by_hash if h not in found]
+    if missing:
+        vectors = embedder.embed([texts_by_hash[h] for h in missing])
+        EmbeddingCache.objects.bulk_create(
+            [
+                EmbeddingCache(model=embedder.model_name, text_hash=h, dimensions=len(v), vector=v)
+                for h, v in zip(missing, vectors, strict=True)
+            ],
+            ignore_conflicts=True,
+        )
+        found.update(zip(missing, vectors, strict=True))
+    return embedder.model_name, found
+
+
+def experiences_embed(*, experience_ids: list[int]) -> int:
+    """Embed the still-pending experiences among `experience_ids`; return how many were completed.
+
+    Idempotent: rows no longer pending are skipped, and rows are re-checked and written under
+    `SELECT … FOR UPDATE SKIP LOCKED` in one transaction, so a redelivered job (the worker died
+    after embedding but before the ack) or a concurrent duplicate never writes a row twice.
+    Each written row gets `embedding_attempts + 1`, `embedded_at`, an `experience.embedded`
+    event, and is then merged / superseded against its neighbours. Raises EmbedderUnavailable
+    (transient, the job retries) or EmbedderError (permanent).
+    """
+    rows = list(
+        Experience.objects.filter(pk__in=experience_ids, embedding_status=EmbeddingStatus.PENDING).only(
+            "pk", "problem", "cause", "solution", "text_hash"
+        )
+    )
+    if not rows:
+        return 0
+    texts = {row.text_hash: row.text for row in rows}
+    texts.update({text_hash(row.problem_text): row.problem_text for row in rows})
+    model_name, vectors = _vectors_for(texts)
+    now = timezone.now()
+    done = 0
+    with transaction.atomic():
+        locked = list(
+            Experience.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(pk__in=[row.pk for row in rows], embedding_status=EmbeddingStatus.PENDING)
+            .select_related("tenant", "source_task", "source_session")
+            .order_by("created_at", "pk")
+        )
+        policies: dict[int, ExperiencePolicy] = {}
+        for experience in locked:
+            vector = vectors.get(experience.text_hash)
+            if vector is None:  # text changed since the read above (never in practice): next job
+                continue
+            experience.embedding = vector
+            experience.problem_embedding = vectors[text_hash(experience.problem_text)]
+            experience.embedding_model = model_name
+            experience.embedding_dimensions = len(vector)
+            experience.embedding_status = EmbeddingStatus.COMPLETED
+            experience.embedding_error = ""
+            experience.embedding_attempts += 1
+            experience.embedded_at = now
+            experience.save(
+                update_fields=[
+                    "embedding", "problem_embedding", "embedding_model", "embedding_dimensions",
+                    "embedding_status", "embedding_error", "embedding_attempts", "embedded_at",
+                ]
+            )  # fmt: skip
+            recorder.event_append(
+                tenant=experience.tenant,
+                type="experience.embedded",
+                session=experience.source_session,
+                payload=_event_payload(experience, model=model_name, dimensions=len(vector)),
+            )
+            policy = policies.get(experience.tenant_id)
+            if policy is None:
+                policy = policies[experience.tenant_id] = ExperiencePolicy.for_tenant(experience.tenant)
+            _reconcile(experience=experience, policy=policy)
+            done += 1
+    return done
+
+
+def experiences_mark_failed(*, experience_ids: list[int], reason: str) -> int:
+    """Mark the still-pending experiences among `experience_ids` failed with `reason`. Idempotent."""
+    reason = reason[:2000]
+    with transaction.atomic():
+        rows = list(
+            Experience.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(pk__in=experience_ids, embedding_status=EmbeddingStatus.PENDING)
+            .select_related("tenant", "source_task", "source_session")
+        )
+        for experience in rows:
+            experience.embedding_status = EmbeddingStatus.FAILED
+            experience.embedding_error = reason
+            experience.save(update_fields=["embedding_status", "embedding_error"])
+            recorder.event_append(
+                tenant=experience.tenant,
+                type="experience.embedding_failed",
+                session=experience.source_session,
+                payload=_event_payload(experience, reason=reason),
+            )
+    if rows:
+        logger.warning("embedding failed for %d experiences: %s", len(rows), reason)
+    return len(rows)
+
+
+def experiences_retry_failed(*, tenant: Tenant | None = None, experience_ids: list[str] | None = None) -> int:
+    """Put failed experiences (of `tenant`, or all) back to pending and queue their embedding.
+
+    Idempotent; returns how many were re-queued. Records `experience.embedding_retried` per tenant.
+    """
+    with transaction.atomic():
+        queryset = Experience.objects.select_for_update().filter(embedding_status=EmbeddingStatus.FAILED)
+        if tenant is not None:
+            queryset = queryset.filter(tenant=tenant)
+        if experience_ids is not None:
+            queryset = queryset.filter(public_id__in=experience_ids)
+        rows = list(queryset.select_related("tenant").order_by("pk"))
+        by_tenant: dict[int, list[Experience]] = {}
+        for row in rows:
+            by_tenant.setdefault(row.tenant_id, []).append(row)
+        Experience.objects.filter(pk__in=[r.pk for r in rows]).update(
+            embedding_status=EmbeddingStatus.PENDING, embedding_error=""
+        )
+        for items in by_tenant.values():
+            recorder.event_append(
+                tenant=items[0].tenant,
+                type="experience.embedding_retried",
+                payload={"experiences": [r.public_id for r in items[:100]], "count": len(items)},
+            )
+        _enqueue_embedding([r.pk for r in rows])
+    return len(rows)
+
+
+def experiences_requeue_stale(*, older_than: timedelta | None = None) -> int:
+    """Re-queue embedding of experiences pending for longer than `older_than` (a lost job).
+
+    Safe to run at any time: the embedding job skips rows that are no longer pending.
+    """
+    minutes = settings.CTXAPP["CTXAPP_EMBEDDING_STALE_MINUTES"]
+    cutoff = timezone.now() - (older_than if older_than is not None else timedelta(minutes=minutes))
+    ids = list(
+        Experience.objects.filter(embedding_status=EmbeddingStatus.PENDING, created_at__lt=cutoff)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:10_000]
+    )
+    with transaction.atomic():
+        _enqueue_embedding(ids)
+    return len(ids)
+
+
+def experiences_reembed_ids(*, only_failed: bool = False, tenant: Tenant | None = None) -> list[int]:
+    """Ids the `reembed` command works through: all (or only failed) experiences, oldest first."""
+    queryset = Experience.objects.all()
+    if tenant is not None:
+        queryset = queryset.filter(tenant=tenant)
+    if only_failed:
+        queryset = queryset.filter(embedding_status=EmbeddingStatus.FAILED)
+    return list(queryset.order_by("pk").values_list("pk", flat=True))
+
+
+def experiences_reembed_batch(*, experience_ids: list[int]) -> tuple[int, int]:
+    """Re-embed these experiences now with the configured model: (completed, failed).
+
+    Resets them to pending, then runs the embedding job body inline. Used by `manage.py reembed`
+    when the model changes and to recover failed rows.
+    """
+    with transaction.atomic():
+        Experience.objects.filter(pk__in=experience_ids).update(
+            embedding_status=EmbeddingStatus.PENDING, embedding_error=""
+        )
+    try:
+        return experiences_embed(experience_ids=experience_ids), 0
+    except EmbedderError as exc:
+        return 0, experiences_mark_failed(
+            experience_ids=experience_ids, reason=f"{type(exc).__name__}: {exc}"
+        )
+
+
+# --- use, feedback ---------------------------------------------------------------------------------
+
+
+def experiences_touch(*, tenant: Tenant, experience_ids: list[str]) -> int:
+    """Count one use of each experience (use count + 1, last used = now). Returns rows touched."""
+    if not experience_ids:
+        return 0
+    return Experience.objects.filter(tenant=tenant, public_id__in=experience_ids).update(
+        use_count=F("use_count") + 1, last_used_at=timezone.now()
+    )
+
+
+def experience_feedback(
+    *, tenant: Tenant, experience: Experience, helpful: bool, note: str = "", session: Session | None = None
+) -> Experience:
+    """Record an agent's outcome report; ranking uses helpful - unhelpful. Not idempotent (each call counts).
+
+    Records `experience.feedback`.
+    """
+    field = "helpful_count" if helpful else "unhelpful_count"
+    with transaction.atomic():
+        ExperienceFeedback.objects.create(
+            tenant=tenant, experience=experience, helpful=helpful, note=note, session=session
+        )
+        Experience.objects.filter(pk=experience.pk).update(**{field: F(field) + 1})
+        experience.refresh_from_db(fields=["helpful_count", "unhelpful_count"])
+        recorder.event_append(
+            tenant=tenant,
+            type="experience.feedback",
+            session=session,
+            payload=_event_payload(experience, helpful=helpful, note=note[:500]),
+        )
+    return experience
+
+
+# --- promotion ------------------------------------------------------------------------------------
+
+
+def experiences_promote(
+    *,
+    tenant: Tenant,
+    user_id: str,
+    kind: str,
+    key: str,
+    content: str,
+    source: Any = None,
+    session: Session | None = None,
+    confidence: float = 0.9,
+) -> CreateResult:
+    """Promote a user preference, project configuration or constraint to long-term memory.
+
+    User-scoped when `user_id` is given, tenant-wide otherwise. Idempotent for the same content
+    (outcome "unchanged": confidence nudged up, provenance appended only for a new source); a new
+    content for the same (user, kind, key) supersedes the old value (outcome "created", the old
+    one kept and linked). Raises InvalidInput for another kind or an empty key / content.
+    """
+    if kind not in PROMOTABLE_KINDS:
+        raise InvalidInput(
+            f"kind must be one of {', '.join(sorted(PROMOTABLE_KINDS))}.",
+            details={"fields": {"kind": ["Not promotable."]}},
+        )
+    key, content = key.strip(), content.strip()
+    if not key or not content:
+        field = "key" if not key else "content"
+        raise InvalidInput(f"{field} must not be empty.", details={"fields": {field: ["Required."]}})
+    scope = ExperienceScope.USER if user_id else ExperienceScope.TENANT
+    with transaction.atomic():
+        current = (
+            Experience.objects.select_for_update()
+            .filter(tenant=tenant, kind=kind, user_id=user_id, scope=scope, key=key)
+            .filter(visible_filter())
+            .order_by("-created_at")
+            .first()
+        )
+        if current is not None and current.solution == content:
+            entry = _provenance_entry(
+                method=ExtractionMethod.PROMOTED, task=None, session=session, source=source
+            )
+            known = any(
+                p.get("source") == source and p.get("session") == entry.get("session")
+                for p in current.provenance
+            )
+            if not known:
+                current.provenance = [*current.provenance, entry]
+            current.confidence = _boosted_confidence(current.confidence, 0.2)
+            current.updated_at = timezone.now()
+            current.save(update_fields=["provenance", "confidence", "updated_at"])
+            return CreateResult(current, "unchanged")
+        return experience_create(
+            tenant=tenant,
+            problem=f"{KIND_LABELS[ExperienceKind(kind)]}: {key}",
+            solution=content,
+            confidence=confidence,
+            extraction_method=ExtractionMethod.PROMOTED,
+            user_id=user_id,
+            scope=scope,
+            kind=kind,
+            key=key,
+            source_session=session,
+            source=source,
+            supersedes=current,
+        )
+
+
+# --- capacity -------------------------------------------------------------------------------------
+
+
+def experiences_evict(*, tenant: Tenant) -> int:
+    """Delete the tenant's experiences beyond policy.capacity, least recently USED first.
+
+    Hidden rows (merged, superseded) go before visible ones; among equals, the oldest last use
+    (or creation, if never used) goes first. Records one `retention.evicted` event. Idempotent.
+    """
+    capacity = ExperiencePolicy.for_tenant(tenant).capacity
+    with transaction.atomic():
+        # One evictor per tenant at a time: the policy row is the lock.
+        ExperiencePolicy.objects.select_for_update().filter(tenant=tenant).first()
+        excess = Experience.objects.filter(tenant=tenant).count() - capacity
+        if excess <= 0:
+            return 0
+        victims = list(
+            Experience.objects.filter(tenant=tenant)
+            .annotate(
+                last_use=Coalesce("last_used_at", "created_at"),
+                visible=Case(
+                    When(Q(merged_into__isnull=False) | Q(superseded_by__isnull=False), then=Value(0)),
+                    default=Value(1),
+                ),
+            )
+            .order_by("visible", "last_use", "pk")
+            .values_list("pk", "public_id")[:excess]
+        )
+        ids = [pk for pk, _ in victims]
+        # Rows merged into a victim go with it, so no hidden duplicate resurfaces.
+        Experience.objects.filter(merged_into_id__in=ids).delete()
+        Experience.objects.filter(pk__in=ids).delete()
+        recorder.event_append(
+            tenant=tenant,
+            type="retention.evicted",
+            payload={
+                "kind": "experience",
+                "count": len(ids),
+                "capacity": capacity,
+                "experiences": [public_id for _, public_id in victims[:100]],
+            },
+        )
+    return len(ids)
+
+
+def experiences_evict_all() -> int:
+    """Run eviction for every tenant over capacity. Returns experiences evicted."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT e.tenant_id FROM {Experience._meta.db_table} e "
+            f"LEFT JOIN {ExperiencePolicy._meta.db_table} p ON p.tenant_id = e.tenant_id "
+            "GROUP BY e.tenant_id, p.capacity HAVING count(*) > COALESCE(p.capacity, %s)",
+            [ExperiencePolicy._meta.get_field("capacity").default],
+        )
+        tenant_ids = [row[0] for row in cursor.fetchall()]
+    return sum(experiences_evict(tenant=tenant) for tenant in Tenant.objects.filter(pk__in=tenant_ids))

@@ -1,0 +1,569 @@
+"""Crash recovery: fold an agent's events into its operational state, and the recovered state.
+
+The fold is deterministic and pure: `fold_apply(state, event, reducers)` looks only at its
+arguments; nothing is re-executed. docs/cognition.md has THE FOLD TABLE (which event type changes
+which part of the state). Each checkpoint stores the fold up to its own event, so recovery folds
+only the events after the latest checkpoint (when the agent's reducers are still the same).
+
+`recovered_state` assembles several parts, each under a deadline: SQL statements run with
+`statement_timeout` in a savepoint and the fold loop checks the clock, so a slow part is left out
+with a warning instead of failing the whole.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+
+from memory.exceptions import InvalidInput
+from memory.models import (
+    STATE_SCHEMA_VERSION,
+    Agent,
+    AgentReducer,
+    Checkpoint,
+    Event,
+    Message,
+    Session,
+    Tenant,
+)
+from memory.services import recorder
+
+FOLD_VERSION = 1
+MAX_FOLD_ERRORS = 20
+FOLD_CHUNK = 2000
+
+# --- reducers ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reducer:
+    event_type: str
+    op: str  # set | merge | append
+    target: str  # dotted path in the custom state
+    source: str = ""  # dotted path in the payload; "" = the whole payload
+
+    def as_dict(self) -> dict[str, str]:
+        return {"event_type": self.event_type, "op": self.op, "target": self.target, "source": self.source}
+
+
+def reducers_get(*, tenant: Tenant, agent: Agent) -> list[Reducer]:
+    """The agent's declared reducers, in order. Read-only."""
+    return [
+        Reducer(r.event_type, r.op, r.target, r.source)
+        for r in AgentReducer.objects.filter(tenant=tenant, agent=agent).order_by("position")
+    ]
+
+
+def reducers_sha256(reducers: list[Reducer]) -> str:
+    text = json.dumps([FOLD_VERSION, [r.as_dict() for r in reducers]], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _valid_path(path: str) -> bool:
+    return all(part for part in path.split("."))
+
+
+@transaction.atomic
+def reducers_put(*, tenant: Tenant, agent: Agent, reducers: list[dict[str, str]]) -> list[Reducer]:
+    """Replace the agent's reducers. Idempotent. Raises InvalidInput (422) naming the bad entry.
+
+    Only `agent.*` event types may have reducers; ops are set, merge and append. Records
+    `reducers.updated`. A change of reducers makes the next recovery fold the whole stream.
+    """
+    parsed = []
+    for index, item in enumerate(reducers):
+        event_type, op = item.get("event_type", ""), item.get("op", "")
+        target, source = item.get("target", ""), item.get("source", "") or ""
+        problem = None
+        if not event_type.startswith("agent.") or len(event_type) <= len("agent."):
+            problem = (
+                "event_type",
+                "Reducers apply to the agent's own event types, which start with 'agent.'.",
+            )
+        elif op not in {"set", "merge", "append"}:
+            problem = ("op", "Expected one of set, merge, append.")
+        elif not target or not _valid_path(target):
+            problem = ("target", "A dotted path such as 'progress.last_step'.")
+        elif source and not _valid_path(source):
+            problem = ("source", "A dotted path in the payload such as 'result.value', or empty.")
+        if problem:
+            raise InvalidInput(
+                f"reducers[{index}].{problem[0]}: {problem[1]}",
+                details={"fields": {f"reducers[{index}].{problem[0]}": [problem[1]]}},
+            )
+        parsed.append(Reducer(event_type, op, target, source))
+    AgentReducer.objects.filter(agent=agent).delete()
+    AgentReducer.objects.bulk_create(
+        AgentReducer(
+            tenant=tenant,
+            agent=agent,
+            position=i,
+            event_type=r.event_type,
+            op=r.op,
+            target=r.target,
+            source=r.source,
+        )
+        for i, r in enumerate(parsed)
+    )
+    recorder.event_append(
+        tenant=tenant,
+        type="reducers.updated",
+        agent=agent,
+        payload={"count": len(parsed), "reducers_sha256": reducers_sha256(parsed)},
+    )
+    return parsed
+
+
+# --- the fold ----------------------------------------------------------------------------------
+
+
+def fold_initial() -> dict[str, Any]:
+    return {
+        "fold_version": FOLD_VERSION,
+        "last_event_seq": 0,
+        "event_count": 0,
+        "event_counts": {},
+        "sessions": {"latest": None, "open": [], "created": 0},
+        "messages": {"count": 0, "tokens": 0, "last_seq": {}},
+        "tasks": {"open": [], "succeeded": 0, "failed": 0},
+        "cognition": {"state_version": 0, "checkpoint": None, "checkpoints": 0, "restored_from": None},
+        "recoveries": 0,
+        "custom": {},
+        "fold_errors": [],
+    }
+
+
+def _fold_error(state: dict[str, Any], seq: int, message: str) -> None:
+    errors = state["fold_errors"]
+    errors.append({"seq": seq, "error": message})
+    del errors[:-MAX_FOLD_ERRORS]
+
+
+def _payload_get(payload: Any, path: str) -> tuple[bool, Any]:
+    if not path:  # the agent's own payload, without the ids the recorder adds
+        return True, {k: v for k, v in payload.items() if not k.startswith("gen_ai.")}
+    value = payload
+    for part in path.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
+            return False, None
+    return True, value
+
+
+def _apply_reducer(custom: dict[str, Any], reducer: Reducer, payload: Any) -> str | None:
+    """Apply one reducer; return an error text instead of raising (the fold must go on)."""
+    found, value = _payload_get(payload, reducer.source)
+    if not found:
+        return f"payload has no {reducer.source!r} for reducer {reducer.op} {reducer.target}"
+    parts = reducer.target.split(".")
+    parent = custom
+    for part in parts[:-1]:
+        child = parent.get(part)
+        if child is None:
+            child = parent[part] = {}
+        if not isinstance(child, dict):
+            return f"{reducer.target!r}: {part!r} is not an object"
+        parent = child
+    key = parts[-1]
+    value = copy.deepcopy(value)
+    if reducer.op == "set":
+        parent[key] = value
+    elif reducer.op == "merge":
+        if not isinstance(value, dict):
+            return f"merge into {reducer.target!r} needs an object"
+        current = parent.get(key)
+        if current is None:
+            current = parent[key] = {}
+        if not isinstance(current, dict):
+            return f"{reducer.target!r} is not an object"
+        current.update(value)
+    else:
+        current = parent.get(key)
+        if current is None:
+            current = parent[key] = []
+        if not isinstance(current, list):
+            return f"{reducer.target!r} is not a list"
+        current.append(value)
+    return None
+
+
+def _remove(items: list[Any], value: Any) -> None:
+    if value in items:
+        items.remove(value)
+
+
+def _task_id(payload: dict[str, Any]) -> Any:
+    return payload.get("task") or payload.get("task_id") or payload.get("id")
+
+
+def fold_apply(
+    state: dict[str, Any], seq: int, type: str, payload: dict[str, Any], reducers: list[Reducer]
+) -> None:
+    """Fold one event into `state` (in place). Deterministic; looks only at its arguments."""
+    state["last_event_seq"] = seq
+    state["event_count"] += 1
+    counts = state["event_counts"]
+    counts[type] = counts.get(type, 0) + 1
+    session_id = payload.get("gen_ai.conversation.id")
+    if type == "session.created":
+        sessions = state["sessions"]
+        sessions["latest"] = session_id
+        sessions["created"] += 1
+        if session_id and session_id not in sessions["open"]:
+            sessions["open"].append(session_id)
+    elif type in {"session.ended", "session.expired", "session.evicted", "session.deleted"}:
+        _remove(state["sessions"]["open"], session_id)
+    elif type == "retention.evicted" and payload.get("kind") == "session":
+        for sid in payload.get("sessions", []) or [session_id]:
+            _remove(state["sessions"]["open"], sid)
+    elif type == "message.added":
+        messages = state["messages"]
+        messages["count"] += 1
+        messages["tokens"] += int(payload.get("tokens") or 0)
+        if session_id and isinstance(payload.get("seq"), int):
+            messages["last_seq"][session_id] = payload["seq"]
+    elif type == "task.created":
+        task = _task_id(payload)
+        if task and task not in state["tasks"]["open"]:
+            state["tasks"]["open"].append(task)
+    elif type in {"task.completed", "task.failed", "task.succeeded"}:
+        task = _task_id(payload)
+        _remove(state["tasks"]["open"], task)
+        status = payload.get("status") or ("failed" if type == "task.failed" else "succeeded")
+        key = "failed" if status == "failed" else "succeeded"
+        state["tasks"][key] += 1
+    elif type in {"state.updated", "state.restored"}:
+        state["cognition"]["state_version"] = payload.get("version", state["cognition"]["state_version"])
+        if type == "state.restored":
+            state["cognition"]["restored_from"] = {
+                "checkpoint": payload.get("from_checkpoint"),
+                "seq": payload.get("from_seq"),
+            }
+    elif type == "checkpoint.created":
+        state["cognition"]["checkpoint"] = {"id": payload.get("checkpoint"), "seq": payload.get("seq")}
+        state["cognition"]["checkpoints"] += 1
+        if payload.get("state_version") is not None:
+            state["cognition"]["state_version"] = payload["state_version"]
+    elif type == "agent.recovered":
+        state["recoveries"] += 1
+    if type.startswith("agent.") and type != "agent.recovered":
+        for reducer in reducers:
+            if reducer.event_type == type:
+                error = _apply_reducer(state["custom"], reducer, payload)
+                if error:
+                    _fold_error(state, seq, error)
+
+
+class PartTimeout(Exception):
+    pass
+
+
+def _event_rows(
+    *, tenant: Tenant, agent: Agent, after: int, through: int | None
+) -> Iterable[tuple[int, str, Any]]:
+    queryset = Event.objects.filter(tenant=tenant, stream=recorder.stream_key(agent), seq__gt=after)
+    if through is not None:
+        queryset = queryset.filter(seq__lte=through)
+    # keyset chunks: a server-side cursor would not survive the savepoints recovery uses
+    last = after
+    while True:
+        chunk = list(
+            queryset.filter(seq__gt=last).order_by("seq").values_list("seq", "type", "payload")[:FOLD_CHUNK]
+        )
+        yield from chunk
+        if len(chunk) < FOLD_CHUNK:
+            return
+        last = chunk[-1][0]
+
+
+def fold_events(
+    state: dict[str, Any],
+    rows: Iterable[tuple[int, str, Any]],
+    reducers: list[Reducer],
+    deadline: float | None = None,
+) -> dict[str, Any]:
+    """Fold `rows` (seq, type, payload) into `state` in place and return it. Pure but for the clock."""
+    for index, (seq, type, payload) in enumerate(rows):
+        if deadline is not None and index % 1000 == 0 and time.monotonic() > deadline:
+            raise PartTimeout()
+        fold_apply(state, seq, type, payload if isinstance(payload, dict) else {}, reducers)
+    return state
+
+
+def _fold_start(
+    *, tenant: Tenant, agent: Agent, reducers_sha: str, through: int | None
+) -> tuple[dict[str, Any], int]:
+    """The newest stored fold (from a checkpoint) usable as a starting point, or the empty fold."""
+    queryset = Checkpoint.objects.filter(tenant=tenant, agent=agent, reducers_sha256=reducers_sha).exclude(
+        fold_state=""
+    )
+    if through is not None:
+        queryset = queryset.filter(covers_event_seq__lte=through)
+    row = queryset.order_by("-covers_event_seq").values_list("fold_state", "covers_event_seq").first()
+    if row is None:
+        return fold_initial(), 0
+    return json.loads(row[0]), int(row[1])
+
+
+def fold_through(
+    *, tenant: Tenant, agent: Agent, through_seq: int | None = None
+) -> tuple[dict[str, Any], str]:
+    """The fold of the agent's events up to `through_seq` (all when None), and its reducers' hash."""
+    reducers = reducers_get(tenant=tenant, agent=agent)
+    sha = reducers_sha256(reducers)
+    state, after = _fold_start(tenant=tenant, agent=agent, reducers_sha=sha, through=through_seq)
+    rows = _event_rows(tenant=tenant, agent=agent, after=after, through=through_seq)
+    return fold_events(state, rows, reducers), sha
+
+
+def fold_full(*, tenant: Tenant, agent: Agent) -> dict[str, Any]:
+    """The fold of the whole stream from seq 1, ignoring stored folds (for checks and tests)."""
+    reducers = reducers_get(tenant=tenant, agent=agent)
+    return fold_events(
+        fold_initial(), _event_rows(tenant=tenant, agent=agent, after=0, through=None), reducers
+    )
+
+
+# --- the recovered state -----------------------------------------------------------------------
+
+
+@dataclass
+class RecoveredState:
+    document: dict[str, Any]
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _run_part(
+    name: str,
+    func: Callable[[float], Any],
+    *,
+    timeout_ms: int,
+    slow: float,
+    warnings: list[dict[str, Any]],
+    timings: dict[str, Any],
+) -> Any:
+    started = time.monotonic()
+    deadline = started + timeout_ms / 1000
+    result = None
+    try:
+        with transaction.atomic():  # a savepoint: a cancelled statement rolls back only this part
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT current_setting('statement_timeout')")
+                previous = cursor.fetchone()[0]
+                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(timeout_ms)])
+                if slow:
+                    cursor.execute("SELECT pg_sleep(%s)", [slow])
+            result = func(deadline)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
+        ok = True
+    except (PartTimeout, DatabaseError) as exc:
+        ok = False
+        timed_out = isinstance(exc, PartTimeout) or "statement timeout" in str(exc) or "canceling" in str(exc)
+        warnings.append(
+            {
+                "part": name,
+                "code": "part_timeout" if timed_out else "part_failed",
+                "message": (
+                    f"The {name} part did not finish within {timeout_ms} ms and is left out."
+                    if timed_out
+                    else f"The {name} part failed and is left out: {exc.__class__.__name__}."
+                ),
+            }
+        )
+    timings[name] = {"ok": ok, "ms": round((time.monotonic() - started) * 1000, 2)}
+    return result
+
+
+def recovered_state(
+    *,
+    tenant: Tenant,
+    agent: Agent,
+    caller: Agent | None = None,
+    timeout_ms: int | None = None,
+    slow_parts: dict[str, float] | None = None,
+    record: bool = True,
+) -> RecoveredState:
+    """Everything an agent needs to resume after a crash, in one document. Records `agent.recovered`.
+
+    Parts: `operational` (the fold of all its events), `checkpoint` (the latest checkpoint's
+    cognitive state, schema-checked), `state` (the current cognitive state, which may be newer than
+    the checkpoint), `session` (the latest session and its recent messages), `tasks` (its open tasks
+    with their shared context, and its private context and unread inbox only when `caller` is the
+    agent itself), `events_after_checkpoint`. Each part runs under `timeout_ms`; a part that misses
+    it is null and listed in `warnings`. `slow_parts` ({part: seconds}) delays parts, for tests.
+    Records `agent.recovered` unless `record` is false (an operator inspecting, not an agent
+    resuming); the recovered content itself is idempotent.
+    """
+    from memory.services import cognition, layers
+
+    timeout = timeout_ms or settings.CTXAPP["CTXAPP_RECOVERY_PART_TIMEOUT_MS"]
+    slow = slow_parts or {}
+    warnings: list[dict[str, Any]] = []
+    timings: dict[str, Any] = {}
+    is_self = caller is not None and caller.pk == agent.pk
+
+    def part(name: str, func: Callable[[float], Any]) -> Any:
+        return _run_part(
+            name, func, timeout_ms=timeout, slow=slow.get(name, 0.0), warnings=warnings, timings=timings
+        )
+
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost:
+            # One snapshot for every part: an event committed meanwhile must not show up in the
+            # events list but not in the fold (READ COMMITTED would give each statement its own).
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        latest = cognition.checkpoint_latest(tenant=tenant, agent=agent)
+
+        def operational(deadline: float) -> dict[str, Any]:
+            reducers = reducers_get(tenant=tenant, agent=agent)
+            sha = reducers_sha256(reducers)
+            state, after = _fold_start(tenant=tenant, agent=agent, reducers_sha=sha, through=None)
+            rows = _event_rows(tenant=tenant, agent=agent, after=after, through=None)
+            return fold_events(state, rows, reducers, deadline)
+
+        def checkpoint_part(deadline: float) -> dict[str, Any] | None:
+            if latest is None:
+                return None
+            meta = checkpoint_meta(latest)
+            if latest.schema_version > STATE_SCHEMA_VERSION:
+                warnings.append(
+                    {
+                        "part": "checkpoint",
+                        "code": "schema_version_unsupported",
+                        "message": f"Checkpoint #{latest.seq} has schema_version {latest.schema_version};"
+                        f" this server supports up to {STATE_SCHEMA_VERSION}. Its state is left out.",
+                    }
+                )
+                return {**meta, "state": None}
+            return {
+                **meta,
+                "schema_version": STATE_SCHEMA_VERSION,
+                "state": cognition.checkpoint_state(checkpoint=latest),
+            }
+
+        def state_part(deadline: float) -> dict[str, Any]:
+            return cognition.state_get(tenant=tenant, agent=agent).as_dict()
+
+        def session_part(deadline: float) -> dict[str, Any] | None:
+            session = (
+                Session.objects.filter(tenant=tenant, agent=agent).order_by("-created_at", "-pk").first()
+            )
+            if session is None:
+                return None
+            limit = settings.CTXAPP["CTXAPP_RECOVERY_HISTORY_MESSAGES"]
+            recent = list(Message.objects.filter(session=session).order_by("-seq")[:limit])
+            recent.reverse()
+            return {
+                "id": session.public_id,
+                "status": session.status,
+                "user_id": session.user_id,
+                "model": session.model_name,
+                "message_count": session.message_count,
+                "last_accessed_at": session.last_accessed_at.isoformat(),
+                "messages": [
+                    {
+                        "seq": m.seq,
+                        "role": m.role,
+                        "content": m.content,
+                        "turn_id": m.turn_id,
+                        "tool_call_id": m.tool_call_id,
+                        "tool_calls": m.tool_calls,
+                        "event_kind": m.event_kind,
+                        "created_at": m.created_at.isoformat(),
+                    }
+                    for m in recent
+                ],
+            }
+
+        def tasks_part(deadline: float) -> list[dict[str, Any]]:
+            return layers.tasks_open_for_agent(tenant=tenant, agent=agent, include_private=is_self)
+
+        def events_part(deadline: float) -> dict[str, Any]:
+            after = latest.covers_event_seq if latest is not None else 0
+            limit = settings.CTXAPP["CTXAPP_RECOVERY_MAX_EVENTS"]
+            queryset = Event.objects.filter(tenant=tenant, stream=recorder.stream_key(agent), seq__gt=after)
+            rows = list(queryset.order_by("seq")[: limit + 1])
+            return {
+                "after_seq": after,
+                "truncated": len(rows) > limit,
+                "items": [
+                    {
+                        "id": e.public_id,
+                        "seq": e.seq,
+                        "type": e.type,
+                        "payload": e.payload,
+                        "created_at": e.created_at.isoformat(),
+                    }
+                    for e in rows[:limit]
+                ],
+            }
+
+        document: dict[str, Any] = {
+            "agent": agent.external_id,
+            "generated_at": timezone.now().isoformat(),
+            "operational": part("operational", operational),
+            "checkpoint": part("checkpoint", checkpoint_part),
+            "state": part("state", state_part),
+            "session": part("session", session_part),
+            "tasks": part("tasks", tasks_part),
+            "events_after_checkpoint": part("events", events_part),
+        }
+        if is_self:
+            document["inbox"] = part(
+                "inbox", lambda deadline: layers.ipc_unread_for_agent(tenant=tenant, agent=agent)
+            )
+        else:
+            document["inbox"] = None
+            warnings.append(
+                {
+                    "part": "private",
+                    "code": "private_omitted",
+                    "message": "Private context and inbox are only returned to the agent itself "
+                    "(send X-Agent-Id naming it).",
+                }
+            )
+        document["warnings"] = warnings
+        document["parts"] = timings
+    operational_state = document["operational"]
+    if not record:
+        return RecoveredState(document=document, warnings=warnings)
+    with transaction.atomic():  # after the read-only snapshot: the event append takes a row lock
+        recorder.event_append(
+            tenant=tenant,
+            type="agent.recovered",
+            agent=agent,
+            payload={
+                "checkpoint_seq": latest.seq if latest is not None else None,
+                "last_event_seq": operational_state["last_event_seq"] if operational_state else None,
+                "warnings": [w["code"] for w in warnings],
+            },
+        )
+    return RecoveredState(document=document, warnings=warnings)
+
+
+def checkpoint_meta(checkpoint: Checkpoint) -> dict[str, Any]:
+    return {
+        "id": checkpoint.public_id,
+        "seq": checkpoint.seq,
+        "reason": checkpoint.reason,
+        "step": checkpoint.step,
+        "produced_by": checkpoint.produced_by,
+        "covers_event_seq": checkpoint.covers_event_seq,
+        "schema_version": checkpoint.schema_version,
+        "storage": checkpoint.storage,
+        "state_bytes": checkpoint.state_bytes,
+        "created_at": checkpoint.created_at.isoformat(),
+    }

@@ -1,0 +1,231 @@
+"""`ctxapp up` end to end, as a newcomer runs it: a subprocess on a fresh data directory and a free
+port, with REDIS_URL unset (broker and channel layer on the embedded PostgreSQL).
+
+It relies on the committed migrations (memory/migrations/), exactly like a fresh clone does.
+Proves: ready within 90 s; /readyz reports database, broker and channel layer ok; the printed key
+reads its tenant; the printed admin password logs in; a second `up` on the same data directory and
+one on a taken port are refused with a clear message (exit 2); Ctrl-C (SIGINT) leaves no process
+behind; a rerun keeps the tenant and prints no new password.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+pytestmark = pytest.mark.cli_up
+
+REPO = Path(__file__).resolve().parents[1]
+READY_TIMEOUT = 90.0
+STOP_TIMEOUT = 45.0
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def newcomer_env(data_dir: Path, port: int) -> dict[str, str]:
+    """The environment of someone who just cloned the repo: no ctxapp or Redis settings at all."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("CTXAPP_")
+        and name not in {"REDIS_URL", "DATABASE_URL", "DJANGO_SETTINGS_MODULE"}
+    }
+    env.update(
+        {
+            "CTXAPP_DATA_DIR": str(data_dir),
+            "CTXAPP_PORT": str(port),
+            "CTXAPP_ENV_FILE": str(data_dir.parent / "no-such.env"),
+            "PYTHONPATH": str(REPO),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+@dataclass
+class Up:
+    proc: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"ctxapp up exited with {self.proc.returncode}:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} not printed within {timeout} s:\n{self.output()}")
+            time.sleep(0.1)
+
+    def tree(self) -> list[psutil.Process]:
+        """`up` and every process below it, plus the embedded PostgreSQL (which pg_ctl detaches)."""
+        root = psutil.Process(self.proc.pid)
+        return [root, *root.children(recursive=True)]
+
+    def interrupt(self) -> int:
+        self.proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends
+        return self.proc.wait(STOP_TIMEOUT)
+
+
+def start_up(env: dict[str, str], cwd: Path) -> Up:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxapp.cli", "up"],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # our own SIGINT only, like a terminal's foreground job
+    )
+    up = Up(proc)
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    threading.Thread(target=lambda: [up.lines.append(line) for line in stdout], daemon=True).start()
+    return up
+
+
+def postmaster_pid(data_dir: Path) -> int | None:
+    pid_file = data_dir / "pg" / "postmaster.pid"
+    return int(pid_file.read_text().split()[0]) if pid_file.exists() else None
+
+
+def run_quick(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ctxapp.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def assert_nothing_left(processes: list[psutil.Process], pgids: set[int]) -> None:
+    left = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
+    in_groups = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if os.getpgid(proc.pid) in pgids and proc.status() != psutil.STATUS_ZOMBIE:
+                in_groups.append((proc.pid, proc.info["cmdline"]))
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    assert not in_groups, f"processes left in the children's process groups: {in_groups}"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("cli-up")
+    yield path
+
+
+def test_ctxapp_up_end_to_end(workdir: Path) -> None:
+    data_dir, port = workdir / "data", free_port()
+    env = newcomer_env(data_dir, port)
+    base = f"http://127.0.0.1:{port}"
+
+    # --- first run: a fresh data directory ---------------------------------------------------
+    up = start_up(env, workdir)
+    try:
+        up.wait_for("Ctrl-C stops everything.", READY_TIMEOUT)
+        out = up.output()
+        assert "Traceback" not in out
+        password = re.search(r"admin login\s+user admin\s+password (\S+)", out)
+        api_key = re.search(r"API key\s+(ctx_\S+)", out)
+        assert password and api_key, out
+        assert f"ctxapp is up at {base}/" in out
+
+        ready = httpx.get(f"{base}/readyz", timeout=15)
+        assert ready.status_code == 200, ready.text
+        checks = ready.json()["checks"]
+        assert {name: check["ok"] for name, check in checks.items()} == {
+            "database": True,
+            "broker": True,
+            "channel_layer": True,
+        }
+        assert checks["broker"]["transport"] == "sql"  # Kombu's SQLAlchemy transport, no Redis
+        assert checks["channel_layer"]["backend"] == "PostgresChannelLayer"
+
+        tenant = httpx.get(f"{base}/api/v1/tenant", headers=bearer(api_key[1]), timeout=15)
+        assert tenant.status_code == 200, tenant.text
+        assert tenant.json()["slug"] == "demo"
+
+        with httpx.Client(base_url=base, timeout=15) as browser:
+            form = browser.get("/admin/login/")
+            token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)
+            assert token, form.text
+            login = browser.post(
+                "/admin/login/?next=/admin/",
+                data={"csrfmiddlewaretoken": token[1], "username": "admin", "password": password[1]},
+                headers={"Referer": f"{base}/admin/login/"},
+            )
+            assert login.status_code == 302 and login.headers["location"] == "/admin/", login.text
+            assert "Site administration" in browser.get("/admin/").text
+            assert browser.get("/static/admin/css/base.css").status_code == 200
+
+        # The data directory is taken, and so is the port: both refused clearly, nothing started.
+        second = run_quick(["up"], newcomer_env(data_dir, free_port()), workdir)
+        assert second.returncode == 2, second
+        assert "Another `ctxapp up`" in second.stderr and str(data_dir) in second.stderr
+        taken = run_quick(["up"], newcomer_env(workdir / "other", port), workdir)
+        assert taken.returncode == 2, taken
+        assert f"Port {port} on 127.0.0.1 is already in use" in taken.stderr
+        assert "Traceback" not in second.stderr + taken.stderr
+
+        processes = up.tree()
+        pg_pid = postmaster_pid(data_dir)
+        assert pg_pid is not None
+        processes.append(psutil.Process(pg_pid))
+        pgids = {os.getpgid(p.pid) for p in processes}
+        assert len(processes) >= 5  # up, web, worker (+ its pool), beat, postgres
+    finally:
+        code = up.interrupt() if up.proc.poll() is None else up.proc.returncode
+    assert code == 0, up.output()
+    assert up.output().rstrip().endswith("ctxapp: stopped.")
+    assert_nothing_left(processes, pgids)
+    assert postmaster_pid(data_dir) is None  # PostgreSQL shut down cleanly (no stale pid file)
+
+    # --- second run: the same data directory --------------------------------------------------
+    rerun = start_up(env, workdir)
+    try:
+        rerun.wait_for("Ctrl-C stops everything.", READY_TIMEOUT)
+        out = rerun.output()
+        assert "First run" not in out and password[1] not in out  # no new password
+        assert not re.search(r"API key\s+ctx_", out)  # and no new key
+        assert "Data reused from the previous run" in out
+        assert "ctxapp manage create_api_key --tenant demo" in out
+        tenant = httpx.get(f"{base}/api/v1/tenant", headers=bearer(api_key[1]), timeout=15)
+        assert tenant.status_code == 200 and tenant.json()["slug"] == "demo"
+        processes = rerun.tree()
+        pg_pid = postmaster_pid(data_dir)
+        assert pg_pid is not None
+        processes.append(psutil.Process(pg_pid))
+        pgids = {os.getpgid(p.pid) for p in processes}
+    finally:
+        code = rerun.interrupt() if rerun.proc.poll() is None else rerun.proc.returncode
+    assert code == 0, rerun.output()
+    assert_nothing_left(processes, pgids)
