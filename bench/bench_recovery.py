@@ -98,6 +98,33 @@ def build(events: int, checkpoints: int) -> tuple[object, object, str]:
     return tenant, agent, secret
 
 
+def bare_agent(tenant: object, events: int) -> object:
+    """An agent with `events` agent.step events and no checkpoint at all."""
+    from memory.models import Event, EventStream
+    from memory.services import recorder
+    from memory.services.sessions import agent_get_or_create
+
+    agent = agent_get_or_create(tenant=tenant, external_id="no-checkpoints")
+    key = recorder.stream_key(agent)
+    EventStream.objects.create(tenant=tenant, key=key, last_seq=events)
+    payload = {"gen_ai.agent.id": agent.external_id}
+    Event.objects.bulk_create(
+        [
+            Event(
+                tenant=tenant,
+                stream=key,
+                seq=seq,
+                type="agent.step",
+                agent=agent,
+                payload={**payload, "step": seq},
+            )
+            for seq in range(1, events + 1)
+        ],
+        batch_size=5000,
+    )
+    return agent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=100_000)
@@ -137,6 +164,19 @@ def main() -> None:
             full = recovery.fold_full(tenant=tenant, agent=agent)
             fold_times.append(time.perf_counter() - started)
         assert full["custom"] == body["operational"]["custom"]
+        no_checkpoints = bare_agent(tenant, args.events)
+        attempts = []
+        while True:
+            started = time.perf_counter()
+            result = recovery.recovered_state(tenant=tenant, agent=no_checkpoints, caller=no_checkpoints)
+            attempts.append((time.perf_counter() - started, result.document["operational"] is not None))
+            if attempts[-1][1] or len(attempts) > 20:
+                break
+        steady = []
+        for _ in range(5):
+            started = time.perf_counter()
+            recovery.recovered_state(tenant=tenant, agent=no_checkpoints, caller=no_checkpoints)
+            steady.append(time.perf_counter() - started)
         ms = lambda values: statistics.median(values) * 1000  # noqa: E731
         print(
             f"GET recovered-state (in-process API), median of {args.runs}: {ms(api_times):.1f} ms "
@@ -148,6 +188,13 @@ def main() -> None:
         print(
             f"fold of the whole stream without stored folds ({full['event_count']} events), "
             f"median of 3: {ms(fold_times):.0f} ms"
+        )
+        print(
+            f"agent with {args.events} events and no checkpoint: recoveries until the fold completed: "
+            + ", ".join(
+                f"{t * 1000:.0f} ms ({'complete' if ok else 'cut, progress kept'})" for t, ok in attempts
+            )
+            + f"; then median of 5: {ms(steady):.1f} ms"
         )
         print(
             f"document size: {len(response.content) / 1024:.1f} KiB; goal ≤ 1000 ms: "

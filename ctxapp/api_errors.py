@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
@@ -18,6 +18,10 @@ from rest_framework.views import set_rollback
 from memory.exceptions import DomainError
 
 logger = logging.getLogger(__name__)
+
+INTERNAL_ERROR_MESSAGE = (
+    "Something went wrong on our side and it was logged. Retrying with the same Idempotency-Key is safe."
+)
 
 DRF_CODES: dict[type[Exception], tuple[str, str | None]] = {
     drf.ParseError: ("invalid_json", "The request body is not valid JSON."),
@@ -67,7 +71,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, PermissionDenied):
         return Response(error_body("forbidden", "You may not do this."), status=403)
     if isinstance(exc, RequestDataTooBig):
-        return too_large_response()
+        limit = _body_limit()
+        return Response(error_body(*_too_large(limit)), status=413)
     if isinstance(exc, drf.ValidationError):
         detail = exc.detail
         return Response(
@@ -82,41 +87,51 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
                     code, message = c, m
                     break
         code = code or str(getattr(exc, "default_code", "error"))
-        text = message or (str(exc.detail) if not isinstance(exc.detail, dict | list) else str(exc.default_detail))
+        text = message or (
+            str(exc.detail) if not isinstance(exc.detail, dict | list) else str(exc.default_detail)
+        )
         if isinstance(exc, drf.UnsupportedMediaType):
             text = f"{text} Send the body as JSON, with 'Content-Type: application/json'."
         response = Response(error_body(code, text), status=exc.status_code)
         if isinstance(exc, drf.NotAuthenticated | drf.AuthenticationFailed):
             response["WWW-Authenticate"] = 'Bearer realm="api"'
-        if isinstance(exc, drf.Throttled) and exc.wait:
-            response["Retry-After"] = str(int(exc.wait))
+        wait = getattr(exc, "wait", None)
+        if isinstance(exc, drf.Throttled) and wait:
+            response["Retry-After"] = str(int(wait))
         return response
     logger.exception("Unhandled error in %s", context.get("view"))
     return Response(
-        error_body("internal_error", "Something went wrong on our side; the request was not applied."),
+        error_body(
+            "internal_error",
+            INTERNAL_ERROR_MESSAGE,
+        ),
         status=500,
     )
 
 
-def too_large_response() -> JsonResponse:
+def _body_limit() -> int:
     from django.conf import settings
 
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    return JsonResponse(
-        error_body(
-            "payload_too_large",
-            f"The request body is larger than the limit of {limit} bytes.",
-            {"limit_bytes": limit},
-        ),
-        status=413,
+    return int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+
+
+def _too_large(limit: int) -> tuple[str, str, dict[str, Any]]:
+    return (
+        "payload_too_large",
+        f"The request body is larger than the limit of {limit} bytes.",
+        {"limit_bytes": limit},
     )
+
+
+def too_large_response() -> JsonResponse:
+    return JsonResponse(error_body(*_too_large(_body_limit())), status=413)
 
 
 def _is_api(request: HttpRequest) -> bool:
     return request.path.startswith("/api/")
 
 
-def handler404(request: HttpRequest, exception: Exception | None = None):  # type: ignore[no-untyped-def]
+def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if _is_api(request):
         return JsonResponse(error_body("not_found", f"No endpoint at {request.path}."), status=404)
     from django.views.defaults import page_not_found
@@ -124,10 +139,13 @@ def handler404(request: HttpRequest, exception: Exception | None = None):  # typ
     return page_not_found(request, exception or Http404())
 
 
-def handler500(request: HttpRequest):  # type: ignore[no-untyped-def]
+def handler500(request: HttpRequest) -> HttpResponse:
     if _is_api(request):
         return JsonResponse(
-            error_body("internal_error", "Something went wrong on our side; the request was not applied."),
+            error_body(
+                "internal_error",
+                INTERNAL_ERROR_MESSAGE,
+            ),
             status=500,
         )
     from django.views.defaults import server_error

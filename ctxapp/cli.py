@@ -304,7 +304,11 @@ def web_argv(values: dict[str, Any], host: str, port: int) -> list[str]:
     ]  # fmt: skip
 
 
+_interrupted = {"signal": 0}
+
+
 def _raise_interrupted(signum: int, frame: Any) -> None:
+    _interrupted["signal"] = signum
     raise Interrupted()
 
 
@@ -318,6 +322,8 @@ def _migrate_and_bootstrap() -> Any:
         call_command("migrate", interactive=False, verbosity=0)
         first_run = tenancy.bootstrap_demo()
     except DatabaseError as exc:
+        if _interrupted["signal"]:  # the interruption surfaced as the rollback's error
+            raise Interrupted() from None
         raise CliError(f"The database refused the schema setup: {exc}".strip()) from None
     finally:
         connections.close_all()  # the children open their own; we hold none while supervising
@@ -470,7 +476,7 @@ def cmd_beat(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ctxapp import demo  # type: ignore[attr-defined]
+    from ctxapp import demo
 
     return int(demo.main(args))
 

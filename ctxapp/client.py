@@ -548,11 +548,19 @@ class Client(_Base):
 
     # --- events (flight recorder) -----------------------------------------------------------
     def events_list(
-        self, agent: str, *, after: int | None = None, limit: int | None = None, type: str | None = None
+        self,
+        agent: str,
+        *,
+        after: int | None = None,
+        limit: int | None = None,
+        type: str | None = None,
+        session: str | None = None,
     ) -> EventPage:
         """The agent's events with seq > after, oldest first; `type` filters (`message.added`, `agent.*`)."""
         return self.request(
-            "GET", f"/agents/{agent}/events", params={"after": after, "limit": limit, "type": type}
+            "GET",
+            f"/agents/{agent}/events",
+            params={"after": after, "limit": limit, "type": type, "session": session},
         )
 
     def events_iter(self, agent: str, *, after: int = 0, type: str | None = None) -> Iterator[EventOut]:
@@ -1234,10 +1242,18 @@ class AsyncClient(_Base):
 
     # --- events (flight recorder) -----------------------------------------------------------
     async def events_list(
-        self, agent: str, *, after: int | None = None, limit: int | None = None, type: str | None = None
+        self,
+        agent: str,
+        *,
+        after: int | None = None,
+        limit: int | None = None,
+        type: str | None = None,
+        session: str | None = None,
     ) -> EventPage:
         return await self.request(
-            "GET", f"/agents/{agent}/events", params={"after": after, "limit": limit, "type": type}
+            "GET",
+            f"/agents/{agent}/events",
+            params={"after": after, "limit": limit, "type": type, "session": session},
         )
 
     async def events_iter(

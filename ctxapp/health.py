@@ -27,7 +27,7 @@ def check_database() -> dict[str, Any]:
         row = cursor.fetchone()
     if row is None:
         return {"ok": False, "error": "the vector extension is not installed"}
-    return {"ok": True, "pgvector": row[0], "server": connection.pg_version}
+    return {"ok": True, "pgvector": row[0], "server": getattr(connection, "pg_version", None)}
 
 
 def check_broker() -> dict[str, Any]:

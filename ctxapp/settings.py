@@ -6,9 +6,11 @@ import os
 import secrets
 import warnings
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
+from ctxapp import broker  # registers the `ctxsqla` Kombu transport
 from ctxapp.conf import SettingError, resolve_all
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -116,7 +118,7 @@ REDIS_URL = CTXAPP["REDIS_URL"]
 QUEUE_PREFIX = CTXAPP["CTXAPP_QUEUE_PREFIX"]
 
 
-def _sqlalchemy_url(database: dict) -> str:
+def _sqlalchemy_url(database: Any) -> str:
     """Kombu's SQLAlchemy transport URL for the same PostgreSQL (psycopg 3 driver)."""
     from sqlalchemy.engine import URL
 
@@ -124,7 +126,7 @@ def _sqlalchemy_url(database: dict) -> str:
     host = database.get("HOST") or ""
     if database.get("OPTIONS", {}).get("host"):
         query["host"] = database["OPTIONS"]["host"]
-    return "sqla+" + URL.create(
+    return f"{broker.ALIAS}+" + URL.create(
         "postgresql+psycopg",
         username=database.get("USER") or None,
         password=database.get("PASSWORD") or None,
@@ -187,7 +189,7 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "staticfiles"
 # WhiteNoise serves static files from the ASGI process itself (admin, dashboard, API docs), so
 # `ctxapp up` needs no separate web server; with finders on, no collectstatic step is needed.
-# Production images run collectstatic into STATIC_ROOT at build time (see Dockerfile).
+# `ctxapp manage collectstatic` into STATIC_ROOT still works for a CDN or a proxy that serves files.
 WHITENOISE_USE_FINDERS = True
 warnings.filterwarnings("ignore", message="No directory at")
 

@@ -37,6 +37,10 @@ from memory.services.sessions import agent_get, session_get
 logger = logging.getLogger(__name__)
 
 
+# A private close code (4000-4999): the htmx extension does not reconnect after it.
+CLOSE_FORBIDDEN = 4403
+
+
 def flush_interval() -> float:
     return float(settings.CTXAPP.get("CTXAPP_DASHBOARD_FLUSH_MS", 400)) / 1000.0
 
@@ -136,12 +140,23 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         if self.flush_task is None or self.flush_task.done():
             self.flush_task = asyncio.create_task(self._flush_loop(delay))
 
+    def _still_allowed(self) -> bool:
+        user = self.scope["user"]
+        user.refresh_from_db(fields=["is_active", "is_staff"])
+        return access.tenant_for_user(user=user, tenant_id=self.tenant.pk) is not None
+
     async def _flush_loop(self, delay: float) -> None:
         # Single-threaded event loop: between the `while` test and clearing flush_task there is
         # no await, so an event can never slip in unseen.
         while self.dirty or self.messages_dirty:
             await asyncio.sleep(delay)
             delay = flush_interval()
+            # Membership is re-checked before every push, so removing a member (or deactivating
+            # the user) stops their live updates at once, not at their next reconnect.
+            if not await database_sync_to_async(self._still_allowed)():
+                self.flush_task = None
+                await self.close(code=CLOSE_FORBIDDEN)
+                return
             dirty, self.dirty = self.dirty, set()
             with_messages, self.messages_dirty = self.messages_dirty, False
             try:

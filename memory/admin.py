@@ -22,13 +22,15 @@ POLICY_INLINES: list[type[admin.options.InlineModelAdmin]] = []
 class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 0
+    fields = ["user", "role", "created_at"]
+    readonly_fields = ["created_at"]
     autocomplete_fields = ["user"]
 
 
 class ApiKeyInline(admin.TabularInline):
     model = ApiKey
     extra = 0
-    fields = ["name", "prefix", "scopes", "created_at", "last_used_at", "expires_at", "revoked_at"]
+    fields = ("name", "prefix", "scopes", "created_at", "last_used_at", "expires_at", "revoked_at")
     readonly_fields = fields
     show_change_link = True
     can_delete = False
@@ -42,6 +44,7 @@ class TenantAdmin(admin.ModelAdmin):
     list_display = ["name", "slug", "is_active", "created_at"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
+    readonly_fields = ["created_at"]
 
     def get_inlines(self, request: HttpRequest, obj: Any) -> list[Any]:
         return [MembershipInline, ApiKeyInline, *POLICY_INLINES]
@@ -126,6 +129,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
 class MembershipAdmin(admin.ModelAdmin):
     list_display = ["user", "tenant", "role", "created_at"]
     list_filter = ["tenant", "role"]
+    list_select_related = ["user", "tenant"]
+    search_fields = ["user__username", "user__email", "tenant__slug"]
+    fields = ["user", "tenant", "role", "created_at"]
+    readonly_fields = ["created_at"]
     autocomplete_fields = ["user", "tenant"]
 
 
@@ -225,8 +232,9 @@ class CognitiveStateAdmin(admin.ModelAdmin):
     list_select_related = ["agent", "tenant"]
     readonly_fields = [
         "tenant", "agent", "schema_version", "document", "version",
-        "checkpoint", "checkpoint_seq", "updated_at",
+        "checkpoint", "checkpoint_seq", "updated_at", "fold_seq", "fold_reducers_sha256",
     ]  # fmt: skip
+    exclude = ["fold_state"]
 
 
 @admin.register(Checkpoint)

@@ -25,7 +25,13 @@ def api_client(secret: str) -> APIClient:
 def test_creating_a_key_in_the_admin_shows_the_secret_once(admin_client: Any, tenant_a: Tenant) -> None:
     response = admin_client.post(
         "/admin/memory/apikey/add/",
-        {"tenant": tenant_a.pk, "name": "deploy bot", "scopes": ["read"], "expires_at_0": "", "expires_at_1": ""},
+        {
+            "tenant": tenant_a.pk,
+            "name": "deploy bot",
+            "scopes": ["read"],
+            "expires_at_0": "",
+            "expires_at_1": "",
+        },
         follow=True,
     )
     assert response.status_code == 200
@@ -49,7 +55,12 @@ def test_creating_a_key_in_the_admin_shows_the_secret_once(admin_client: Any, te
         assert secret not in body
         assert f"ctx_{key.prefix}_" in body
     event = Event.objects.get(tenant=tenant_a, type="api_key.created")
-    assert event.payload == {"key_prefix": key.prefix, "name": "deploy bot", "scopes": ["read"], "actor": "admin user admin"}
+    assert event.payload == {
+        "key_prefix": key.prefix,
+        "name": "deploy bot",
+        "scopes": ["read"],
+        "actor": "admin user admin",
+    }
 
 
 def test_an_invalid_key_form_creates_nothing(admin_client: Any) -> None:
@@ -85,7 +96,13 @@ def test_a_keys_tenant_cannot_be_changed(admin_client: Any, api_a: Any, tenant_b
     key = api_a.api_key
     admin_client.post(
         f"/admin/memory/apikey/{key.pk}/change/",
-        {"tenant": tenant_b.pk, "name": "renamed", "scopes": ["read", "write"], "expires_at_0": "", "expires_at_1": ""},
+        {
+            "tenant": tenant_b.pk,
+            "name": "renamed",
+            "scopes": ["read", "write"],
+            "expires_at_0": "",
+            "expires_at_1": "",
+        },
     )
     key.refresh_from_db()
     assert key.name == "renamed"
@@ -96,7 +113,9 @@ def test_a_keys_tenant_cannot_be_changed(admin_client: Any, api_a: Any, tenant_b
 def test_memberships_are_managed_in_the_admin(admin_client: Any, tenant_a: Tenant, tenant_b: Tenant) -> None:
     carol = get_user_model().objects.create_user("carol", password="pw-carol-123")
     response = admin_client.post(
-        "/admin/memory/membership/add/", {"user": carol.pk, "tenant": tenant_a.pk, "role": "operator"}, follow=True
+        "/admin/memory/membership/add/",
+        {"user": carol.pk, "tenant": tenant_a.pk, "role": "operator"},
+        follow=True,
     )
     assert response.status_code == 200
     membership = Membership.objects.get(user=carol)
@@ -109,23 +128,29 @@ def test_memberships_are_managed_in_the_admin(admin_client: Any, tenant_a: Tenan
     assert again.context["adminform"].form.errors
     assert Membership.objects.filter(user=carol).count() == 1
     # A second tenant is fine.
-    admin_client.post("/admin/memory/membership/add/", {"user": carol.pk, "tenant": tenant_b.pk, "role": "viewer"})
+    admin_client.post(
+        "/admin/memory/membership/add/", {"user": carol.pk, "tenant": tenant_b.pk, "role": "viewer"}
+    )
     assert set(Membership.objects.filter(user=carol).values_list("tenant__slug", "role")) == {
         ("alice", "operator"),
         ("bob", "viewer"),
     }
-    listing = admin_client.get("/admin/memory/membership/?tenant__id__exact=%d" % tenant_a.pk).content.decode()
+    listing = admin_client.get(
+        f"/admin/memory/membership/?tenant__id__exact={tenant_a.pk}"
+    ).content.decode()
     assert "carol" in listing
 
 
-def test_tenant_pages_render_with_members_keys_and_policies(admin_client: Any, api_a: Any, tenant_a: Tenant) -> None:
+def test_tenant_pages_render_with_members_keys_and_policies(
+    admin_client: Any, api_a: Any, tenant_a: Tenant
+) -> None:
     assert admin_client.get("/admin/memory/tenant/add/").status_code == 200
     page = admin_client.get(f"/admin/memory/tenant/{tenant_a.pk}/change/")
     assert page.status_code == 200
     body = page.content.decode()
-    assert f"ctx_{api_a.api_key.prefix}" not in body or api_a.secret not in body
-    assert api_a.secret not in body
-    assert "Memberships" in body or "membership" in body.lower()
+    assert api_a.api_key.prefix in body  # the key is listed by its visible prefix …
+    assert api_a.secret not in body  # … never by its secret
+    assert "membership" in body.lower()
 
 
 def test_creating_a_tenant_in_the_admin(admin_client: Any) -> None:
@@ -135,8 +160,6 @@ def test_creating_a_tenant_in_the_admin(admin_client: Any) -> None:
             "name": "Dana's lab",
             "slug": "dana",
             "is_active": "on",
-            "created_at_0": "2026-01-01",
-            "created_at_1": "00:00:00",
             **_empty_inline_management_forms(admin_client),
         },
         follow=True,
@@ -149,6 +172,8 @@ def _empty_inline_management_forms(admin_client: Any) -> dict[str, str]:
     """The management form fields of every inline on the tenant page, with no rows."""
     page = admin_client.get("/admin/memory/tenant/add/").content.decode()
     data: dict[str, str] = {}
-    for name, value in re.findall(r'name="([^"]+-(?:TOTAL|INITIAL|MIN_NUM|MAX_NUM)_FORMS)"[^>]*value="(\d*)"', page):
+    for name, value in re.findall(
+        r'name="([^"]+-(?:TOTAL|INITIAL|MIN_NUM|MAX_NUM)_FORMS)"[^>]*value="(\d*)"', page
+    ):
         data[name] = "0" if name.endswith(("TOTAL_FORMS", "INITIAL_FORMS")) else value
     return data

@@ -121,7 +121,9 @@ def test_a_database_without_pgvector_is_refused(tmp_path: Path) -> None:
     options = quote(f"-c extension_control_path={empty}")
     url = f"postgresql://{db['USER']}@/{db['NAME']}?host={host}&options={options}"
     try:
-        result = ctxapp(["up"], clean_env(tmp_path, DATABASE_URL=url, CTXAPP_PORT=str(_free_port())), tmp_path)
+        result = ctxapp(
+            ["up"], clean_env(tmp_path, DATABASE_URL=url, CTXAPP_PORT=str(_free_port())), tmp_path
+        )
     finally:
         shutil.rmtree(empty)
     assert_refused(result, "has no pgvector extension", "pgvector/pgvector")

@@ -47,7 +47,9 @@ def api_key_authenticate(raw: str) -> ApiKey:
     touch_every = timedelta(seconds=settings.CTXAPP["CTXAPP_API_KEY_TOUCH_SECONDS"])
     if api_key.last_used_at is None or now - api_key.last_used_at > touch_every:
         # A conditional update: concurrent requests touch the row once, not once each.
-        ApiKey.objects.filter(pk=api_key.pk).exclude(last_used_at__gt=now - touch_every).update(last_used_at=now)
+        ApiKey.objects.filter(pk=api_key.pk).exclude(last_used_at__gt=now - touch_every).update(
+            last_used_at=now
+        )
         api_key.last_used_at = now
     return api_key
 

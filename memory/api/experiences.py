@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.urls import path
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -92,6 +92,9 @@ class ExperienceDetailSerializer(ExperienceOutputSerializer):
 
 class ExperienceListApi(TenantApiView):
     class FilterSerializer(CursorSerializer):
+        class Meta:
+            ref_name = "ExperienceListFilter"
+
         user_id = serializers.CharField(required=False)
         kind = serializers.ChoiceField(choices=ExperienceKind.choices, required=False)
         embedding_status = serializers.ChoiceField(choices=EmbeddingStatus.choices, required=False)
@@ -100,6 +103,9 @@ class ExperienceListApi(TenantApiView):
         as_of = serializers.DateTimeField(required=False)
 
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ExperienceListInput"
+
         problem = serializers.CharField(max_length=10_000)
         cause = serializers.CharField(max_length=10_000, required=False, allow_blank=True, default="")
         solution = serializers.CharField(max_length=20_000, required=False, allow_blank=True, default="")
@@ -114,6 +120,9 @@ class ExperienceListApi(TenantApiView):
         )
 
     class PageSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ExperienceListPage"
+
         results = ExperienceOutputSerializer(many=True)
         next_cursor = serializers.CharField(allow_null=True)
 
@@ -169,10 +178,26 @@ class ExperienceDetailApi(TenantApiView):
         return Response(ExperienceDetailSerializer(experience).data)
 
 
+class SearchHitSerializer(serializers.Serializer):
+    experience = ExperienceOutputSerializer()
+    score = serializers.FloatField()
+    similarity = serializers.FloatField(allow_null=True, help_text="Blended cosine; null while pending.")
+    text_score = serializers.FloatField(help_text="ts_rank / (ts_rank + 0.5).")
+    contributions = serializers.DictField(
+        child=serializers.FloatField(), help_text="Per source; sums to score."
+    )
+
+    class Meta:
+        ref_name = "ExperienceSearchHit"
+
+
 class ExperienceSearchApi(TenantApiView):
     required_scope = "read"  # a POST that only reads
 
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ExperienceSearchInput"
+
         query = serializers.CharField(max_length=8192)
         user_id = serializers.CharField(max_length=200, required=False, allow_blank=True)
         limit = serializers.IntegerField(min_value=1, max_value=100, required=False, default=10)
@@ -183,15 +208,11 @@ class ExperienceSearchApi(TenantApiView):
         as_of = serializers.DateTimeField(required=False)
         kind = serializers.ChoiceField(choices=ExperienceKind.choices, required=False)
 
-    class HitSerializer(serializers.Serializer):
-        experience = ExperienceOutputSerializer()
-        score = serializers.FloatField()
-        similarity = serializers.FloatField(allow_null=True)
-        text_score = serializers.FloatField()
-        contributions = serializers.DictField(child=serializers.FloatField())
-
     class OutputSerializer(serializers.Serializer):
-        results = serializers.ListField()
+        class Meta:
+            ref_name = "ExperienceSearchOutput"
+
+        results = SearchHitSerializer(many=True)
         plan = serializers.DictField()
         warnings = serializers.ListField(child=serializers.CharField())
 
@@ -203,7 +224,7 @@ class ExperienceSearchApi(TenantApiView):
         result = retrieval.experiences_search(tenant=self.tenant, **data)
         return Response(
             {
-                "results": self.HitSerializer(result.hits, many=True).data,
+                "results": SearchHitSerializer(result.hits, many=True).data,
                 "plan": result.plan,
                 "warnings": result.warnings,
             }
@@ -212,6 +233,9 @@ class ExperienceSearchApi(TenantApiView):
 
 class ExperienceFeedbackApi(TenantApiView):
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ExperienceFeedbackInput"
+
         helpful = serializers.BooleanField()
         note = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
         session = serializers.CharField(max_length=64, required=False)
@@ -233,12 +257,15 @@ class ExperienceFeedbackApi(TenantApiView):
 
 class ExperiencePromoteApi(TenantApiView):
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ExperiencePromoteInput"
+
         kind = serializers.ChoiceField(choices=sorted(experiences.PROMOTABLE_KINDS))
         key = serializers.CharField(max_length=200)
         content = serializers.CharField(max_length=10_000)
         user_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
         session = serializers.CharField(max_length=64, required=False)
-        source = serializers.JSONField(required=False)
+        source = serializers.JSONField(required=False)  # type: ignore[assignment]
 
     @extend_schema(
         request=InputSerializer,
@@ -266,9 +293,16 @@ class ExperiencePromoteApi(TenantApiView):
 
 class ExperienceRetryEmbeddingsApi(TenantApiView):
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ExperienceRetryEmbeddingsInput"
+
         experiences = serializers.ListField(child=serializers.CharField(max_length=64), required=False)
 
-    @extend_schema(request=InputSerializer, summary="Re-queue failed embeddings of this tenant")
+    @extend_schema(
+        request=InputSerializer,
+        responses={202: inline_serializer("ExperienceRetryOutput", {"requeued": serializers.IntegerField()})},
+        summary="Re-queue failed embeddings of this tenant",
+    )
     def post(self, request: Request) -> Response:
         data = self.validate(self.InputSerializer)
         count = experiences.experiences_retry_failed(
@@ -279,9 +313,26 @@ class ExperienceRetryEmbeddingsApi(TenantApiView):
 
 class TaskDistillApi(TenantApiView):
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TaskDistillInput"
+
         mode = serializers.ChoiceField(choices=distillation.MODES, required=False, default="full")
 
-    @extend_schema(request=InputSerializer, summary="Distil a finished task (light: now, full: queued)")
+    @extend_schema(
+        request=InputSerializer,
+        responses={
+            200: inline_serializer(
+                "TaskDistillOutput",
+                {
+                    "task": serializers.CharField(),
+                    "mode": serializers.CharField(),
+                    "status": serializers.CharField(),
+                    "experiences": serializers.ListField(child=serializers.DictField()),
+                },
+            )
+        },
+        summary="Distil a finished task (light: now, full: queued)",
+    )
     def post(self, request: Request, task_id: str) -> Response:
         data = self.validate(self.InputSerializer)
         task = task_get(tenant=self.tenant, task_id=task_id)

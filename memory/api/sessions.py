@@ -444,6 +444,7 @@ class AgentEventsApi(TenantApiView):
         type = serializers.CharField(
             required=False, help_text="Comma-separated types; `agent.*` matches a prefix."
         )
+        session = serializers.CharField(required=False, help_text="Only the events of this session.")
 
     @extend_schema(
         parameters=[FilterSerializer],
@@ -455,9 +456,17 @@ class AgentEventsApi(TenantApiView):
         limit = data.get("limit") or settings.CTXAPP["CTXAPP_PAGE_SIZE"]
         agent_row = svc.agent_get(tenant=self.tenant, external_id=agent)
         types = [t.strip() for t in data.get("type", "").split(",") if t.strip()] or None
+        session = None
+        if data.get("session"):
+            session = svc.session_get(tenant=self.tenant, session_id=data["session"], touch=False)
         rows, next_after = _after_page(
             recorder.events_list(
-                tenant=self.tenant, agent=agent_row, after_seq=data["after"], limit=limit + 1, types=types
+                tenant=self.tenant,
+                agent=agent_row,
+                after_seq=data["after"],
+                limit=limit + 1,
+                types=types,
+                session=session,
             ),
             limit,
         )

@@ -41,6 +41,12 @@ class CognitiveState(models.Model):
     )
     checkpoint_seq = models.PositiveBigIntegerField(default=0)
     updated_at = models.DateTimeField(default=timezone.now)
+    # A fold of the agent's events up to fold_seq, left by a recovery that had to fold many events
+    # (an agent that rarely checkpoints): the next recovery starts from it. A cache, like
+    # Checkpoint.fold_state.
+    fold_state = models.TextField(blank=True, default="")
+    fold_seq = models.PositiveBigIntegerField(default=0)
+    fold_reducers_sha256 = models.CharField(max_length=64, blank=True, default="")
 
     def __str__(self) -> str:
         return f"state of {self.agent_id} v{self.version}"

@@ -149,23 +149,16 @@ FRACTION_VALIDATORS = [MinValueValidator(0.0), MaxValueValidator(1.0)]
 
 
 class DecayPolicy(TenantPolicyBase):
-    """A tenant's decay, position and compression numbers (defaults: DESIGN §5)."""
+    """A tenant's decay and compression numbers (defaults: DESIGN §5).
+
+    The risky middle band of a prompt is the context engine's (ContextPolicy.middle_start/end).
+    """
 
     decay_rounds = models.PositiveIntegerField(
         default=20, help_text="Rounds without reference before a fact decays."
     )
     decay_rounds_high = models.PositiveIntegerField(
         default=10, help_text="Rounds without reference before a high-importance fact decays."
-    )
-    position_band_low = models.FloatField(
-        default=0.30,
-        validators=FRACTION_VALIDATORS,
-        help_text="Start of the risky middle band (fraction of the prompt).",
-    )
-    position_band_high = models.FloatField(
-        default=0.70,
-        validators=FRACTION_VALIDATORS,
-        help_text="End of the risky middle band (fraction of the prompt).",
     )
     reference_term_overlap = models.FloatField(
         default=0.5,
@@ -215,8 +208,6 @@ class DecayPolicy(TenantPolicyBase):
         from django.core.exceptions import ValidationError
 
         errors = {}
-        if self.position_band_low >= self.position_band_high:
-            errors["position_band_high"] = "The band's end must be after its start."
         if self.decay_rounds < 1 or self.decay_rounds_high < 1:
             errors["decay_rounds"] = "A fact needs at least one round to decay."
         if errors:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from typing import ClassVar
+from typing import ClassVar, Self
 
 from django.conf import settings
 from django.db import models
@@ -39,8 +39,8 @@ class TenantPolicyBase(models.Model):
         abstract = True
 
     @classmethod
-    def for_tenant(cls, tenant: Tenant):  # type: ignore[no-untyped-def]
-        policy, _ = cls.objects.get_or_create(tenant=tenant)
+    def for_tenant(cls, tenant: Tenant) -> Self:
+        policy, _ = cls._default_manager.get_or_create(tenant=tenant)
         return policy
 
 
@@ -66,7 +66,9 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=200)
     prefix = models.CharField(max_length=16, unique=True, editable=False)
     secret_hash = models.CharField(max_length=64, editable=False)
-    scopes = models.JSONField(default=list, help_text='Any of "read", "write", "admin". Empty = read and write.')
+    scopes = models.JSONField(
+        default=list, help_text='Any of "read", "write", "admin". Empty = read and write.'
+    )
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     expires_at = models.DateTimeField(null=True, blank=True)
@@ -134,3 +136,6 @@ class IdempotencyRecord(models.Model):
         constraints: ClassVar = [
             models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_tenant_key_unique")
         ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.status_code or 'in progress'})"

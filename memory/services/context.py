@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -37,6 +38,7 @@ from memory.models import (
 )
 from memory.services import decay, model_profiles, recorder, retrieval, tokens
 
+REQUEUE_AFTER = timedelta(seconds=60)
 WINDOW_MARGIN = 64  # extra rows read past the window so a tool-call group at its edge is seen whole
 COMPONENTS = (
     "system",
@@ -676,8 +678,18 @@ def context_build(
     elif history_dropped:
         queue_reason = "history had to be dropped to fit the budget"
     summarise = bool(queue_reason) and foldable_to > covered
+    already_queued = False
     if queue_reason and not summarise:
         queue_reason += f"; nothing to fold (the latest {policy.keep_verbatim} messages stay verbatim)"
+    elif summarise:
+        # one job per burst of builds: a job queued in the last REQUEUE_AFTER seconds is still
+        # on its way (the job is idempotent anyway; this only spares the queue)
+        already_queued = BudgetSample.objects.filter(
+            session=session, summarisation_queued=True, created_at__gte=timezone.now() - REQUEUE_AFTER
+        ).exists()
+        if already_queued:
+            summarise = False
+            queue_reason += "; a summarisation job was queued moments ago and has not landed yet"
 
     forecast = _forecast(
         session=session,
@@ -779,6 +791,7 @@ def context_build(
         forecast=forecast,
         summarisation={
             "queued": summarise,
+            "already_queued": already_queued,
             "reason": queue_reason,
             "threshold": policy.summarise_threshold,
             "covered_up_to_seq": covered,

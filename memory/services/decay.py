@@ -5,7 +5,6 @@ CONTRACT (called by other capabilities; keep these signatures):
 - facts_for_context / facts_after_build: by the context engine around every build.
 - facts_after_summary: by the summariser after it folded messages into a summary.
 - facts_on_session_end: by sessions.session_end, inside its transaction.
-- position_band: the risky middle band (fractions of the prompt) the context engine flags.
 
 Vocabulary. A *round* is a user turn: round N starts with the session's N-th user message, and
 every message up to the next user message belongs to it. A fact is *referenced* when a message
@@ -694,28 +693,6 @@ def fact_references(*, fact: TrackedFact, limit: int = 50) -> list[FactReference
 
 
 # --- restatement, build and summary checks -----------------------------------------------------
-
-
-def position_band(tenant: Any) -> tuple[float, float]:
-    """The risky middle band of a prompt as fractions (low, high); 0.30-0.70 by default."""
-    policy = DecayPolicy.for_tenant(tenant)
-    return float(policy.position_band_low), float(policy.position_band_high)
-
-
-def position_warnings(*, tenant: Any, total_tokens: int, offsets: dict[str, int]) -> list[str]:
-    """Warnings for the critical items (label → token offset) that start inside the middle band."""
-    if total_tokens <= 0:
-        return []
-    low, high = position_band(tenant)
-    warnings = []
-    for label, offset in offsets.items():
-        fraction = offset / total_tokens
-        if low <= fraction <= high:
-            warnings.append(
-                f"Critical item {label} sits at token {offset} of {total_tokens} ({fraction:.0%}), "
-                f"inside the middle band {low:.0%}-{high:.0%} where models attend least."
-            )
-    return warnings
 
 
 def facts_for_context(*, tenant: Any, session: Any) -> list[PinnedFact]:

@@ -155,13 +155,22 @@ AGENT_EVENT_TYPE = re.compile(r"^agent\.[a-z0-9_]+(?:[.\-][a-z0-9_]+)*$")
 
 
 def events_list(
-    *, tenant: Tenant, agent: Agent, after_seq: int = 0, limit: int = 100, types: list[str] | None = None
+    *,
+    tenant: Tenant,
+    agent: Agent,
+    after_seq: int = 0,
+    limit: int = 100,
+    types: list[str] | None = None,
+    session: Session | None = None,
 ) -> list[Event]:
     """Events of the agent's stream with seq > after_seq, oldest first. Read-only.
 
-    `types` filters by type; an entry ending in `*` (`agent.*`) matches a prefix.
+    `types` filters by type; an entry ending in `*` (`agent.*`) matches a prefix. `session`
+    keeps the events of one session.
     """
     queryset = Event.objects.filter(tenant=tenant, stream=stream_key(agent), seq__gt=after_seq)
+    if session is not None:
+        queryset = queryset.filter(session=session)
     if types:
         condition = Q()
         for entry in types:

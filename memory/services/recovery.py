@@ -22,6 +22,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from memory.exceptions import InvalidInput
@@ -30,6 +31,7 @@ from memory.models import (
     Agent,
     AgentReducer,
     Checkpoint,
+    CognitiveState,
     Event,
     Message,
     Session,
@@ -40,6 +42,9 @@ from memory.services import recorder
 FOLD_VERSION = 1
 MAX_FOLD_ERRORS = 20
 FOLD_CHUNK = 2000
+FOLD_CACHE_MIN_EVENTS = 1000  # a recovery that folded at least this many events leaves its fold behind
+FOLD_MIN_PROGRESS = 1000  # events a fold gets through before it looks at its deadline
+STATEMENT_TIMEOUT_FLOOR_MS = 1000  # SQL statements of a part are cut at its deadline, but not sooner
 
 # --- reducers ----------------------------------------------------------------------------------
 
@@ -124,6 +129,12 @@ def reducers_put(*, tenant: Tenant, agent: Agent, reducers: list[dict[str, str]]
 
 
 # --- the fold ----------------------------------------------------------------------------------
+
+
+def _empty_state() -> dict[str, Any]:
+    from memory.services.cognition import empty_state
+
+    return empty_state()
 
 
 def fold_initial() -> dict[str, Any]:
@@ -292,9 +303,18 @@ def fold_events(
     reducers: list[Reducer],
     deadline: float | None = None,
 ) -> dict[str, Any]:
-    """Fold `rows` (seq, type, payload) into `state` in place and return it. Pure but for the clock."""
+    """Fold `rows` (seq, type, payload) into `state` in place and return it. Pure but for the clock.
+
+    With a `deadline`, raises PartTimeout once it is past (checked every 1,000 events, after at
+    least FOLD_MIN_PROGRESS); `state` is then a valid fold of the rows before that point.
+    """
     for index, (seq, type, payload) in enumerate(rows):
-        if deadline is not None and index % 1000 == 0 and time.monotonic() > deadline:
+        if (
+            deadline is not None
+            and index >= FOLD_MIN_PROGRESS
+            and index % 1000 == 0
+            and time.monotonic() > deadline
+        ):
             raise PartTimeout()
         fold_apply(state, seq, type, payload if isinstance(payload, dict) else {}, reducers)
     return state
@@ -303,16 +323,50 @@ def fold_events(
 def _fold_start(
     *, tenant: Tenant, agent: Agent, reducers_sha: str, through: int | None
 ) -> tuple[dict[str, Any], int]:
-    """The newest stored fold (from a checkpoint) usable as a starting point, or the empty fold."""
+    """The newest stored fold (on a checkpoint or the state row) usable as a start, or the empty fold."""
     queryset = Checkpoint.objects.filter(tenant=tenant, agent=agent, reducers_sha256=reducers_sha).exclude(
         fold_state=""
     )
+    cached = CognitiveState.objects.filter(
+        tenant=tenant, agent=agent, fold_reducers_sha256=reducers_sha
+    ).exclude(fold_state="")
     if through is not None:
         queryset = queryset.filter(covers_event_seq__lte=through)
-    row = queryset.order_by("-covers_event_seq").values_list("fold_state", "covers_event_seq").first()
-    if row is None:
+        cached = cached.filter(fold_seq__lte=through)
+    candidates = [
+        row
+        for row in (
+            queryset.order_by("-covers_event_seq").values_list("covers_event_seq", "fold_state").first(),
+            cached.values_list("fold_seq", "fold_state").first(),
+        )
+        if row is not None
+    ]
+    if not candidates:
         return fold_initial(), 0
-    return json.loads(row[0]), int(row[1])
+    seq, text = max(candidates, key=lambda row: row[0])
+    return json.loads(text), int(seq)
+
+
+def fold_cache_store(*, tenant: Tenant, agent: Agent, fold: dict[str, Any], reducers_sha: str) -> bool:
+    """Keep `fold` on the agent's state row if it is newer than the one there. Idempotent.
+
+    Run by recovery after folding many events, so the next recovery of an agent that rarely
+    checkpoints does not fold them again. Returns whether it stored.
+    """
+    seq = int(fold["last_event_seq"])
+    CognitiveState.objects.get_or_create(
+        agent=agent, defaults={"tenant": tenant, "document": json.dumps(_empty_state())}
+    )
+    updated = (
+        CognitiveState.objects.filter(tenant=tenant, agent=agent)
+        .filter(Q(fold_seq__lt=seq) | ~Q(fold_reducers_sha256=reducers_sha))
+        .update(
+            fold_state=json.dumps(fold, separators=(",", ":")),
+            fold_seq=seq,
+            fold_reducers_sha256=reducers_sha,
+        )
+    )
+    return bool(updated)
 
 
 def fold_through(
@@ -360,7 +414,8 @@ def _run_part(
             with connection.cursor() as cursor:
                 cursor.execute("SELECT current_setting('statement_timeout')")
                 previous = cursor.fetchone()[0]
-                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(timeout_ms)])
+                statement_ms = max(timeout_ms, STATEMENT_TIMEOUT_FLOOR_MS)
+                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(statement_ms)])
                 if slow:
                     cursor.execute("SELECT pg_sleep(%s)", [slow])
             result = func(deadline)
@@ -412,6 +467,7 @@ def recovered_state(
     warnings: list[dict[str, Any]] = []
     timings: dict[str, Any] = {}
     is_self = caller is not None and caller.pk == agent.pk
+    fold_work: dict[str, Any] = {}
 
     def part(name: str, func: Callable[[float], Any]) -> Any:
         return _run_part(
@@ -431,8 +487,14 @@ def recovered_state(
             reducers = reducers_get(tenant=tenant, agent=agent)
             sha = reducers_sha256(reducers)
             state, after = _fold_start(tenant=tenant, agent=agent, reducers_sha=sha, through=None)
+            before = state["event_count"]
             rows = _event_rows(tenant=tenant, agent=agent, after=after, through=None)
-            return fold_events(state, rows, reducers, deadline)
+            try:
+                return fold_events(state, rows, reducers, deadline)
+            finally:
+                # Even when the deadline cuts the fold, `state` is a valid fold of a prefix of the
+                # stream: kept below, it lets the next recovery carry on from there.
+                fold_work.update(sha=sha, events=state["event_count"] - before, fold=state)
 
         def checkpoint_part(deadline: float) -> dict[str, Any] | None:
             if latest is None:
@@ -541,6 +603,10 @@ def recovered_state(
     if not record:
         return RecoveredState(document=document, warnings=warnings)
     with transaction.atomic():  # after the read-only snapshot: the event append takes a row lock
+        if fold_work.get("events", 0) >= FOLD_CACHE_MIN_EVENTS:
+            fold_cache_store(
+                tenant=tenant, agent=agent, fold=fold_work["fold"], reducers_sha=fold_work["sha"]
+            )
         recorder.event_append(
             tenant=tenant,
             type="agent.recovered",

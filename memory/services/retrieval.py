@@ -20,12 +20,13 @@ measured far worse (docs/experiences.md has the table).
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.contrib.postgres.search import SearchQuery, SearchRank
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import F, Subquery
 from pgvector.django import CosineDistance
 
@@ -44,7 +45,7 @@ HNSW_EF_SEARCH = 100
 FULL_TEXT_CONFIG = "english"
 # ts_rank at which the normalised text score is 0.5 (score = rank / (rank + this)).
 TEXT_RANK_HALF = 0.5
-TEXT_MATCH_CAP = 1000
+TEXT_MATCH_CAP = 300
 # similarity = 0.6 · cosine(query, problem + cause + solution) + 0.4 · cosine(query, problem)
 FULL_TEXT_SHARE = 0.6
 DEFERRED = ("embedding", "problem_embedding", "search_vector")
@@ -80,13 +81,51 @@ class SearchResult:
     warnings: list[str]
 
 
-def _tsquery_text(query: str) -> str:
-    """An OR tsquery over the query's English lexemes ('' when it has none)."""
+class AnyLexemeQuery(SearchQuery):
+    """An OR tsquery over the English lexemes of a text, built inside PostgreSQL (no round trip).
+
+    `plainto_tsquery` ANDs every word, so a question phrased differently from the stored text
+    would match nothing; any shared lexeme matching, ranked by ts_rank, is what hybrid search needs.
+    """
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text, config=FULL_TEXT_CONFIG)
+        self.text = text
+
+    def as_sql(  # type: ignore[override]
+        self,
+        compiler: Any,
+        connection: Any,
+        function: str | None = None,
+        template: str | None = None,
+        **extra: Any,
+    ) -> tuple[str, tuple[Any, ...]]:
+        # Lexemes are quoted for the tsquery parser; quotes and backslashes in them are dropped.
+        sql = (
+            "(SELECT string_agg(chr(39) || translate(lexeme, chr(39) || chr(92), '') || chr(39), ' | ') "
+            "FROM unnest(tsvector_to_array(to_tsvector(%s::regconfig, %s))) AS lexeme)::tsquery"
+        )
+        return sql, (FULL_TEXT_CONFIG, self.text)
+
+
+_hnsw_configured: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _configure_hnsw() -> None:
+    """Once per database connection: HNSW search settings for filtered top-k queries.
+
+    Filters (tenant, scope, visibility) apply after the index scan; iterative scans keep walking
+    the graph until enough rows pass them (pgvector >= 0.8). Session-level, so later searches on
+    the connection skip these round trips (a rolled-back transaction may undo it: then pgvector's
+    defaults apply, correct but less thorough, until the connection is renewed).
+    """
+    connection.ensure_connection()
+    raw = connection.connection
+    if raw is None or raw in _hnsw_configured:
+        return
     with connection.cursor() as cursor:
-        cursor.execute("SELECT tsvector_to_array(to_tsvector(%s::regconfig, %s))", [FULL_TEXT_CONFIG, query])
-        lexemes = cursor.fetchone()[0] or []
-    quoted = ["'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'" for lexeme in lexemes]
-    return " | ".join(quoted)
+        cursor.execute(f"SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = {HNSW_EF_SEARCH}")
+    _hnsw_configured.add(raw)
 
 
 def search_plan(
@@ -153,56 +192,59 @@ def experiences_search(
         except EmbedderError as exc:
             warnings.append(f"vector search skipped: {exc}")
             logger.warning("vector search skipped: %s", exc)
-    tsquery_text = _tsquery_text(query) if "text" in plan["sources"] else ""
-    tsquery = SearchQuery(tsquery_text, search_type="raw", config="simple") if tsquery_text else None
+    tsquery = AnyLexemeQuery(query) if "text" in plan["sources"] else None
     per_source = max(CANDIDATES_PER_SOURCE, limit * 2)
 
     vector_ranks: dict[int, int] = {}
     text_ranks: dict[int, int] = {}
-    with transaction.atomic():
-        if vector is not None:
-            with connection.cursor() as cursor:
-                # Filters (tenant, scope, visibility) apply after the index scan; iterative scans
-                # keep walking the graph until enough rows pass them (pgvector >= 0.8).
-                cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-                cursor.execute(f"SET LOCAL hnsw.ef_search = {max(HNSW_EF_SEARCH, per_source)}")
-            ids = (
-                base.filter(embedding__isnull=False)
-                .annotate(distance=CosineDistance("embedding", vector))
-                .order_by("distance")
-                .values_list("pk", flat=True)[:per_source]
-            )
-            vector_ranks = {pk: rank for rank, pk in enumerate(ids, start=1)}
-        if tsquery is not None:
-            # Rank at most TEXT_MATCH_CAP matching rows: an OR query of common words can match
-            # most of a large tenant, and ts_rank over all of them would dominate the latency.
-            matching = base.filter(search_vector=tsquery).values("pk")[:TEXT_MATCH_CAP]
-            ids = (
-                Experience.objects.filter(pk__in=Subquery(matching))
-                .annotate(rank=SearchRank(F("search_vector"), tsquery))
-                .order_by("-rank", "pk")
-                .values_list("pk", flat=True)[:per_source]
-            )
-            text_ranks = {pk: rank for rank, pk in enumerate(ids, start=1)}
-    candidates = set(vector_ranks) | set(text_ranks)
-    if not candidates:
-        return SearchResult([], plan, warnings)
-    # Score the candidates from a light query (numbers only); build model objects for the
-    # returned page alone.
-    scores = Experience.objects.filter(pk__in=candidates)
-    fields = ["pk"]
+    # pk → {"distance", "problem_distance", "rank"}: each signal computed once, where it is cheap.
+    signals: dict[int, dict[str, Any]] = {}
     if vector is not None:
-        scores = scores.annotate(
-            distance=CosineDistance("embedding", vector),
-            problem_distance=CosineDistance("problem_embedding", vector),
+        _configure_hnsw()
+        nearest = (
+            base.filter(embedding__isnull=False)
+            .annotate(
+                distance=CosineDistance("embedding", vector),
+                problem_distance=CosineDistance("problem_embedding", vector),
+            )
+            .order_by("distance")
         )
-        fields += ["distance", "problem_distance"]
+        fields = ["pk", "distance", "problem_distance"]
+        if tsquery is not None:
+            nearest = nearest.annotate(rank=SearchRank(F("search_vector"), tsquery))
+            fields.append("rank")
+        for position, row in enumerate(nearest.values(*fields)[:per_source], start=1):
+            vector_ranks[row["pk"]] = position
+            signals[row["pk"]] = row
     if tsquery is not None:
-        scores = scores.annotate(rank=SearchRank(F("search_vector"), tsquery))
-        fields.append("rank")
+        # Rank at most TEXT_MATCH_CAP matching rows: an OR query of common words can match
+        # most of a large tenant, and ts_rank over all of them would dominate the latency.
+        matching = base.filter(search_vector=tsquery).values("pk")[:TEXT_MATCH_CAP]
+        ranked = (
+            Experience.objects.filter(pk__in=Subquery(matching))
+            .annotate(rank=SearchRank(F("search_vector"), tsquery))
+            .order_by("-rank", "pk")
+            .values("pk", "rank")[:per_source]
+        )
+        for position, row in enumerate(ranked, start=1):
+            text_ranks[row["pk"]] = position
+            signals.setdefault(row["pk"], {}).update(row)
+    if not signals:
+        return SearchResult([], plan, warnings)
+    # Text-only candidates still need their cosines (they may be pending: then None).
+    missing = [pk for pk, row in signals.items() if "distance" not in row]
+    if vector is not None and missing:
+        for row in (
+            Experience.objects.filter(pk__in=missing)
+            .annotate(
+                distance=CosineDistance("embedding", vector),
+                problem_distance=CosineDistance("problem_embedding", vector),
+            )
+            .values("pk", "distance", "problem_distance")
+        ):
+            signals[row["pk"]].update(row)
     scored: list[tuple[float, int, float | None, float, dict[str, float]]] = []
-    for row in scores.values(*fields):
-        pk = row["pk"]
+    for pk, row in signals.items():
         similarity = None
         if row.get("distance") is not None:
             similarity = 1.0 - float(row["distance"])

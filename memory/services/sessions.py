@@ -43,12 +43,21 @@ AGENT_ID_MAX_LENGTH = 200
 def agent_get_or_create(*, tenant: Tenant, external_id: str) -> Agent:
     """The tenant's agent with this external id, created on first use. Safe under concurrency.
 
-    Raises InvalidInput (field `agent`) for an empty id or one over 200 characters.
+    Raises InvalidInput (field `agent`) for an empty id, one over 200 characters, or one with
+    '/' or control characters (agent ids appear in URL paths).
     """
-    if not external_id or len(external_id) > AGENT_ID_MAX_LENGTH:
+    if (
+        not external_id.strip()
+        or len(external_id) > AGENT_ID_MAX_LENGTH
+        or "/" in external_id
+        or not external_id.isprintable()
+    ):
         raise InvalidInput(
-            f"An agent id is 1 to {AGENT_ID_MAX_LENGTH} characters.",
-            details={"fields": {"agent": [f"Must be 1 to {AGENT_ID_MAX_LENGTH} characters."]}},
+            f"An agent id is 1 to {AGENT_ID_MAX_LENGTH} printable characters without '/' "
+            f"(it appears in URLs: /api/v1/agents/<id>/…); got {external_id[:50]!r}.",
+            details={
+                "fields": {"agent": [f"Must be 1 to {AGENT_ID_MAX_LENGTH} printable characters, no '/'."]}
+            },
         )
     agent = Agent.objects.filter(tenant=tenant, external_id=external_id).first()
     if agent is not None:

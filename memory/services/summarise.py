@@ -59,6 +59,7 @@ _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")  # noqa: RUF001
 _LINE = re.compile(r"^- \[#(\d+) (\w+)\] (.*)$")
 MAX_SENTENCE_CHARS = 300
 LLM_TRANSCRIPT_CHARS = 60_000
+MAX_FOLD_PER_JOB = 2_000
 
 
 class SummariserFailed(Exception):
@@ -234,7 +235,8 @@ def session_summarise(*, tenant: Tenant, session: Session) -> Summary | None:
     Idempotent: when nothing new is older than the tail (or another run folded it meanwhile),
     returns None and writes nothing. Records `summary.created` with tokens before/after and the
     folded seqs, and calls decay.facts_after_summary, in the same transaction. Never raises for a
-    failing summariser endpoint (falls back to offline).
+    failing summariser endpoint (falls back to offline). Folds at most MAX_FOLD_PER_JOB messages
+    per call and, when more remain, queues the next job after commit.
     """
     from memory.services.context import context_policy_effective
 
@@ -242,9 +244,12 @@ def session_summarise(*, tenant: Tenant, session: Session) -> Summary | None:
     policy = context_policy_effective(tenant=tenant, session=session)
     current = Summary.objects.filter(session=session, is_current=True).first()
     covered = current.covers_up_to_seq if current else 0
-    fold_to = session.message_seq - policy.keep_verbatim
-    if fold_to <= covered:
+    tail_start = session.message_seq - policy.keep_verbatim
+    if tail_start <= covered:
         return None
+    # bounded work per job: a long backlog is folded MAX_FOLD_PER_JOB messages at a time, each
+    # job queueing the next after it commits
+    fold_to = min(tail_start, covered + MAX_FOLD_PER_JOB)
     rows = _fold_rows(session=session, covered=covered, fold_to=fold_to)
     if not rows:
         return None
@@ -305,6 +310,11 @@ def session_summarise(*, tenant: Tenant, session: Session) -> Summary | None:
                 "alerts": list(alerts or []),
             },
         )
+    if summary.covers_up_to_seq < tail_start and fold_to < tail_start:
+        from memory.tasks.context import session_summarise as summarise_task
+
+        session_pk = session.pk
+        transaction.on_commit(lambda: summarise_task.delay(session_pk))
     return summary
 
 

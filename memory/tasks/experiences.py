@@ -21,7 +21,7 @@ MAX_BACKOFF_SECONDS = 600.0
 
 
 @shared_task(bind=True, acks_late=True, max_retries=None, name="memory.experiences.embed")
-def experiences_embed_task(self, experience_ids: list[int]) -> int:  # type: ignore[no-untyped-def]
+def experiences_embed_task(self, experience_ids: list[int]) -> int:
     """Embed one batch. Transient errors retry with exponential backoff (CTXAPP_EMBEDDING_MAX_RETRIES,
     CTXAPP_EMBEDDING_RETRY_BACKOFF); then, or on a permanent error, the rows become `failed`."""
     from memory.services.experiences import experiences_embed, experiences_mark_failed

@@ -204,3 +204,18 @@ def test_no_page_logs_a_javascript_error(alice_setup: dict[str, Any], server: st
     page.wait_for_selector("[data-testid=search-results]")
     assert "Checkout 502s after deploy" in page.locator("[data-testid=search-results]").inner_text()
     assert console.errors == []
+
+
+def test_the_overview_follows_new_agents_live(alice_setup: dict[str, Any], server: str, browser: Any) -> None:
+    page, console = login(browser, server, "alice")
+    wait_live(page)
+    assert page.locator("[data-testid=stat-agents]").inner_text() == "1"
+    api = httpx.Client(base_url=server, headers={"Authorization": f"Bearer {alice_setup['key']}"}, timeout=10)
+    response = api.post("/api/v1/sessions", json={"agent": "night-shift-bot", "user_id": "u-9"})
+    assert response.status_code == 201, response.text
+    page.wait_for_selector("#panel-overview-agents >> text=night-shift-bot", timeout=2_000)
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=stat-agents]').textContent.trim() === '2'", timeout=2_000
+    )
+    assert "night-shift-bot" in page.locator("#panel-overview-events").inner_text()
+    assert console.errors == []

@@ -194,3 +194,20 @@ def test_a_reconnect_after_missing_more_than_a_page_replaces_the_list(
         await comm.disconnect()
 
     async_to_sync(scenario)()
+
+
+def test_a_member_removed_while_connected_stops_receiving_updates(
+    tenant_a: Tenant, alice: Any, session_a: Any
+) -> None:
+    from memory.models import Membership
+
+    async def scenario() -> None:
+        comm = communicator(alice, f"tenant=alice&page=session&session={session_a.public_id}")
+        assert (await comm.connect())[0] is True
+        await database_sync_to_async(Membership.objects.filter(user=alice).delete)()
+        await append(tenant_a, session_a, "Alice must not see this")
+        output = await comm.receive_output(timeout=5)
+        assert output == {"type": "websocket.close", "code": 4403}
+        assert await comm.receive_nothing(timeout=1.0)
+
+    async_to_sync(scenario)()

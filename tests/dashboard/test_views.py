@@ -79,11 +79,18 @@ def test_panels_whose_capability_is_missing_say_so(
         assert pending.note in page
     assert "The checkout page returns 502 since 09:14." in page  # the message stream does not depend on them
     agent = web_alice.get("/agents/triage-bot/").content.decode()
-    for pending in (capabilities.CHECKPOINT_PENDING, capabilities.COGNITIVE_PENDING, capabilities.RECOVERY_PENDING):
+    for pending in (
+        capabilities.CHECKPOINT_PENDING,
+        capabilities.COGNITIVE_PENDING,
+        capabilities.RECOVERY_PENDING,
+    ):
         assert pending.note in agent
     assert capabilities.EXPERIENCE_PENDING.note in web_alice.get("/experiences/").content.decode()
     assert capabilities.SEARCH_PENDING.note in web_alice.get("/experiences/?q=pool").content.decode()
-    assert "Embedding jobs arrive with the experience-memory capability." in web_alice.get("/jobs/").content.decode()
+    assert (
+        "Embedding jobs arrive with the experience-memory capability."
+        in web_alice.get("/jobs/").content.decode()
+    )
 
 
 def test_bob_cannot_see_alices_session_or_agent(web_bob: Client, session_a: Any) -> None:
@@ -321,3 +328,40 @@ def test_session_page_marks_summaries_on_the_budget_chart(
     page = web_alice.get(f"/sessions/{session_a.public_id}/").content.decode()
     assert f"up to #{summary.covers_up_to_seq}" in page and "current" in page
     assert 'class="marker-line"' in page  # the summarisation is marked on the line chart
+
+
+def test_an_operator_retries_a_failed_embedding_job(
+    web_alice: Client, alice: Any, tenant_a: Tenant, django_capture_on_commit_callbacks: Any
+) -> None:
+    from memory.models import Experience
+    from memory.services import experiences
+
+    experiences.experience_create(tenant=tenant_a, problem="Disk full on db-2", solution="rotate WAL")
+    experience = Experience.objects.get(tenant=tenant_a)
+    experiences.experiences_mark_failed(experience_ids=[experience.pk], reason="embedder unreachable")
+    failure = Event.objects.get(tenant=tenant_a, type="experience.embedding_failed")
+    page = web_alice.get("/jobs/").content.decode()
+    assert f"/jobs/{failure.public_id}/retry" in page and "embedder unreachable" in page
+
+    viewer = logged_in(make_viewer(tenant_a))
+    assert viewer.post(f"/jobs/{failure.public_id}/retry").status_code == 403
+    experience.refresh_from_db()
+    assert experience.embedding_status == "failed"
+
+    with django_capture_on_commit_callbacks(execute=False):
+        response = web_alice.post(f"/jobs/{failure.public_id}/retry")
+    assert response.status_code == 200 and "queued again" in response.content.decode()
+    experience.refresh_from_db()
+    assert experience.embedding_status == "pending"
+    assert Event.objects.filter(tenant=tenant_a, type="experience.embedding_retried").count() == 1
+    again = web_alice.post(f"/jobs/{failure.public_id}/retry")  # idempotent: nothing left to retry
+    assert again.status_code == 200 and "no longer failed" in again.content.decode()
+    assert Event.objects.filter(tenant=tenant_a, type="experience.embedding_retried").count() == 1
+
+
+def make_viewer(tenant: Tenant) -> Any:
+    from tests.dashboard.conftest import make_user
+
+    user = make_user("victor")
+    Membership.objects.create(user=user, tenant=tenant, role="viewer")
+    return user

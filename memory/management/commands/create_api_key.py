@@ -14,7 +14,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", required=True, help="tenant slug")
         parser.add_argument("--name", default="created from the command line")
-        parser.add_argument("--scopes", default="", help="comma-separated: read,write,admin (default read,write)")
+        parser.add_argument(
+            "--scopes", default="", help="comma-separated: read,write,admin (default: read and write)"
+        )
         parser.add_argument("--expires-in-days", type=int)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -24,7 +26,7 @@ class Command(BaseCommand):
         scopes = [s.strip() for s in options["scopes"].split(",") if s.strip()]
         expires = options["expires_in_days"]
         try:
-            key, secret = api_key_create(
+            _, secret = api_key_create(
                 tenant=tenant,
                 name=options["name"],
                 scopes=scopes,

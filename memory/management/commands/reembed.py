@@ -52,7 +52,7 @@ class Command(BaseCommand):
         ids = experiences_reembed_ids(only_failed=options["failed"], tenant=tenant)
         size = options["batch_size"] or settings.CTXAPP["CTXAPP_EMBEDDING_BATCH_SIZE"]
         completed = failed = 0
-        with tqdm(total=len(ids), unit="exp", desc="re-embedding", file=self.stderr._out) as bar:  # type: ignore[attr-defined]
+        with tqdm(total=len(ids), unit="exp", desc="re-embedding", file=self.stderr._out) as bar:
             for start in range(0, len(ids), size):
                 chunk = ids[start : start + size]
                 done, lost = experiences_reembed_batch(experience_ids=chunk)

@@ -89,6 +89,10 @@ def test_prompt_too_long_is_422_with_the_numbers_and_records_nothing(api_a, tena
     assert error["details"]["budget_tokens"] == 200 and error["details"]["minimal_tokens"] > 200
     chars = api_a.post(_url(session), {"input": "é" * 9000}, format="json").json()["error"]
     assert chars["code"] == "prompt_too_long" and chars["details"]["input_chars"] == 9000
+    surrogate = api_a.post(_url(session), '{"input": "a\\ud800"}', content_type="application/json")
+    assert surrogate.status_code == 422 and "input" in surrogate.json()["error"]["details"]["fields"]
+    nul = api_a.post(_url(session), {"input": "a\x00"}, format="json")
+    assert nul.status_code == 422 and "input" in nul.json()["error"]["details"]["fields"]
     assert not BudgetSample.objects.exists() and not Event.objects.filter(type="context.built").exists()
 
 

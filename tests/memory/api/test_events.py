@@ -44,6 +44,10 @@ def test_an_agent_emits_events_and_reads_them_back_in_order(api_a, tenant_a):
     assert [e["type"] for e in only_agent] == ["agent.tool.called", "agent.thought"]
     two = api_a.get("/api/v1/agents/bot-1/events", {"type": "session.created,agent.thought"}).json()["items"]
     assert [e["seq"] for e in two] == [1, 3]
+    of_session = api_a.get("/api/v1/agents/bot-1/events", {"session": session_id}).json()["items"]
+    assert [e["seq"] for e in of_session] == [1, 2]
+    other = api_a.get("/api/v1/agents/bot-1/events", {"session": "sess_000000000000000000000000"})
+    assert other.status_code == 404
 
 
 def test_an_agent_is_created_on_its_first_event(api_a, tenant_a):

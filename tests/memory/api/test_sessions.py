@@ -51,6 +51,10 @@ def test_it_validates_session_creation(api_a, tenant_a):
     response = api_a.post("/api/v1/sessions", {"user_id": "u"}, format="json")
     assert response.status_code == 422
     assert "agent" in response.json()["error"]["details"]["fields"]
+    for bad_agent in ["a/b", "  ", "tab\there"]:
+        response = api_a.post("/api/v1/sessions", {"agent": bad_agent}, format="json")
+        assert response.status_code == 422, bad_agent
+        assert "agent" in response.json()["error"]["details"]["fields"]
     response = api_a.post("/api/v1/sessions", {"agent": "a", "ttl_seconds": 5}, format="json")
     assert response.status_code == 422
     assert "ttl_seconds" in response.json()["error"]["details"]["fields"]

@@ -229,18 +229,6 @@ def test_a_summary_that_loses_a_high_importance_fact_raises_an_alert(tenant_a, s
     )
 
 
-def test_position_band_follows_the_policy(tenant_a):
-    assert decay.position_band(tenant_a) == (0.30, 0.70)
-    warnings = decay.position_warnings(
-        tenant=tenant_a, total_tokens=1000, offsets={"fact budget": 450, "x": 50}
-    )
-    assert len(warnings) == 1 and "token 450 of 1000" in warnings[0]
-    policy = DecayPolicy.for_tenant(tenant_a)
-    policy.position_band_low, policy.position_band_high = 0.1, 0.9
-    policy.save()
-    assert decay.position_band(tenant_a) == (0.1, 0.9)
-
-
 def test_session_end_promotes_preferences_constraints_and_project_configuration(tenant_a, session):
     say(tenant_a, session, "user", "Start.")
     pref = register(tenant_a, session, "language", "user_preference", "Answer in French")

@@ -219,3 +219,58 @@ def test_stored_folds_are_kept_on_the_newest_and_full_checkpoints_only(tenant_a,
     assert recovery.fold_through(tenant=tenant_a, agent=agent)[0] == recovery.fold_full(
         tenant=tenant_a, agent=agent
     )
+
+
+def test_a_recovery_that_folded_many_events_leaves_its_fold_for_the_next(tenant_a, agent):
+    from memory.models import CognitiveState
+
+    recovery.reducers_put(tenant=tenant_a, agent=agent, reducers=STEP_REDUCERS)
+    with transaction.atomic():
+        recorder.event_append_many(
+            tenant=tenant_a,
+            type="agent.step",
+            agent=agent,
+            payloads=[{"step": i, "value": i} for i in range(1, 2501)],
+        )
+    first = recovery.recovered_state(tenant=tenant_a, agent=agent, caller=agent).document["operational"]
+    cached = CognitiveState.objects.get(agent=agent)
+    assert cached.fold_seq == first["last_event_seq"] and json.loads(cached.fold_state) == first
+    assert cached.version == 0  # a cache on the row, not a state write
+    emit(tenant_a, agent, "agent.step", {"step": 2501, "value": 1})
+    sha = recovery.reducers_sha256(recovery.reducers_get(tenant=tenant_a, agent=agent))
+    assert (
+        recovery._fold_start(tenant=tenant_a, agent=agent, reducers_sha=sha, through=None)[1]
+        == cached.fold_seq
+    )
+    expected = recovery.fold_full(tenant=tenant_a, agent=agent)
+    second = recovery.recovered_state(tenant=tenant_a, agent=agent, caller=agent).document["operational"]
+    assert second == expected
+    assert second["custom"]["progress"] == {"last_step": 2501} and len(second["custom"]["values"]) == 2501
+    # another set of reducers does not start from it
+    recovery.reducers_put(tenant=tenant_a, agent=agent, reducers=STEP_REDUCERS[:1])
+    sha = recovery.reducers_sha256(recovery.reducers_get(tenant=tenant_a, agent=agent))
+    assert recovery._fold_start(tenant=tenant_a, agent=agent, reducers_sha=sha, through=None)[1] == 0
+
+
+def test_a_fold_cut_by_its_deadline_keeps_its_progress_and_the_next_recovery_goes_on(tenant_a, agent):
+    from memory.models import CognitiveState
+
+    recovery.reducers_put(tenant=tenant_a, agent=agent, reducers=STEP_REDUCERS)
+    with transaction.atomic():
+        recorder.event_append_many(
+            tenant=tenant_a,
+            type="agent.step",
+            agent=agent,
+            payloads=[{"step": i, "value": i} for i in range(1, 3501)],
+        )
+    expected = recovery.fold_full(tenant=tenant_a, agent=agent)
+    progress = []
+    for _ in range(6):  # a 1 ms deadline: each attempt folds 1,000 more events, then gives up
+        doc = recovery.recovered_state(tenant=tenant_a, agent=agent, caller=agent, timeout_ms=1).document
+        if doc["operational"] is not None:
+            break
+        assert ("operational", "part_timeout") in [(w["part"], w["code"]) for w in doc["warnings"]]
+        progress.append(CognitiveState.objects.get(agent=agent).fold_seq)
+    assert progress == [1000, 2000, 3000]
+    assert doc["operational"]["custom"] == expected["custom"]
+    assert doc["operational"]["last_event_seq"] == expected["last_event_seq"] + 3  # + the 3 agent.recovered

@@ -127,3 +127,12 @@ def test_search_never_crosses_tenants(tenant_a, tenant_b):
     make(tenant_a, NGINX)
     embed(tenant_a)
     assert experiences_search(tenant=tenant_b, query="nginx 502 bad gateway").hits == []
+
+
+def test_queries_with_quotes_backslashes_or_no_words_are_safe(tenant_a):
+    nginx = make(tenant_a, NGINX)
+    hits = experiences_search(
+        tenant=tenant_a, query="nginx's 502 \\ 'bad' gateway: & | ! (", sources=["text"]
+    ).hits
+    assert [h.experience.pk for h in hits] == [nginx.pk]
+    assert experiences_search(tenant=tenant_a, query="the and of", sources=["text"]).hits == []

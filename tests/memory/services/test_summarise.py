@@ -13,7 +13,7 @@ import pytest
 from django.conf import settings as django_settings
 
 from memory.models import BudgetSample, Event, ModelProfile, Summary, SummaryMethod
-from memory.services import decay
+from memory.services import decay, summarise
 from memory.services.context import context_build
 from memory.services.sessions import MessageInput, messages_append, session_create
 from memory.services.summarise import offline_summary, session_summarise
@@ -91,6 +91,22 @@ def test_it_folds_all_but_the_tail_once_and_records_the_event(tenant_a, monkeypa
 
 
 @pytest.mark.django_db
+def test_a_long_backlog_is_folded_in_bounded_chunks(
+    tenant_a, monkeypatch, django_capture_on_commit_callbacks
+):
+    monkeypatch.setattr(summarise, "MAX_FOLD_PER_JOB", 6)
+    session = _session_with_history(tenant_a, 10)  # 20 messages, the tail starts after seq 15
+    covered = []
+    for _ in range(3):
+        with django_capture_on_commit_callbacks(execute=False) as callbacks:
+            summary = session_summarise(tenant=tenant_a, session=session)
+        covered.append((summary.folded_from_seq, summary.covers_up_to_seq, len(callbacks)))
+    assert covered == [(1, 6, 1), (7, 12, 1), (13, 15, 0)]  # the last chunk queues no follow-up
+    assert Summary.objects.filter(session=session, is_current=True).get().covers_up_to_seq == 15
+    assert Event.objects.filter(type="summary.created").count() == 3
+
+
+@pytest.mark.django_db
 def test_fold_boundary_never_splits_a_tool_call_from_its_results(tenant_a):
     session = session_create(tenant=tenant_a, agent_external_id="bot", model_name="gpt-4o")
     call = {"id": "c1", "type": "function", "function": {"name": "grep", "arguments": "{}"}}
@@ -150,6 +166,24 @@ def test_summarisation_triggers_at_threshold_and_next_build_is_smaller(tenant_a)
         range(summary.covers_up_to_seq + 1, 25)
     )
     assert second.summarisation["queued"] is False
+
+
+@pytest.mark.django_db
+def test_a_burst_of_builds_over_the_threshold_queues_one_job(tenant_a, django_capture_on_commit_callbacks):
+    session = _session_with_history(tenant_a, 12, model="small")
+    _small_model_for(tenant_a, session)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        first = context_build(tenant=tenant_a, session=session, next_input="what next?")
+        second = context_build(tenant=tenant_a, session=session, next_input="and now?")
+    assert first.summarisation["queued"] is True and first.summarisation["already_queued"] is False
+    assert second.summarisation["queued"] is False and second.summarisation["already_queued"] is True
+    assert len(callbacks) == 1
+    assert list(
+        BudgetSample.objects.order_by("created_at").values_list("summarisation_queued", flat=True)
+    ) == [
+        True,
+        False,
+    ]
 
 
 @pytest.mark.django_db(transaction=True)
