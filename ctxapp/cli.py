@@ -304,12 +304,29 @@ def web_argv(values: dict[str, Any], host: str, port: int) -> list[str]:
     ]  # fmt: skip
 
 
-_interrupted = {"signal": 0}
+_interrupted = {"signal": 0, "defer": False}
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
     _interrupted["signal"] = signum
-    raise Interrupted()
+    # While the embedded database initialises, an exception here would kill initdb half-way
+    # (subprocess kills its child on any exception) and leave a broken directory: stop after it.
+    if not _interrupted["defer"]:
+        raise Interrupted()
+
+
+def _prepare_database_deferring_stop(values: dict[str, Any]) -> None:
+    _interrupted["defer"] = True
+    try:
+        _prepare_database(values)
+    except CliError:
+        if _interrupted["signal"]:  # the error is the interruption's (a terminal's Ctrl-C reaches initdb too)
+            raise Interrupted() from None
+        raise
+    finally:
+        _interrupted["defer"] = False
+    if _interrupted["signal"]:
+        raise Interrupted()
 
 
 def _migrate_and_bootstrap() -> Any:
@@ -351,7 +368,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("ctxapp: checking DATABASE_URL (PostgreSQL with pgvector) …", flush=True)
     else:
         print("ctxapp: starting the embedded PostgreSQL + pgvector …", flush=True)
-    _prepare_database(values)
+    _prepare_database_deferring_stop(values)
     _django_setup()
     print("ctxapp: applying database migrations …", flush=True)
     first_run = _migrate_and_bootstrap()
@@ -359,7 +376,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "ctxapp.settings")
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONWARNINGS"] = "ignore::UserWarning:platformdirs"
+    # `up` is the one-command developer mode: Celery's "running as root" warning (a container or
+    # a CI machine) is noise there; `ctxapp worker` (production) keeps it.
+    env["PYTHONWARNINGS"] = "ignore::UserWarning:platformdirs,ignore:You're running the worker with superuser"
     children: dict[str, subprocess.Popen[bytes]] = {}
     stop: dict[str, Any] = {"signal": None}
 

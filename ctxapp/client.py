@@ -531,6 +531,26 @@ class Client(_Base):
         )
         return self.request("POST", "/tasks", json=body, idempotency_key=idempotency_key)
 
+    def tasks_list(
+        self,
+        *,
+        session: str | None = None,
+        agent: str | None = None,
+        user_id: str | None = None,
+        status: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page:
+        params = {
+            "session": session,
+            "agent": agent,
+            "user_id": user_id,
+            "status": status,
+            "cursor": cursor,
+            "limit": limit,
+        }
+        return self.request("GET", "/tasks", params=params)
+
     def task_get(self, task_id: str) -> TaskOut:
         return self.request("GET", f"/tasks/{task_id}")
 
@@ -1224,6 +1244,26 @@ class AsyncClient(_Base):
             }
         )
         return await self.request("POST", "/tasks", json=body, idempotency_key=idempotency_key)
+
+    async def tasks_list(
+        self,
+        *,
+        session: str | None = None,
+        agent: str | None = None,
+        user_id: str | None = None,
+        status: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page:
+        params = {
+            "session": session,
+            "agent": agent,
+            "user_id": user_id,
+            "status": status,
+            "cursor": cursor,
+            "limit": limit,
+        }
+        return await self.request("GET", "/tasks", params=params)
 
     async def task_get(self, task_id: str) -> TaskOut:
         return await self.request("GET", f"/tasks/{task_id}")

@@ -60,6 +60,13 @@ def parse_choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def parse_positive_float(raw: str) -> float:
+    value = float(raw.strip())
+    if not value > 0:
+        raise ValueError("expected a number greater than 0")
+    return value
+
+
 def parse_fraction(raw: str) -> float:
     value = float(raw.strip())
     if not 0.0 <= value <= 1.0:
@@ -87,6 +94,7 @@ TYPE_NAMES: dict[Callable[[str], Any], str] = {
     parse_positive_int: "positive int",
     parse_float: "float",
     parse_fraction: "fraction 0..1",
+    parse_positive_float: "positive number",
     parse_list: "comma-separated list",
     parse_str: "string",
     parse_port: "port",
@@ -201,7 +209,7 @@ SETTINGS: list[Setting] = [
     ),
     Setting(
         "CTXAPP_BROKER_POLL_SECONDS",
-        parse_float,
+        parse_positive_float,
         0.1,
         "Without REDIS_URL: how often a Celery worker polls PostgreSQL for new jobs (the longest wait "
         "before a job starts).",

@@ -32,6 +32,8 @@ def pgdata_dir(data_dir: Path) -> Path:
     return data_dir / "pg"
 
 
+# Written once the server has started and the database exists: the directory is complete.
+READY_MARKER = "ctxapp-initialised"
 # Files initdb writes last or near the end: a directory without them was never fully initialised.
 REQUIRED_FILES = ("PG_VERSION", "global/pg_control", "postgresql.conf", "base")
 
@@ -128,8 +130,24 @@ def ensure_started(data_dir: Path, *, cleanup_mode: str | None = "stop") -> str:
     """
     if os.environ.get(ENV_VAR):
         return os.environ[ENV_VAR]
-    server = start_server(pgdata_dir(data_dir), cleanup_mode=cleanup_mode)
-    uri = prepare_database(server.get_uri(), DATABASE_NAME)
+    pgdata = pgdata_dir(data_dir)
+    # A directory that exists without our marker was never seen to start completely: if it fails
+    # now, it is an interrupted first start (e.g. initdb killed), not a server problem.
+    unproven = pgdata.exists() and not (pgdata / READY_MARKER).exists()
+    try:
+        server = start_server(pgdata, cleanup_mode=cleanup_mode)
+        uri = prepare_database(server.get_uri(), DATABASE_NAME)
+    except (EmbeddedDatabaseError, psycopg.Error) as exc:
+        if unproven and pgdata.exists():
+            raise EmbeddedDatabaseError(
+                f"The database directory {pgdata} is half-initialised: an earlier first start was "
+                f"interrupted while creating it ({str(exc).splitlines()[0]}). If it holds nothing you "
+                f"need, remove it and start again:  rm -rf {pgdata}"
+            ) from None
+        if isinstance(exc, EmbeddedDatabaseError):
+            raise
+        raise EmbeddedDatabaseError(f"The embedded PostgreSQL in {pgdata} is not usable: {exc}") from None
+    (pgdata / READY_MARKER).touch()
     os.environ[ENV_VAR] = uri
     return uri
 

@@ -85,20 +85,17 @@ def _forecast_text(forecast: dict[str, Any]) -> str:
     if not forecast:
         return ""
     until = forecast.get("turns_until_summarisation")
-    growth = forecast.get("growth_tokens_per_turn")
     window = forecast.get("turns_until_window")
-    if until is None:
-        text = "No growth measured yet: no forecast of the 85 % threshold."
-    elif until == 0:
-        text = "At or above the summarisation threshold now."
-    else:
-        text = f"About {until} turn{'s' if until != 1 else ''} until the summarisation threshold"
-        if window is not None:
-            text += f", {window} until the budget is full"
-        text += "."
-    if growth:
-        text += f" (≈{growth:,.0f} tokens per turn, from {forecast.get('basis', 'builds')})"
-    return text
+    growth = forecast.get("growth_tokens_per_turn") or 0
+    basis = "recent builds" if forecast.get("basis") == "builds" else "the current window"
+    if until == 0:
+        return "At or above the summarisation threshold now."
+    if until is None or growth <= 0:
+        return f"Not growing (≈{growth:,.0f} tokens per turn over {basis}): no threshold in sight."
+    text = f"About {until} turn{'s' if until != 1 else ''} until the summarisation threshold"
+    if window is not None:
+        text += f", {window} until the budget is full"
+    return text + f" (≈{growth:,.0f} tokens per turn over {basis})."
 
 
 def session_manifest(*, tenant: Tenant, session: Session) -> Any:

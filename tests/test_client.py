@@ -210,6 +210,7 @@ def test_errors_map_to_exceptions_by_code(live_server: Any, secret: str) -> None
         api.task_update(task["id"], status="failed", output="boom")
         with pytest.raises(ctx.TaskFinished):
             api.task_update(task["id"], status="succeeded")
+        assert [t["status"] for t in api.tasks_list(session=session["id"])["items"]] == ["failed"]
         assert [e["type"] for e in api.events_iter("bot")][-2:] == ["task.created", "task.completed"]
         assert [s["id"] for s in api.sessions_iter(agent="bot")] == [session["id"]]
         api.session_delete(session["id"])

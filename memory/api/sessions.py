@@ -179,6 +179,10 @@ SessionPageSerializer = inline_serializer(
     "SessionPage",
     {"items": SessionOutputSerializer(many=True), "next_cursor": serializers.CharField(allow_null=True)},
 )
+TaskPageSerializer = inline_serializer(
+    "TaskPage",
+    {"items": TaskOutputSerializer(many=True), "next_cursor": serializers.CharField(allow_null=True)},
+)
 MessagePageSerializer = inline_serializer(
     "MessagePage",
     {
@@ -380,6 +384,30 @@ class TaskCreateApi(TenantApiView):
             choices=ValueTier.choices, required=False, default=ValueTier.NORMAL
         )
         metadata = serializers.DictField(required=False, default=dict)
+
+    @extend_schema_serializer(component_name="TaskFilter")
+    class FilterSerializer(CursorSerializer):
+        session = serializers.CharField(required=False)
+        agent = serializers.CharField(required=False)
+        user_id = serializers.CharField(required=False)
+        status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
+
+    @extend_schema(
+        parameters=[FilterSerializer],
+        responses=TaskPageSerializer,
+        summary="List tasks, newest first (filter by session, agent, user, status)",
+    )
+    def get(self, request: Any) -> Response:
+        data = self.validate_query(self.FilterSerializer)
+        queryset = svc.tasks_list(
+            tenant=self.tenant,
+            session_id=data.get("session"),
+            agent_external_id=data.get("agent"),
+            user_id=data.get("user_id"),
+            status=data.get("status"),
+        )
+        rows, next_cursor = keyset_page(queryset, cursor=data.get("cursor"), limit=data.get("limit"))
+        return Response({"items": [task_out(t) for t in rows], "next_cursor": next_cursor})
 
     @extend_schema(request=InputSerializer, responses={201: TaskOutputSerializer}, summary="Record a task")
     def post(self, request: Any) -> Response:

@@ -99,13 +99,13 @@ class AnyLexemeQuery(SearchQuery):
         function: str | None = None,
         template: str | None = None,
         **extra: Any,
-    ) -> tuple[str, tuple[Any, ...]]:
+    ) -> tuple[str, list[Any]]:
         # Lexemes are quoted for the tsquery parser; quotes and backslashes in them are dropped.
         sql = (
             "(SELECT string_agg(chr(39) || translate(lexeme, chr(39) || chr(92), '') || chr(39), ' | ') "
             "FROM unnest(tsvector_to_array(to_tsvector(%s::regconfig, %s))) AS lexeme)::tsquery"
         )
-        return sql, (FULL_TEXT_CONFIG, self.text)
+        return sql, [FULL_TEXT_CONFIG, self.text]  # a list: Django's lookups concatenate it
 
 
 _hnsw_configured: weakref.WeakSet[Any] = weakref.WeakSet()

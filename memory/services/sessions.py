@@ -536,6 +536,27 @@ def task_get(*, tenant: Tenant, task_id: str) -> Task:
     return task
 
 
+def tasks_list(
+    *,
+    tenant: Tenant,
+    session_id: str | None = None,
+    agent_external_id: str | None = None,
+    user_id: str | None = None,
+    status: str | None = None,
+) -> QuerySet[Task]:
+    """The tenant's tasks, filtered (read-only; the caller pages it, newest first)."""
+    queryset = Task.objects.filter(tenant=tenant).select_related("session", "agent")
+    if session_id is not None:
+        queryset = queryset.filter(session__public_id=session_id)
+    if agent_external_id is not None:
+        queryset = queryset.filter(agent__external_id=agent_external_id)
+    if user_id is not None:
+        queryset = queryset.filter(user_id=user_id)
+    if status is not None:
+        queryset = queryset.filter(status=status)
+    return queryset
+
+
 def task_create(
     *,
     tenant: Tenant,

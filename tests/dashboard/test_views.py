@@ -295,7 +295,7 @@ def test_experiences_page_lists_and_searches_with_signal_contributions(
     assert "Checkout returns 502 after deploy" in page and "emb-" in page
     results = web_alice.get("/experiences/?q=connection+pool+exhausted").content.decode()
     assert 'data-testid="search-results"' in results and "Raise pool size to 50" in results
-    assert "text " in results  # each signal's contribution is shown
+    assert "adds: text" in results and "raw: cosine" in results  # each signal's contribution is shown
     assert (
         "Checkout returns 502"
         not in web_bob.get("/experiences/?q=connection+pool+exhausted").content.decode()
@@ -365,3 +365,28 @@ def make_viewer(tenant: Tenant) -> Any:
     user = make_user("victor")
     Membership.objects.create(user=user, tenant=tenant, role="viewer")
     return user
+
+
+def test_the_forecast_reads_like_a_sentence() -> None:
+    from dashboard.capabilities import _forecast_text
+
+    assert _forecast_text({}) == ""
+    assert _forecast_text({"turns_until_summarisation": 0, "growth_tokens_per_turn": 50}) == (
+        "At or above the summarisation threshold now."
+    )
+    assert _forecast_text(
+        {
+            "turns_until_summarisation": 4,
+            "turns_until_window": 9,
+            "growth_tokens_per_turn": 75,
+            "basis": "builds",
+        }
+    ) == (
+        "About 4 turns until the summarisation threshold, 9 until the budget is full "
+        "(≈75 tokens per turn over recent builds)."
+    )
+    shrinking = {"turns_until_summarisation": None, "growth_tokens_per_turn": -10.0, "basis": "builds"}
+    assert (
+        _forecast_text(shrinking)
+        == "Not growing (≈-10 tokens per turn over recent builds): no threshold in sight."
+    )

@@ -335,6 +335,26 @@ def test_a_task_without_a_session(api_a, tenant_a):
     assert bad.status_code == 422 and "status" in bad.json()["error"]["details"]["fields"]
 
 
+def test_tasks_are_listed_by_session_agent_user_and_status(api_a, api_b):
+    session_id = create_session(api_a, "bot-1", user_id="u1")["id"]
+    first = api_a.post("/api/v1/tasks", {"session": session_id, "input": "a"}, format="json").json()
+    second = api_a.post("/api/v1/tasks", {"agent": "bot-2", "user_id": "u2"}, format="json").json()
+    api_a.patch(f"/api/v1/tasks/{first['id']}", {"status": "succeeded"}, format="json")
+    api_b.post("/api/v1/tasks", {"agent": "bot-1"}, format="json")  # Bob's: never listed for Alice
+
+    def ids(**params: Any) -> list[str]:
+        return [t["id"] for t in api_a.get("/api/v1/tasks", params).json()["items"]]
+
+    assert ids() == [second["id"], first["id"]]
+    assert ids(session=session_id) == [first["id"]]
+    assert ids(agent="bot-2") == [second["id"]]
+    assert ids(user_id="u1") == [first["id"]]
+    assert ids(status="succeeded") == [first["id"]]
+    page = api_a.get("/api/v1/tasks", {"limit": 1}).json()
+    assert len(page["items"]) == 1 and page["next_cursor"]
+    assert api_a.get("/api/v1/tasks", {"status": "done"}).status_code == 422
+
+
 # --- malformed JSON, and Bob never touches Alice's stuff ---------------------------------------
 
 
@@ -386,9 +406,15 @@ def test_bob_cannot_reach_alices_sessions_messages_tasks_or_events(api_a, api_b,
     refused(api_b.patch(f"/api/v1/tasks/{task_id}", {"status": "failed"}, format="json"))
     refused(api_b.post("/api/v1/tasks", {"session": session_id}, format="json"))
     assert api_b.get("/api/v1/sessions").json()["items"] == []
+    assert api_b.get("/api/v1/tasks").json()["items"] == []
+    assert api_b.get("/api/v1/tasks", {"session": session_id}).json()["items"] == []
     assert api_b.get("/api/v1/sessions", {"agent": "alice-bot"}).json()["items"] == []
 
     assert (Event.objects.count(), Message.objects.count()) == before
+    # Bob naming the same agent gets his own agent and session; Alice's latest stays hers.
+    bobs = api_b.post("/api/v1/sessions", {"agent": "alice-bot"}, format="json").json()
+    assert Session.objects.get(public_id=bobs["id"]).agent.tenant != tenant_a
+    assert api_a.get("/api/v1/agents/alice-bot/latest-session").json()["id"] == session_id
     session = Session.objects.get(public_id=session_id)
     assert session.status == SessionStatus.OPEN and session.message_count == 1
     assert Task.objects.get(public_id=task_id).status == TaskStatus.PENDING

@@ -1,0 +1,60 @@
+"""The Redis-less channel layer carries a worker's events to a web process's dashboards.
+
+`ctxapp up` without REDIS_URL uses channels_postgres. Here a separate process configured exactly
+like such a worker (no REDIS_URL, the test database) broadcasts through memory.broadcast, and a
+receiver in this process, subscribed to the tenant's group as a dashboard consumer is, gets them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from tests.conftest import worker_env
+
+SENDER = """
+import django
+django.setup()
+from django.conf import settings
+from memory import broadcast
+assert settings.CHANNEL_LAYERS["default"]["BACKEND"].startswith("channels_postgres"), settings.CHANNEL_LAYERS
+for i in range(3):
+    broadcast.send({tenant_id}, [{{"type": "message.added", "i": i}}])
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_events_reach_a_dashboard_group_without_redis(tenant_a: Any) -> None:
+    from channels_postgres.core import PostgresChannelLayer
+
+    from memory import broadcast
+
+    config = {**connection.settings_dict, "TIME_ZONE": None, "prefix": f"{settings.QUEUE_PREFIX}_asgi"}
+    layer = PostgresChannelLayer(**{k: v for k, v in config.items() if k != "BACKEND"})
+    env = worker_env()
+    env.pop("REDIS_URL", None)
+
+    async def receive_three() -> list[dict[str, Any]]:
+        channel = await layer.new_channel()
+        await layer.group_add(broadcast.tenant_group(tenant_a.pk), channel)
+        first = asyncio.ensure_future(layer.receive(channel))
+        await asyncio.sleep(0.5)  # the receiver holds its channel before the worker sends
+        sender = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", SENDER.format(tenant_id=tenant_a.pk), env=env, stderr=subprocess.PIPE
+        )
+        received = [await asyncio.wait_for(first, 30)]
+        while len(received) < 3:
+            received.append(await asyncio.wait_for(layer.receive(channel), 30))
+        _, stderr = await sender.communicate()
+        assert sender.returncode == 0, stderr.decode()
+        return received
+
+    received = asyncio.run(receive_three())
+    assert [message["type"] for message in received] == ["ctx.events"] * 3
+    assert [message["events"][0]["i"] for message in received] == [0, 1, 2]
