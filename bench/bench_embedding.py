@@ -36,14 +36,14 @@ def main() -> None:
     from django.db import transaction
 
     from memory.models import Experience, Tenant
-    from memory.services.embedding import MiniLMEmbedder
+    from memory.services.embedding import embedder_get
     from memory.services.experiences import experience_create, experiences_embed
 
     rows = [json.loads(line) for line in Path(DEFAULT_DATA).read_text().splitlines() if line.strip()]
     texts = [f"Problem: {r['problem']}\nSolution: {r['solution']}" for r in rows]
     before = rss_mb()
     started = time.perf_counter()
-    embedder = MiniLMEmbedder()
+    embedder = embedder_get()  # the one instance the job body uses too
     embedder.embed(["warm up"])
     print(f"model load + first text: {time.perf_counter() - started:.2f}s, RSS +{rss_mb() - before:.0f} MB")
     for batch in (1, 16, 64):
@@ -67,6 +67,7 @@ def main() -> None:
             r = rows[i % len(rows)]
             experience_create(tenant=tenant, problem=f"{r['problem']} (case {i})", solution=r["solution"])
     ids = list(Experience.objects.filter(tenant=tenant).order_by("pk").values_list("pk", flat=True))
+    print(f"RSS before the drain (model loaded, {len(ids):,} rows created): {rss_mb():.0f} MB")
     size = settings.CTXAPP["CTXAPP_EMBEDDING_BATCH_SIZE"]
     started = time.perf_counter()
     done = 0
@@ -78,6 +79,7 @@ def main() -> None:
         f"drained {done:,} pending experiences in {seconds:.1f}s ({done / seconds:.0f}/s, batches of {size}; "
         f"{hidden:,} merged as near-duplicates on the way)"
     )
+    print(f"RSS after the drain: {rss_mb():.0f} MB")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of this worker-equivalent process: {peak:.0f} MB")
 

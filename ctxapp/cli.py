@@ -397,7 +397,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         report = _wait_ready(
             f"{local}/readyz", children, lambda: stop["signal"] is not None, READY_TIMEOUT_SECONDS
         )
-        _print_banner(local, report, first_run, data_dir, values)
+        _print_banner(local, report, first_run, data_dir, {**values, "CTXAPP_HOST": host})
         while stop["signal"] is None:
             for name, proc in children.items():
                 if proc.poll() is not None:
@@ -454,6 +454,9 @@ def _print_banner(
     print(f"  {', '.join(parts)}")
     print(f"  dashboard   {base}/            API docs  {base}/api/docs/")
     print(f"  admin       {base}/admin/      ready     {base}/readyz")
+    if values["CTXAPP_HOST"] in {"0.0.0.0", "::"}:
+        hosts = ",".join(values["CTXAPP_ALLOWED_HOSTS"])
+        print(f"  from other machines: add the name they use to CTXAPP_ALLOWED_HOSTS (now {hosts})")
     if first_run is not None:
         print("First run: created tenant 'demo', an admin login and an API key (shown only now):")
         print(f"  admin login   user {first_run.username}  password {first_run.password}")

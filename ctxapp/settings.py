@@ -200,7 +200,7 @@ DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["memory.api.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["memory.api.auth.HasScope"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["memory.api.parsers.TextSafeJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "ctxapp.api_errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -17,9 +17,7 @@ os.environ.setdefault("CTXAPP_SECRET_KEY", "test-secret-key-not-for-production")
 _DATA = Path(tempfile.mkdtemp(prefix="ctxapp-test-"))
 os.environ.setdefault("CTXAPP_DATA_DIR", str(_DATA))
 
-if not os.environ.get("CTXAPP_TEST_DATABASE_URL") and not os.environ.get(
-    "CTXAPP_EMBEDDED_DATABASE_URL"
-):
+if not os.environ.get("CTXAPP_TEST_DATABASE_URL") and not os.environ.get("CTXAPP_EMBEDDED_DATABASE_URL"):
     from ctxapp import embedded
 
     _server = embedded.start_server(_DATA / "pg", cleanup_mode="delete")

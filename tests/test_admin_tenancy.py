@@ -135,9 +135,7 @@ def test_memberships_are_managed_in_the_admin(admin_client: Any, tenant_a: Tenan
         ("alice", "operator"),
         ("bob", "viewer"),
     }
-    listing = admin_client.get(
-        f"/admin/memory/membership/?tenant__id__exact={tenant_a.pk}"
-    ).content.decode()
+    listing = admin_client.get(f"/admin/memory/membership/?tenant__id__exact={tenant_a.pk}").content.decode()
     assert "carol" in listing
 
 

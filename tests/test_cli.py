@@ -98,6 +98,21 @@ def test_a_half_initialised_data_directory_is_refused(tmp_path: Path) -> None:
     assert (pg / "PG_VERSION").exists()  # we never delete what might be someone's data
 
 
+def test_a_database_directory_that_never_started_is_reported_half_initialised(tmp_path: Path) -> None:
+    # Every file initdb writes is there, but the contents are not a database (initdb killed with
+    # SIGKILL, a full disk): the server fails to start, and the directory never carried ctxapp's
+    # "initialised" marker, so the message is the half-initialised one, with the fix.
+    pg = tmp_path / "data" / "pg"
+    (pg / "global").mkdir(parents=True)
+    (pg / "base").mkdir()
+    (pg / "PG_VERSION").write_text("18\n")
+    (pg / "global" / "pg_control").write_bytes(b"\0" * 64)
+    (pg / "postgresql.conf").write_text("")
+    result = ctxapp(["up"], clean_env(tmp_path, CTXAPP_PORT=str(_free_port())), tmp_path)
+    assert_refused(result, "half-initialised", f"rm -rf {pg}")
+    assert (pg / "PG_VERSION").exists()
+
+
 def test_an_empty_leftover_database_directory_is_started_over(tmp_path: Path) -> None:
     from ctxapp import embedded
 

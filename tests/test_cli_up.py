@@ -30,6 +30,7 @@ pytestmark = pytest.mark.cli_up
 
 REPO = Path(__file__).resolve().parents[1]
 READY_TIMEOUT = 90.0
+BODY_LIMIT = 65536
 STOP_TIMEOUT = 45.0
 
 
@@ -55,6 +56,7 @@ def newcomer_env(data_dir: Path, port: int) -> dict[str, str]:
         {
             "CTXAPP_DATA_DIR": str(data_dir),
             "CTXAPP_PORT": str(port),
+            "CTXAPP_MAX_BODY_BYTES": str(BODY_LIMIT),
             "CTXAPP_ENV_FILE": str(data_dir.parent / "no-such.env"),
             "PYTHONPATH": str(REPO),
             "PYTHONUNBUFFERED": "1",
@@ -186,6 +188,35 @@ def test_ctxapp_up_end_to_end(workdir: Path) -> None:
             assert login.status_code == 302 and login.headers["location"] == "/admin/", login.text
             assert "Site administration" in browser.get("/admin/").text
             assert browser.get("/static/admin/css/base.css").status_code == 200
+
+        # The banner's "new API key" command works against the running installation.
+        made = run_quick(["manage", "create_api_key", "--tenant", "demo", "--scopes", "admin"], env, workdir)
+        assert made.returncode == 0, made.stderr
+        admin_key = made.stdout.strip().splitlines()[-1]
+        created = httpx.post(f"{base}/api/v1/tenant/api-keys", json={"name": "ci"}, headers=bearer(admin_key))
+        assert created.status_code == 201, created.text
+        # Bodies over CTXAPP_MAX_BODY_BYTES are refused by the real ASGI server, whether they
+        # announce their length or arrive chunked without one.
+        big = b'{"name": "' + b"x" * (BODY_LIMIT * 2) + b'"}'
+        for content in (big, iter([big[:1000], big[1000:]])):
+            refused = httpx.post(
+                f"{base}/api/v1/tenant/api-keys",
+                content=content,
+                headers={**bearer(admin_key), "Content-Type": "application/json"},
+                timeout=15,
+            )
+            assert refused.status_code == 413, refused.text
+            assert refused.json()["error"]["code"] == "payload_too_large"
+        chunked = httpx.post(
+            f"{base}/api/v1/tenant/api-keys",
+            content=iter([b'{"name": "chu', b'nked"}']),
+            headers={**bearer(admin_key), "Content-Type": "application/json"},
+            timeout=15,
+        )
+        assert chunked.status_code == 201, chunked.text  # a chunked body within the limit is read
+        listed = httpx.get(f"{base}/api/v1/tenant/api-keys", headers=bearer(admin_key), timeout=15).json()
+        names = sorted(item["name"] for item in listed["items"])
+        assert names == ["chunked", "ci", "created from the command line", "demo key (first run)"]
 
         # The data directory is taken, and so is the port: both refused clearly, nothing started.
         second = run_quick(["up"], newcomer_env(data_dir, free_port()), workdir)

@@ -8,6 +8,7 @@ receiver in this process, subscribed to the tenant's group as a dashboard consum
 from __future__ import annotations
 
 import asyncio
+import importlib
 import subprocess
 import sys
 from typing import Any
@@ -35,6 +36,12 @@ def test_worker_events_reach_a_dashboard_group_without_redis(tenant_a: Any) -> N
 
     from memory import broadcast
 
+    # Tests build tables from the models (--nomigrations); channels_postgres's NOTIFY trigger
+    # comes from its migrations, which `ctxapp up` runs: install it the same way here.
+    latest = importlib.import_module("channels_postgres.migrations.0004_notify_ensure_payload_not_too_big")
+    with connection.cursor() as cursor:
+        cursor.execute(latest.Migration.setup_database_sql)
+
     config = {**connection.settings_dict, "TIME_ZONE": None, "prefix": f"{settings.QUEUE_PREFIX}_asgi"}
     layer = PostgresChannelLayer(**{k: v for k, v in config.items() if k != "BACKEND"})
     env = worker_env()
@@ -53,6 +60,12 @@ def test_worker_events_reach_a_dashboard_group_without_redis(tenant_a: Any) -> N
             received.append(await asyncio.wait_for(layer.receive(channel), 30))
         _, stderr = await sender.communicate()
         assert sender.returncode == 0, stderr.decode()
+        # channels_postgres keeps one module-level pool; close it so the test database can go.
+        from channels_postgres import db as layer_db
+
+        if layer_db.connection_pool is not None:
+            await layer_db.connection_pool.close()
+            layer_db.connection_pool = None
         return received
 
     received = asyncio.run(receive_three())

@@ -58,6 +58,7 @@ class ExperienceKind(models.TextChoices):
     PREFERENCE = "preference"
     PROJECT_CONFIG = "project_config"
     CONSTRAINT = "constraint"
+    FACT = "fact"  # a promoted goal or critical piece of information
 
 
 class Experience(models.Model):
@@ -225,8 +226,6 @@ class ExperiencePolicy(TenantPolicyBase):
     text_weight = models.FloatField(
         default=0.1, help_text="Hybrid search: weight of the full-text score (normalised to 0..1)."
     )
-    context_limit = models.PositiveSmallIntegerField(default=5, help_text="Experiences in a built context.")
-    context_max_chars = models.PositiveIntegerField(default=2000, help_text="Their total characters.")
     context_min_similarity = models.FloatField(
         default=0.3, help_text="Experiences less similar than this to the input never enter a context."
     )

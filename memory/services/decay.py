@@ -876,12 +876,13 @@ def facts_embed_missing(*, limit: int = 500) -> int:
 
 # --- session end -------------------------------------------------------------------------------
 
-# Fact type → the experience kind experiences_promote accepts. High-importance goals and
-# critical_info have no long-term kind yet: they are skipped (logged), not forced into another.
+# Fact type → the experience kind experiences_promote accepts.
 PROMOTION_KINDS: dict[str, str] = {
     "user_preference": "preference",
     "project_config": "project_config",
     "constraint": "constraint",
+    "goal": "fact",
+    "critical_info": "fact",
 }
 
 

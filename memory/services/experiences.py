@@ -59,11 +59,17 @@ from memory.services.embedding import EmbedderError, embedder_get, text_hash
 
 logger = logging.getLogger(__name__)
 
-PROMOTABLE_KINDS = {ExperienceKind.PREFERENCE, ExperienceKind.PROJECT_CONFIG, ExperienceKind.CONSTRAINT}
+PROMOTABLE_KINDS = {
+    ExperienceKind.PREFERENCE,
+    ExperienceKind.PROJECT_CONFIG,
+    ExperienceKind.CONSTRAINT,
+    ExperienceKind.FACT,
+}
 KIND_LABELS = {
     ExperienceKind.PREFERENCE: "User preference",
     ExperienceKind.PROJECT_CONFIG: "Project configuration",
     ExperienceKind.CONSTRAINT: "Constraint",
+    ExperienceKind.FACT: "Important fact",
 }
 # A neighbour less similar than this is not even considered for merge / supersede.
 RECONCILE_CANDIDATE_FLOOR = 0.55

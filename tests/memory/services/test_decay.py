@@ -238,20 +238,19 @@ def test_session_end_promotes_preferences_constraints_and_project_configuration(
     register(tenant_a, session, "db", "decision", "Use PostgreSQL everywhere")
     session_end(tenant=tenant_a, session=session)
     promoted = {e.payload["fact"]: e.payload for e in events(tenant_a, "fact.promoted")}
-    assert set(promoted) == {pref.public_id, constraint.public_id, config.public_id}
+    assert set(promoted) == {pref.public_id, constraint.public_id, config.public_id, goal.public_id}
     experiences = {x.public_id: x for x in Experience.objects.filter(tenant=tenant_a)}
-    for fact in (pref, constraint, config):
+    for fact in (pref, constraint, config, goal):
         fact.refresh_from_db()
         assert fact.promoted_at is not None
         experience = experiences[fact.promoted_ref]
         assert experience.solution == fact.content and experience.key == fact.key
         assert experience.user_id == "u-1"
-    assert {experiences[promoted[pref.public_id]["experience"]].kind} == {"preference"}
-    goal.refresh_from_db()
-    assert goal.promoted_at is None  # no long-term kind for goals: skipped, not forced
-    again = decay.facts_promote(tenant=tenant_a, session=session)
-    assert again.promoted == [] and again.skipped == [goal.public_id]
-    assert Experience.objects.filter(tenant=tenant_a).count() == 3
+    assert experiences[promoted[pref.public_id]["experience"]].kind == "preference"
+    assert experiences[promoted[goal.public_id]["experience"]].kind == "fact"
+    again = decay.facts_promote(tenant=tenant_a, session=session)  # nothing is promoted twice
+    assert again.promoted == [] and again.skipped == []
+    assert Experience.objects.filter(tenant=tenant_a).count() == 4
 
 
 def test_the_summariser_alerts_when_its_summary_loses_a_preference(tenant_a, session):

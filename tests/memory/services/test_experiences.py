@@ -268,9 +268,8 @@ def test_reembed_failed_reports_failure_then_recovers(tenant_a, endpoint):
 
 
 def test_stale_pending_rows_are_requeued(tenant_a, django_capture_on_commit_callbacks):
-    from memory.services.experiences import experiences_requeue_stale
-
     from memory.services import experiences as service
+    from memory.services.experiences import experiences_requeue_stale
 
     with django_capture_on_commit_callbacks(execute=True):
         row = create(tenant_a)  # its own job is queued here

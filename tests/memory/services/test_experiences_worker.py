@@ -150,3 +150,45 @@ def test_a_failing_embedder_marks_rows_failed_and_the_retry_command_recovers_the
     assert (
         Event.objects.filter(tenant=tenant, type="experience.embedding_retried").get().payload["count"] == 3
     )
+
+
+def test_a_finished_task_is_distilled_and_embedded_by_the_worker(tenant, endpoint):
+    from memory.models import MessageRole
+    from memory.services.sessions import (
+        MessageInput,
+        messages_append,
+        session_create,
+        task_create,
+        task_update,
+    )
+
+    session = session_create(tenant=tenant, agent_external_id="agent-1", user_id="u1")
+    messages_append(
+        tenant=tenant,
+        session=session,
+        items=[
+            MessageInput(role=MessageRole.USER, content="The nightly export fails with a timeout error"),
+            MessageInput(role=MessageRole.ASSISTANT, content="Add an index on exports.created_at and rerun."),
+        ],
+    )
+    task = task_create(tenant=tenant, session=session, input="Fix the nightly export timeout")
+    worker = start_worker(endpoint)
+    try:
+        task_update(
+            tenant=tenant, task=task, status="succeeded", output="Added the missing index; export runs"
+        )
+        wait_until(
+            lambda: (
+                Experience.objects.filter(source_task=task).count() == 2
+                and set(
+                    Experience.objects.filter(source_task=task).values_list("embedding_status", flat=True)
+                )
+                == {"completed"}
+            )
+        )
+    finally:
+        stop(worker)
+    methods = set(Experience.objects.filter(source_task=task).values_list("extraction_method", flat=True))
+    assert methods == {"direct", "pattern"}
+    [distilled] = Event.objects.filter(tenant=tenant, type="memory.distilled")
+    assert distilled.payload["path"] == "full" and distilled.payload["task"] == task.public_id

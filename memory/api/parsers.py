@@ -1,0 +1,57 @@
+"""The API's JSON parser: DRF's, plus a check that every string can be stored as text.
+
+PostgreSQL text cannot hold a NUL character, and a lone UTF-16 surrogate ("\\ud800" in JSON)
+is not Unicode text at all. Both are valid JSON, so without this check they would reach the
+database (or the tokenizer, or the embedder) and fail there as a 500. Refusing them at the
+door gives the caller a 422 that names the field, and every endpoint gets it for free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.parsers import JSONParser
+
+from memory.exceptions import InvalidInput
+
+
+def _problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "Contains a NUL character (\\u0000), which cannot be stored as text."
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "Contains a lone UTF-16 surrogate, which is not valid Unicode text."
+    return None
+
+
+def find_unstorable_text(value: Any, path: str = "") -> tuple[str, str] | None:
+    """The first (path, problem) of a string or key in `value` that is not storable text."""
+    if isinstance(value, str):
+        problem = _problem(value)
+        return (path or "body", problem) if problem else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = f"{path}.{key}" if path else str(key)
+            problem = _problem(str(key))
+            if problem:
+                return name, problem
+            found = find_unstorable_text(item, name)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = find_unstorable_text(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None
+
+
+class TextSafeJSONParser(JSONParser):
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        data = super().parse(stream, media_type, parser_context)
+        found = find_unstorable_text(data)
+        if found:
+            path, problem = found
+            raise InvalidInput(f"{path}: {problem}", details={"fields": {path: [problem]}})
+        return data

@@ -1,0 +1,44 @@
+"""Text a database cannot store is refused at the door with a 422 naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from memory.models import Message
+
+pytestmark = pytest.mark.django_db
+
+
+def post_raw(client, path: str, body: str):
+    return client.generic("POST", path, body, content_type="application/json")
+
+
+@pytest.mark.parametrize(
+    ("escape", "word"),
+    [("\\u0000", "NUL"), ("\\ud800", "surrogate")],
+)
+def test_unstorable_text_in_a_message_is_422_naming_the_field(api_a, escape, word):
+    session = api_a.post("/api/v1/sessions", {"agent": "a1"}, format="json").json()["id"]
+    body = '{"messages": [{"role": "user", "content": "fine"}, {"role": "user", "content": "a%sb"}]}' % escape
+    response = post_raw(api_a, f"/api/v1/sessions/{session}/messages", body)
+    assert response.status_code == 422, response.content
+    error = response.json()["error"]
+    assert error["code"] == "validation_error"
+    assert list(error["details"]["fields"]) == ["messages[1].content"]
+    assert word in error["message"]
+    assert Message.objects.count() == 0  # the whole batch is refused
+
+
+def test_unstorable_text_in_a_search_query_is_422(api_a):
+    response = post_raw(api_a, "/api/v1/experiences/search", '{"query": "disk \\u0000 full"}')
+    assert response.status_code == 422, response.content
+    assert list(response.json()["error"]["details"]["fields"]) == ["query"]
+
+
+def test_ordinary_unicode_passes(api_a):
+    session = api_a.post("/api/v1/sessions", {"agent": "a1"}, format="json").json()["id"]
+    response = post_raw(
+        api_a, f"/api/v1/sessions/{session}/messages", '{"role": "user", "content": "caf\\u00e9 \\ud83d\\ude00 你好"}'
+    )
+    assert response.status_code == 201, response.content
+    assert Message.objects.get().content == "café 😀 你好"
