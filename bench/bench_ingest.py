@@ -254,9 +254,7 @@ def main() -> int:
     parser.add_argument("--one-session", action="store_true", help="all clients append to one session")
     parser.add_argument("--profile", action="store_true", help="only the in-process per-layer profile")
     parser.add_argument(
-        "--pool",
-        action="store_true",
-        help="server uses a psycopg connection pool (bench/ingest_pooled_settings.py)",
+        "--pool-size", type=int, default=20, help="CTXAPP_DB_POOL_SIZE of the server (0 = no pool)"
     )
     parser.add_argument(
         "--redis", action="store_true", help="Redis channel layer and broker (REDIS_URL or localhost)"
@@ -275,15 +273,14 @@ def main() -> int:
         profile_append(secret)
         return 0
 
+    os.environ["CTXAPP_DB_POOL_SIZE"] = str(args.pool_size)
     port = free_port()
-    server = start_server(
-        port, args.workers, "bench.ingest_pooled_settings" if args.pool else "ctxapp.settings"
-    )
+    server = start_server(port, args.workers, "ctxapp.settings")
     base = f"http://127.0.0.1:{port}"
     print(f"uvicorn ctxapp.asgi, {args.workers} worker(s), embedded PostgreSQL in {data_dir}, "
           f"{os.cpu_count()} CPUs, {args.duration:.0f} s per level, "
           f"{'one shared session' if args.one_session else 'one session per client'}, "
-          f"{'pooled' if args.pool else 'CONN_MAX_AGE'} connections, "
+          f"{f'pool of {args.pool_size}' if args.pool_size else 'unpooled'} connections, "
           f"channel layer on {'Redis' if os.environ.get('REDIS_URL') else 'PostgreSQL'}")  # fmt: skip
     try:
         print(

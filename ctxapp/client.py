@@ -634,13 +634,13 @@ class Client(_Base):
                 "mode": mode,
             }
         )
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "POST", f"/sessions/{session_id}/context", json=body, idempotency_key=idempotency_key
         )
 
     def context_builds(self, session_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
         """The session's latest builds (budget samples with their manifests), newest first."""
-        return self.request("GET", f"/sessions/{session_id}/context", params={"limit": limit})["builds"]  # type: ignore[no-any-return]
+        return self.request("GET", f"/sessions/{session_id}/context", params={"limit": limit})["builds"]
 
     def usage_report(
         self,
@@ -663,7 +663,7 @@ class Client(_Base):
                 "gen_ai.usage.reasoning.output_tokens": reasoning_tokens,
             }
         )
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "POST", f"/sessions/{session_id}/usage", json=body, idempotency_key=idempotency_key
         )
 
@@ -677,30 +677,30 @@ class Client(_Base):
     ) -> dict[str, Any]:
         """Count a text or a chat prompt for a model (exact for OpenAI encodings, else estimated)."""
         body = _drop_none({"text": text, "messages": messages, "tools": tools, "model": model})
-        return self.request("POST", "/tokens/count", json=body)  # type: ignore[no-any-return]
+        return self.request("POST", "/tokens/count", json=body)
 
     def models_list(self, *, provider: str | None = None) -> list[dict[str, Any]]:
         """Model profiles: built-in and the tenant's own."""
-        return self.request("GET", "/models", params={"provider": provider})["models"]  # type: ignore[no-any-return]
+        return self.request("GET", "/models", params={"provider": provider})["models"]
 
     def model_get(self, name: str) -> dict[str, Any]:
-        return self.request("GET", f"/models/{name}")  # type: ignore[no-any-return]
+        return self.request("GET", f"/models/{name}")
 
     def context_policy_get(self, session_id: str) -> dict[str, Any]:
-        return self.request("GET", f"/sessions/{session_id}/context-policy")  # type: ignore[no-any-return]
+        return self.request("GET", f"/sessions/{session_id}/context-policy")
 
     def context_policy_set(self, session_id: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
         """Replace the session's context policy overrides (history_window, output_reserve, …)."""
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "PUT", f"/sessions/{session_id}/context-policy", json={"overrides": dict(overrides)}
         )
 
     def summaries_list(self, session_id: str) -> list[dict[str, Any]]:
-        return self.request("GET", f"/sessions/{session_id}/summaries")["summaries"]  # type: ignore[no-any-return]
+        return self.request("GET", f"/sessions/{session_id}/summaries")["summaries"]
 
     def summarise_now(self, session_id: str) -> dict[str, Any]:
         """Queue summarisation of the session (202)."""
-        return self.request("POST", f"/sessions/{session_id}/summaries")  # type: ignore[no-any-return]
+        return self.request("POST", f"/sessions/{session_id}/summaries")
 
     # --- experiences ---
     def experience_create(
@@ -725,18 +725,18 @@ class Client(_Base):
              "user_id": user_id, "scope": scope, "kind": kind, "key": key, "task": task,
              "supersedes": supersedes}
         )  # fmt: skip
-        return self.request("POST", "/experiences", json=body, idempotency_key=idempotency_key)  # type: ignore[no-any-return]
+        return self.request("POST", "/experiences", json=body, idempotency_key=idempotency_key)
 
     def experience_get(self, experience_id: str) -> dict[str, Any]:
         """One experience with provenance, merge and supersede links and embedding status."""
-        return self.request("GET", f"/experiences/{experience_id}")  # type: ignore[no-any-return]
+        return self.request("GET", f"/experiences/{experience_id}")
 
     def experiences_list(
         self, *, cursor: str | None = None, limit: int | None = None, **filters: Any
     ) -> dict[str, Any]:
         """A page {results, next_cursor}; filters: user_id, kind, embedding_status, extraction_method,
         include_superseded, as_of (ISO time)."""
-        return self.request("GET", "/experiences", params={"cursor": cursor, "limit": limit, **filters})  # type: ignore[no-any-return]
+        return self.request("GET", "/experiences", params={"cursor": cursor, "limit": limit, **filters})
 
     def experiences_search(
         self,
@@ -758,7 +758,7 @@ class Client(_Base):
              "weights": dict(weights) if weights is not None else None, "fusion": fusion,
              "include_superseded": include_superseded, "as_of": as_of, "kind": kind}
         )  # fmt: skip
-        return self.request("POST", "/experiences/search", json=body)  # type: ignore[no-any-return]
+        return self.request("POST", "/experiences/search", json=body)
 
     def experience_feedback(
         self, experience_id: str, *, helpful: bool, note: str = "", session: str | None = None,
@@ -766,7 +766,7 @@ class Client(_Base):
     ) -> dict[str, Any]:  # fmt: skip
         """Report whether an experience helped; ranking takes it into account."""
         body = _drop_none({"helpful": helpful, "note": note, "session": session})
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "POST", f"/experiences/{experience_id}/feedback", json=body, idempotency_key=idempotency_key
         )
 
@@ -779,23 +779,23 @@ class Client(_Base):
             {"kind": kind, "key": key, "content": content, "user_id": user_id, "session": session,
              "source": source}
         )  # fmt: skip
-        return self.request("POST", "/experiences/promote", json=body, idempotency_key=idempotency_key)  # type: ignore[no-any-return]
+        return self.request("POST", "/experiences/promote", json=body, idempotency_key=idempotency_key)
 
     def experiences_retry_embeddings(self, experience_ids: list[str] | None = None) -> dict[str, Any]:
         """Re-queue failed embeddings (all of the tenant's, or these): {requeued}."""
         body = _drop_none({"experiences": experience_ids})
-        return self.request("POST", "/experiences/embeddings/retry", json=body)  # type: ignore[no-any-return]
+        return self.request("POST", "/experiences/embeddings/retry", json=body)
 
     def task_distill(self, task_id: str, *, mode: str = "full") -> dict[str, Any]:
         """Distil a finished task: light (now, returns the experiences) or full (queued)."""
-        return self.request("POST", f"/tasks/{task_id}/distill", json={"mode": mode})  # type: ignore[no-any-return]
+        return self.request("POST", f"/tasks/{task_id}/distill", json={"mode": mode})
 
     # --- cognition ---
     # The calling agent of private context, messages and context views is `as_agent`
     # (the API also takes it as the X-Agent-Id header).
     def state_get(self, agent: str) -> dict[str, Any]:
         """The agent's cognitive state (schema 1; version 0 and empty if never written)."""
-        return self.request("GET", f"/agents/{agent}/state")  # type: ignore[no-any-return]
+        return self.request("GET", f"/agents/{agent}/state")
 
     def state_put(
         self,
@@ -806,7 +806,7 @@ class Client(_Base):
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Replace the agent's cognitive state; `expected_version` → Conflict if it changed meanwhile."""
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "PUT",
             f"/agents/{agent}/state",
             json=state,
@@ -824,7 +824,7 @@ class Client(_Base):
     ) -> dict[str, Any]:
         """Make a checkpoint's state current again (a new state version and a new checkpoint)."""
         body = _drop_none({"checkpoint": str(checkpoint), "reason": reason})
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "POST", f"/agents/{agent}/state/restore", json=body, idempotency_key=idempotency_key
         )
 
@@ -840,50 +840,44 @@ class Client(_Base):
     ) -> dict[str, Any]:
         """Checkpoint the agent's state (writing `state` first when given)."""
         body = _drop_none({"reason": reason, "step": step, "produced_by": produced_by, "state": state})
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "POST", f"/agents/{agent}/checkpoints", json=body, idempotency_key=idempotency_key
         )
 
     def checkpoints_list(self, agent: str, *, cursor: str | None = None, limit: int | None = None) -> Page:
-        return self.request(  # type: ignore[no-any-return]
-            "GET", f"/agents/{agent}/checkpoints", params={"cursor": cursor, "limit": limit}
-        )
+        return self.request("GET", f"/agents/{agent}/checkpoints", params={"cursor": cursor, "limit": limit})
 
     def checkpoint_get(self, agent: str, ref: str | int) -> dict[str, Any]:
         """One checkpoint by seq or id, with the state it recorded."""
-        return self.request("GET", f"/agents/{agent}/checkpoints/{ref}")  # type: ignore[no-any-return]
+        return self.request("GET", f"/agents/{agent}/checkpoints/{ref}")
 
     def checkpoint_diff(self, agent: str, source: str | int, target: str | int) -> dict[str, Any]:
         """What changed between two checkpoints, one entry per JSON path."""
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "GET", f"/agents/{agent}/checkpoints/diff", params={"from": str(source), "to": str(target)}
         )
 
     def recovered_state(self, agent: str, *, as_agent: str | None = None) -> dict[str, Any]:
         """Everything to resume after a crash; private context and inbox only with as_agent=agent."""
-        return self.request(  # type: ignore[no-any-return]
-            "GET", f"/agents/{agent}/recovered-state", params={"as_agent": as_agent}
-        )
+        return self.request("GET", f"/agents/{agent}/recovered-state", params={"as_agent": as_agent})
 
     def reducers_get(self, agent: str) -> dict[str, Any]:
-        return self.request("GET", f"/agents/{agent}/reducers")  # type: ignore[no-any-return]
+        return self.request("GET", f"/agents/{agent}/reducers")
 
     def reducers_put(
         self, agent: str, reducers: list[dict[str, str]], *, idempotency_key: str | None = None
     ) -> dict[str, Any]:
         """Declare how `agent.*` events fold: [{event_type, op: set|merge|append, target, source}]."""
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "PUT", f"/agents/{agent}/reducers", json={"reducers": reducers}, idempotency_key=idempotency_key
         )
 
     def context_view(self, agent: str, task: str) -> dict[str, Any]:
         """The agent's view of a task: shared context, its private context, its inbox."""
-        return self.request(  # type: ignore[no-any-return]
-            "GET", f"/agents/{agent}/context-view", params={"task": task, "as_agent": agent}
-        )
+        return self.request("GET", f"/agents/{agent}/context-view", params={"task": task, "as_agent": agent})
 
     def shared_context_get(self, task: str) -> dict[str, Any]:
-        return self.request("GET", f"/tasks/{task}/shared-context")  # type: ignore[no-any-return]
+        return self.request("GET", f"/tasks/{task}/shared-context")
 
     def shared_context_put(
         self,
@@ -895,7 +889,7 @@ class Client(_Base):
         **fields: Any,
     ) -> dict[str, Any]:
         """Replace the shared context (fields: goal, constraints, artifacts, decisions, dependencies)."""
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "PUT",
             f"/tasks/{task}/shared-context",
             json=fields,
@@ -915,7 +909,7 @@ class Client(_Base):
     ) -> dict[str, Any]:
         """Change some shared-context fields, and/or append items to its lists."""
         body = _drop_none({**fields, "append": append})
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "PATCH",
             f"/tasks/{task}/shared-context",
             json=body,
@@ -924,9 +918,7 @@ class Client(_Base):
         )
 
     def private_context_get(self, task: str, *, as_agent: str) -> dict[str, Any]:
-        return self.request(  # type: ignore[no-any-return]
-            "GET", f"/tasks/{task}/private-context", params={"as_agent": as_agent}
-        )
+        return self.request("GET", f"/tasks/{task}/private-context", params={"as_agent": as_agent})
 
     def private_context_put(
         self,
@@ -937,7 +929,7 @@ class Client(_Base):
         expected_version: int | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "PUT",
             f"/tasks/{task}/private-context",
             json={"data": data},
@@ -955,7 +947,7 @@ class Client(_Base):
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Send a message on the task to `to` (None = broadcast)."""
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "POST",
             f"/tasks/{task}/messages",
             json={"to": to, "body": body},
@@ -974,12 +966,12 @@ class Client(_Base):
         limit: int | None = None,
     ) -> Page:
         params = {"as_agent": as_agent, "box": box, "unread": unread, "cursor": cursor, "limit": limit}
-        return self.request("GET", f"/tasks/{task}/messages", params=params)  # type: ignore[no-any-return]
+        return self.request("GET", f"/tasks/{task}/messages", params=params)
 
     def task_messages_mark_read(
         self, task: str, *, as_agent: str, ids: list[str] | None = None, idempotency_key: str | None = None
     ) -> dict[str, Any]:
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "POST",
             f"/tasks/{task}/messages/read",
             json={"ids": ids},
@@ -1000,7 +992,7 @@ class Client(_Base):
     ) -> dict[str, Any]:
         """Track a fact of the session (or update the one with this key). Importance comes from `type`."""
         body = _drop_none({"key": key, "type": type, "content": content, "scope": scope})
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "POST", f"/sessions/{session_id}/facts", json=body, idempotency_key=idempotency_key
         )
 
@@ -1022,20 +1014,20 @@ class Client(_Base):
             "cursor": cursor,
             "limit": limit,
         }
-        return self.request("GET", f"/sessions/{session_id}/facts", params=params)  # type: ignore[no-any-return]
+        return self.request("GET", f"/sessions/{session_id}/facts", params=params)
 
     def decay_report(self, session_id: str) -> dict[str, Any]:
         """The decayed facts with a recommendation each (restate_now / consider_restating / no_action)."""
         return self.facts_list(session_id, decayed=True)
 
     def fact_get(self, session_id: str, fact_id: str) -> dict[str, Any]:
-        return self.request("GET", f"/sessions/{session_id}/facts/{fact_id}")  # type: ignore[no-any-return]
+        return self.request("GET", f"/sessions/{session_id}/facts/{fact_id}")
 
     def fact_reference(
         self, session_id: str, fact_id: str, *, note: str | None = None, idempotency_key: str | None = None
     ) -> dict[str, Any]:
         """Mark a fact referenced in the current round (clears its decay)."""
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "POST",
             f"/sessions/{session_id}/facts/{fact_id}/reference",
             json=_drop_none({"note": note}),
@@ -1064,7 +1056,7 @@ class Client(_Base):
                 "allow_truncation": allow_truncation,
             }
         )
-        return self.request(  # type: ignore[no-any-return]
+        return self.request(
             "POST", f"/sessions/{session_id}/compress", json=body, idempotency_key=idempotency_key
         )
 
@@ -1351,7 +1343,7 @@ class AsyncClient(_Base):
                 "mode": mode,
             }
         )
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "POST", f"/sessions/{session_id}/context", json=body, idempotency_key=idempotency_key
         )
 
@@ -1359,7 +1351,7 @@ class AsyncClient(_Base):
         """The session's latest builds (budget samples with their manifests), newest first."""
         return (await self.request("GET", f"/sessions/{session_id}/context", params={"limit": limit}))[
             "builds"
-        ]  # type: ignore[no-any-return]
+        ]
 
     async def usage_report(
         self,
@@ -1382,7 +1374,7 @@ class AsyncClient(_Base):
                 "gen_ai.usage.reasoning.output_tokens": reasoning_tokens,
             }
         )
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "POST", f"/sessions/{session_id}/usage", json=body, idempotency_key=idempotency_key
         )
 
@@ -1396,30 +1388,30 @@ class AsyncClient(_Base):
     ) -> dict[str, Any]:
         """Count a text or a chat prompt for a model (exact for OpenAI encodings, else estimated)."""
         body = _drop_none({"text": text, "messages": messages, "tools": tools, "model": model})
-        return await self.request("POST", "/tokens/count", json=body)  # type: ignore[no-any-return]
+        return await self.request("POST", "/tokens/count", json=body)
 
     async def models_list(self, *, provider: str | None = None) -> list[dict[str, Any]]:
         """Model profiles: built-in and the tenant's own."""
-        return (await self.request("GET", "/models", params={"provider": provider}))["models"]  # type: ignore[no-any-return]
+        return (await self.request("GET", "/models", params={"provider": provider}))["models"]
 
     async def model_get(self, name: str) -> dict[str, Any]:
-        return await self.request("GET", f"/models/{name}")  # type: ignore[no-any-return]
+        return await self.request("GET", f"/models/{name}")
 
     async def context_policy_get(self, session_id: str) -> dict[str, Any]:
-        return await self.request("GET", f"/sessions/{session_id}/context-policy")  # type: ignore[no-any-return]
+        return await self.request("GET", f"/sessions/{session_id}/context-policy")
 
     async def context_policy_set(self, session_id: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
         """Replace the session's context policy overrides (history_window, output_reserve, …)."""
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "PUT", f"/sessions/{session_id}/context-policy", json={"overrides": dict(overrides)}
         )
 
     async def summaries_list(self, session_id: str) -> list[dict[str, Any]]:
-        return (await self.request("GET", f"/sessions/{session_id}/summaries"))["summaries"]  # type: ignore[no-any-return]
+        return (await self.request("GET", f"/sessions/{session_id}/summaries"))["summaries"]
 
     async def summarise_now(self, session_id: str) -> dict[str, Any]:
         """Queue summarisation of the session (202)."""
-        return await self.request("POST", f"/sessions/{session_id}/summaries")  # type: ignore[no-any-return]
+        return await self.request("POST", f"/sessions/{session_id}/summaries")
 
     # --- experiences ---
     async def experience_create(
@@ -1444,18 +1436,18 @@ class AsyncClient(_Base):
              "user_id": user_id, "scope": scope, "kind": kind, "key": key, "task": task,
              "supersedes": supersedes}
         )  # fmt: skip
-        return await self.request("POST", "/experiences", json=body, idempotency_key=idempotency_key)  # type: ignore[no-any-return]
+        return await self.request("POST", "/experiences", json=body, idempotency_key=idempotency_key)
 
     async def experience_get(self, experience_id: str) -> dict[str, Any]:
         """One experience with provenance, merge and supersede links and embedding status."""
-        return await self.request("GET", f"/experiences/{experience_id}")  # type: ignore[no-any-return]
+        return await self.request("GET", f"/experiences/{experience_id}")
 
     async def experiences_list(
         self, *, cursor: str | None = None, limit: int | None = None, **filters: Any
     ) -> dict[str, Any]:
         """A page {results, next_cursor}; filters: user_id, kind, embedding_status, extraction_method,
         include_superseded, as_of (ISO time)."""
-        return await self.request("GET", "/experiences", params={"cursor": cursor, "limit": limit, **filters})  # type: ignore[no-any-return]
+        return await self.request("GET", "/experiences", params={"cursor": cursor, "limit": limit, **filters})
 
     async def experiences_search(
         self,
@@ -1477,7 +1469,7 @@ class AsyncClient(_Base):
              "weights": dict(weights) if weights is not None else None, "fusion": fusion,
              "include_superseded": include_superseded, "as_of": as_of, "kind": kind}
         )  # fmt: skip
-        return await self.request("POST", "/experiences/search", json=body)  # type: ignore[no-any-return]
+        return await self.request("POST", "/experiences/search", json=body)
 
     async def experience_feedback(
         self, experience_id: str, *, helpful: bool, note: str = "", session: str | None = None,
@@ -1485,7 +1477,7 @@ class AsyncClient(_Base):
     ) -> dict[str, Any]:  # fmt: skip
         """Report whether an experience helped; ranking takes it into account."""
         body = _drop_none({"helpful": helpful, "note": note, "session": session})
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "POST", f"/experiences/{experience_id}/feedback", json=body, idempotency_key=idempotency_key
         )
 
@@ -1498,23 +1490,23 @@ class AsyncClient(_Base):
             {"kind": kind, "key": key, "content": content, "user_id": user_id, "session": session,
              "source": source}
         )  # fmt: skip
-        return await self.request("POST", "/experiences/promote", json=body, idempotency_key=idempotency_key)  # type: ignore[no-any-return]
+        return await self.request("POST", "/experiences/promote", json=body, idempotency_key=idempotency_key)
 
     async def experiences_retry_embeddings(self, experience_ids: list[str] | None = None) -> dict[str, Any]:
         """Re-queue failed embeddings (all of the tenant's, or these): {requeued}."""
         body = _drop_none({"experiences": experience_ids})
-        return await self.request("POST", "/experiences/embeddings/retry", json=body)  # type: ignore[no-any-return]
+        return await self.request("POST", "/experiences/embeddings/retry", json=body)
 
     async def task_distill(self, task_id: str, *, mode: str = "full") -> dict[str, Any]:
         """Distil a finished task: light (now, returns the experiences) or full (queued)."""
-        return await self.request("POST", f"/tasks/{task_id}/distill", json={"mode": mode})  # type: ignore[no-any-return]
+        return await self.request("POST", f"/tasks/{task_id}/distill", json={"mode": mode})
 
     # --- cognition ---
     # The calling agent of private context, messages and context views is `as_agent`
     # (the API also takes it as the X-Agent-Id header).
     async def state_get(self, agent: str) -> dict[str, Any]:
         """The agent's cognitive state (schema 1; version 0 and empty if never written)."""
-        return await self.request("GET", f"/agents/{agent}/state")  # type: ignore[no-any-return]
+        return await self.request("GET", f"/agents/{agent}/state")
 
     async def state_put(
         self,
@@ -1525,7 +1517,7 @@ class AsyncClient(_Base):
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Replace the agent's cognitive state; `expected_version` → Conflict if it changed meanwhile."""
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "PUT",
             f"/agents/{agent}/state",
             json=state,
@@ -1543,7 +1535,7 @@ class AsyncClient(_Base):
     ) -> dict[str, Any]:
         """Make a checkpoint's state current again (a new state version and a new checkpoint)."""
         body = _drop_none({"checkpoint": str(checkpoint), "reason": reason})
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "POST", f"/agents/{agent}/state/restore", json=body, idempotency_key=idempotency_key
         )
 
@@ -1559,52 +1551,50 @@ class AsyncClient(_Base):
     ) -> dict[str, Any]:
         """Checkpoint the agent's state (writing `state` first when given)."""
         body = _drop_none({"reason": reason, "step": step, "produced_by": produced_by, "state": state})
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "POST", f"/agents/{agent}/checkpoints", json=body, idempotency_key=idempotency_key
         )
 
     async def checkpoints_list(
         self, agent: str, *, cursor: str | None = None, limit: int | None = None
     ) -> Page:
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "GET", f"/agents/{agent}/checkpoints", params={"cursor": cursor, "limit": limit}
         )
 
     async def checkpoint_get(self, agent: str, ref: str | int) -> dict[str, Any]:
         """One checkpoint by seq or id, with the state it recorded."""
-        return await self.request("GET", f"/agents/{agent}/checkpoints/{ref}")  # type: ignore[no-any-return]
+        return await self.request("GET", f"/agents/{agent}/checkpoints/{ref}")
 
     async def checkpoint_diff(self, agent: str, source: str | int, target: str | int) -> dict[str, Any]:
         """What changed between two checkpoints, one entry per JSON path."""
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "GET", f"/agents/{agent}/checkpoints/diff", params={"from": str(source), "to": str(target)}
         )
 
     async def recovered_state(self, agent: str, *, as_agent: str | None = None) -> dict[str, Any]:
         """Everything to resume after a crash; private context and inbox only with as_agent=agent."""
-        return await self.request(  # type: ignore[no-any-return]
-            "GET", f"/agents/{agent}/recovered-state", params={"as_agent": as_agent}
-        )
+        return await self.request("GET", f"/agents/{agent}/recovered-state", params={"as_agent": as_agent})
 
     async def reducers_get(self, agent: str) -> dict[str, Any]:
-        return await self.request("GET", f"/agents/{agent}/reducers")  # type: ignore[no-any-return]
+        return await self.request("GET", f"/agents/{agent}/reducers")
 
     async def reducers_put(
         self, agent: str, reducers: list[dict[str, str]], *, idempotency_key: str | None = None
     ) -> dict[str, Any]:
         """Declare how `agent.*` events fold: [{event_type, op: set|merge|append, target, source}]."""
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "PUT", f"/agents/{agent}/reducers", json={"reducers": reducers}, idempotency_key=idempotency_key
         )
 
     async def context_view(self, agent: str, task: str) -> dict[str, Any]:
         """The agent's view of a task: shared context, its private context, its inbox."""
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "GET", f"/agents/{agent}/context-view", params={"task": task, "as_agent": agent}
         )
 
     async def shared_context_get(self, task: str) -> dict[str, Any]:
-        return await self.request("GET", f"/tasks/{task}/shared-context")  # type: ignore[no-any-return]
+        return await self.request("GET", f"/tasks/{task}/shared-context")
 
     async def shared_context_put(
         self,
@@ -1616,7 +1606,7 @@ class AsyncClient(_Base):
         **fields: Any,
     ) -> dict[str, Any]:
         """Replace the shared context (fields: goal, constraints, artifacts, decisions, dependencies)."""
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "PUT",
             f"/tasks/{task}/shared-context",
             json=fields,
@@ -1636,7 +1626,7 @@ class AsyncClient(_Base):
     ) -> dict[str, Any]:
         """Change some shared-context fields, and/or append items to its lists."""
         body = _drop_none({**fields, "append": append})
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "PATCH",
             f"/tasks/{task}/shared-context",
             json=body,
@@ -1645,9 +1635,7 @@ class AsyncClient(_Base):
         )
 
     async def private_context_get(self, task: str, *, as_agent: str) -> dict[str, Any]:
-        return await self.request(  # type: ignore[no-any-return]
-            "GET", f"/tasks/{task}/private-context", params={"as_agent": as_agent}
-        )
+        return await self.request("GET", f"/tasks/{task}/private-context", params={"as_agent": as_agent})
 
     async def private_context_put(
         self,
@@ -1658,7 +1646,7 @@ class AsyncClient(_Base):
         expected_version: int | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "PUT",
             f"/tasks/{task}/private-context",
             json={"data": data},
@@ -1676,7 +1664,7 @@ class AsyncClient(_Base):
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Send a message on the task to `to` (None = broadcast)."""
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "POST",
             f"/tasks/{task}/messages",
             json={"to": to, "body": body},
@@ -1695,12 +1683,12 @@ class AsyncClient(_Base):
         limit: int | None = None,
     ) -> Page:
         params = {"as_agent": as_agent, "box": box, "unread": unread, "cursor": cursor, "limit": limit}
-        return await self.request("GET", f"/tasks/{task}/messages", params=params)  # type: ignore[no-any-return]
+        return await self.request("GET", f"/tasks/{task}/messages", params=params)
 
     async def task_messages_mark_read(
         self, task: str, *, as_agent: str, ids: list[str] | None = None, idempotency_key: str | None = None
     ) -> dict[str, Any]:
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "POST",
             f"/tasks/{task}/messages/read",
             json={"ids": ids},
@@ -1720,7 +1708,7 @@ class AsyncClient(_Base):
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         body = _drop_none({"key": key, "type": type, "content": content, "scope": scope})
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "POST", f"/sessions/{session_id}/facts", json=body, idempotency_key=idempotency_key
         )
 
@@ -1739,18 +1727,18 @@ class AsyncClient(_Base):
             "cursor": cursor,
             "limit": limit,
         }
-        return await self.request("GET", f"/sessions/{session_id}/facts", params=params)  # type: ignore[no-any-return]
+        return await self.request("GET", f"/sessions/{session_id}/facts", params=params)
 
     async def decay_report(self, session_id: str) -> dict[str, Any]:
         return await self.facts_list(session_id, decayed=True)
 
     async def fact_get(self, session_id: str, fact_id: str) -> dict[str, Any]:
-        return await self.request("GET", f"/sessions/{session_id}/facts/{fact_id}")  # type: ignore[no-any-return]
+        return await self.request("GET", f"/sessions/{session_id}/facts/{fact_id}")
 
     async def fact_reference(
         self, session_id: str, fact_id: str, *, note: str | None = None, idempotency_key: str | None = None
     ) -> dict[str, Any]:
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "POST",
             f"/sessions/{session_id}/facts/{fact_id}/reference",
             json=_drop_none({"note": note}),
@@ -1780,6 +1768,6 @@ class AsyncClient(_Base):
                 "allow_truncation": allow_truncation,
             }
         )
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             "POST", f"/sessions/{session_id}/compress", json=body, idempotency_key=idempotency_key
         )

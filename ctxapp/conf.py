@@ -215,10 +215,11 @@ SETTINGS: list[Setting] = [
         "before a job starts).",
     ),
     Setting(
-        "CTXAPP_DB_CONN_MAX_AGE",
+        "CTXAPP_DB_POOL_SIZE",
         parse_int,
-        60,
-        "Seconds a database connection is reused (Django CONN_MAX_AGE).",
+        20,
+        "Most database connections each process keeps in its psycopg pool (0 = no pool: a new "
+        "connection per request). Budget PostgreSQL's max_connections for every web and worker process.",
     ),
     # --- API -----------------------------------------------------------------------------------
     Setting(
@@ -289,11 +290,18 @@ SETTINGS: list[Setting] = [
         group="experiences",
     ),
     Setting(
-        "CTXAPP_EMBEDDING_API_KEY", parse_str, "", "Bearer key of the embeddings endpoint.", secret=True,
+        "CTXAPP_EMBEDDING_API_KEY",
+        parse_str,
+        "",
+        "Bearer key of the embeddings endpoint.",
+        secret=True,
         group="experiences",
     ),
     Setting(
-        "CTXAPP_EMBEDDING_TIMEOUT", parse_float, 30.0, "Seconds to wait for the embeddings endpoint.",
+        "CTXAPP_EMBEDDING_TIMEOUT",
+        parse_float,
+        30.0,
+        "Seconds to wait for the embeddings endpoint.",
         group="experiences",
     ),
     Setting(
@@ -385,13 +393,26 @@ SETTINGS: list[Setting] = [
         "summaries. Unset: the offline extractive summariser.",
         group="context",
     ),
-    Setting("CTXAPP_SUMMARISER_MODEL", parse_str, "gpt-4o-mini", "Chat model that writes summaries.", group="context"),
     Setting(
-        "CTXAPP_SUMMARISER_API_KEY", parse_str, "", "Bearer key of the summariser endpoint.", secret=True,
+        "CTXAPP_SUMMARISER_MODEL",
+        parse_str,
+        "gpt-4o-mini",
+        "Chat model that writes summaries.",
         group="context",
     ),
     Setting(
-        "CTXAPP_SUMMARISER_TIMEOUT", parse_float, 30.0, "Seconds to wait for the summariser endpoint.",
+        "CTXAPP_SUMMARISER_API_KEY",
+        parse_str,
+        "",
+        "Bearer key of the summariser endpoint.",
+        secret=True,
+        group="context",
+    ),
+    Setting(
+        "CTXAPP_SUMMARISER_TIMEOUT",
+        parse_float,
+        30.0,
+        "Seconds to wait for the summariser endpoint.",
         group="context",
     ),
     Setting(
@@ -400,7 +421,7 @@ SETTINGS: list[Setting] = [
         2,
         "Extra attempts at the summariser endpoint before falling back to the offline summariser.",
         group="context",
-    ),    # --- dashboard ---
+    ),  # --- dashboard ---
     Setting(
         "CTXAPP_DASHBOARD_FLUSH_MS",
         parse_positive_int,
@@ -409,7 +430,6 @@ SETTINGS: list[Setting] = [
         group="dashboard",
     ),
 ]
-
 
 
 def env_file_path() -> Path:
@@ -441,9 +461,7 @@ def resolve_all(environ: dict[str, str] | None = None) -> dict[str, Resolved]:
         try:
             value = setting.parse(raw)
         except (ValueError, TypeError) as exc:
-            raise SettingError(
-                f"{setting.env}={raw!r} is not a valid {setting.type_name}: {exc}"
-            ) from None
+            raise SettingError(f"{setting.env}={raw!r} is not a valid {setting.type_name}: {exc}") from None
         resolved[setting.env] = Resolved(setting, value, source)
     return resolved
 

@@ -98,9 +98,7 @@ TEMPLATES = [
 DATABASE_URL = CTXAPP["DATABASE_URL"] or os.environ.get("CTXAPP_EMBEDDED_DATABASE_URL", "")
 EMBEDDED_DATABASE = not CTXAPP["DATABASE_URL"]
 if DATABASE_URL:
-    DATABASES = {
-        "default": dj_database_url.parse(DATABASE_URL, conn_max_age=CTXAPP["CTXAPP_DB_CONN_MAX_AGE"])
-    }
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
 else:
     # Not started yet (e.g. `ctxapp config`): a placeholder that fails clearly if used.
     DATABASES = {
@@ -110,7 +108,16 @@ else:
             "HOST": "embedded-database-not-started",
         }
     }
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Under ASGI each request runs its sync view in its own thread, so persistent connections
+# (CONN_MAX_AGE > 0) pile up one per dead thread; Django's answer is a pool per process.
+if CTXAPP["CTXAPP_DB_POOL_SIZE"] > 0 and DATABASE_URL:
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": CTXAPP["CTXAPP_DB_POOL_SIZE"],
+        "timeout": 10,
+    }
+else:
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- broker and channel layer -------------------------------------------------------------------
@@ -203,7 +210,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["memory.api.parsers.TextSafeJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "ctxapp.api_errors.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "memory.api.schema.CtxappAutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
@@ -214,6 +221,11 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "TaskStatusEnum": "memory.models.sessions.TaskStatus",
+        "ExperienceKindEnum": "memory.models.experiences.ExperienceKind",
+        "ApiKeyStatusEnum": ["active", "expired", "revoked"],
+    },
 }
 
 LOGGING = {

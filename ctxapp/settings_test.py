@@ -31,6 +31,9 @@ from ctxapp.settings import DATABASES, STATIC_ROOT  # noqa: E402
 ALLOWED_HOSTS = ["*"]
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns about a missing one
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+# The test process itself opens plain connections (pytest-django renames the database to the
+# test one); servers and workers that tests start as subprocesses use the product's pool.
+DATABASES["default"].get("OPTIONS", {}).pop("pool", None)
 DATABASES["default"]["TEST"] = {"NAME": "test_ctxapp"}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 STORAGES = {

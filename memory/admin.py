@@ -202,7 +202,15 @@ POLICY_INLINES.append(DecayPolicyInline)
 
 @admin.register(TrackedFact)
 class TrackedFactAdmin(admin.ModelAdmin):
-    list_display = ["public_id", "key", "fact_type", "importance", "tenant", "last_referenced_round", "decayed"]
+    list_display = [
+        "public_id",
+        "key",
+        "fact_type",
+        "importance",
+        "tenant",
+        "last_referenced_round",
+        "decayed",
+    ]
     list_filter = ["tenant", "importance", "decayed"]
     search_fields = ["public_id", "key", "content"]
     list_select_related = ["tenant"]

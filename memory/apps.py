@@ -9,3 +9,4 @@ class MemoryConfig(AppConfig):
         # Create the Celery app in every Django process so shared_task(...).delay() uses its
         # broker settings (ctxapp/__init__.py no longer imports it eagerly; see ctxapp.client).
         import ctxapp.celery  # noqa: F401
+        import memory.api.schema  # noqa: F401  (registers the OpenAPI auth extension)

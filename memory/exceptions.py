@@ -44,8 +44,7 @@ class Conflict(DomainError):
 class IdempotencyConflict(Conflict):
     code = "idempotency_conflict"
     default_message = (
-        "This Idempotency-Key was already used with a different request. "
-        "Use a new key for a new request."
+        "This Idempotency-Key was already used with a different request. Use a new key for a new request."
     )
 
 

@@ -83,7 +83,6 @@ def worker_env() -> dict[str, str]:
         {
             "DJANGO_SETTINGS_MODULE": "ctxapp.settings",
             "DATABASE_URL": url,
-            "CTXAPP_DB_CONN_MAX_AGE": "0",
         }
     )
     env.pop("CTXAPP_EMBEDDED_DATABASE_URL", None)

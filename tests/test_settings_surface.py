@@ -37,7 +37,7 @@ def test_every_setting_has_one_name_a_type_a_default_and_a_line_of_documentation
         ("CTXAPP_PORT", "0", "expected a TCP port between 1 and 65535"),
         ("CTXAPP_DEBUG", "sometimes", "CTXAPP_DEBUG='sometimes' is not a valid bool"),
         ("CTXAPP_WEB_WORKERS", "-1", "CTXAPP_WEB_WORKERS='-1' is not a valid positive int"),
-        ("CTXAPP_DB_CONN_MAX_AGE", "1.5", "CTXAPP_DB_CONN_MAX_AGE='1.5' is not a valid int"),
+        ("CTXAPP_DB_POOL_SIZE", "1.5", "CTXAPP_DB_POOL_SIZE='1.5' is not a valid int"),
         ("CTXAPP_LOG_LEVEL", "verbose", "expected one of debug, info, warning, error"),
     ],
 )

@@ -181,6 +181,8 @@ class AgentStateRestoreApi(AgentScopedView):
 
 
 class AgentCheckpointsApi(AgentScopedView):
+    schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
+
     class InputSerializer(serializers.Serializer):
         class Meta:
             ref_name = "AgentCheckpointsInput"
@@ -449,6 +451,8 @@ class TaskPrivateContextApi(AgentScopedView):
 
 
 class TaskMessagesApi(AgentScopedView):
+    schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
+
     class InputSerializer(serializers.Serializer):
         class Meta:
             ref_name = "TaskMessagesInput"

@@ -121,6 +121,8 @@ class ModelOutputSerializer(serializers.Serializer):
 
 
 class ModelsApi(TenantApiView):
+    schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
+
     @extend_schema(
         responses=inline_serializer(
             "ModelList",
@@ -418,6 +420,8 @@ class SessionContextPolicyApi(TenantApiView):
 
 class SessionSummariesApi(TenantApiView):
     """List the session's summaries (GET); queue summarisation now (POST, 202)."""
+
+    schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
     @extend_schema(responses=OpenApiTypes.OBJECT, summary="The session's rolling summaries, current first")
     def get(self, request: Any, session_id: str) -> Response:

@@ -73,6 +73,8 @@ def _status_of(tenant: Any, session: Any, fact: Any) -> decay.FactStatus:
 
 
 class FactsApi(TenantApiView):
+    schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
+
     class InputSerializer(serializers.Serializer):
         class Meta:
             ref_name = "FactRegisterInput"

@@ -91,6 +91,8 @@ class ExperienceDetailSerializer(ExperienceOutputSerializer):
 
 
 class ExperienceListApi(TenantApiView):
+    schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
+
     class FilterSerializer(CursorSerializer):
         class Meta:
             ref_name = "ExperienceListFilter"

@@ -227,6 +227,8 @@ def _after_page(rows: list[Any], limit: int) -> tuple[list[Any], int | None]:
 
 
 class SessionListCreateApi(TenantApiView):
+    schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
+
     @extend_schema_serializer(component_name="SessionCreate")
     class InputSerializer(serializers.Serializer):
         agent = serializers.CharField(
@@ -317,6 +319,8 @@ class SessionEndApi(TenantApiView):
 
 
 class SessionMessagesApi(TenantApiView):
+    schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
+
     @extend_schema(
         request=MessageInputSerializer,
         responses={201: MessageOutputSerializer, 200: BatchOutputSerializer},
@@ -371,6 +375,8 @@ class AgentLatestSessionApi(TenantApiView):
 
 
 class TaskCreateApi(TenantApiView):
+    schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
+
     @extend_schema_serializer(component_name="TaskCreate")
     class InputSerializer(serializers.Serializer):
         session = serializers.CharField(required=False, help_text="The session the task runs in.")
@@ -457,6 +463,8 @@ class TaskDetailApi(TenantApiView):
 
 
 class AgentEventsApi(TenantApiView):
+    schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
+
     @extend_schema_serializer(component_name="AgentEventCreate")
     class InputSerializer(serializers.Serializer):
         type = serializers.CharField(

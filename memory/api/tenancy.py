@@ -84,6 +84,7 @@ def _actor(request: Any) -> str:
 
 
 class ApiKeyListCreateApi(TenantApiView):
+    schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
     required_scope = ApiKeyScope.ADMIN
 
     class InputSerializer(serializers.Serializer):

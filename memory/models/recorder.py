@@ -24,7 +24,12 @@ class EventStream(models.Model):
     last_seq = models.PositiveBigIntegerField(default=0)
 
     class Meta:
-        constraints: ClassVar = [models.UniqueConstraint(fields=["tenant", "key"], name="stream_tenant_key_unique")]
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["tenant", "key"], name="stream_tenant_key_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} (last seq {self.last_seq})"
 
 
 class Event(models.Model):

@@ -19,7 +19,8 @@ def post_raw(client, path: str, body: str):
 )
 def test_unstorable_text_in_a_message_is_422_naming_the_field(api_a, escape, word):
     session = api_a.post("/api/v1/sessions", {"agent": "a1"}, format="json").json()["id"]
-    body = '{"messages": [{"role": "user", "content": "fine"}, {"role": "user", "content": "a%sb"}]}' % escape
+    bad = '{"role": "user", "content": "a' + escape + 'b"}'
+    body = '{"messages": [{"role": "user", "content": "fine"}, ' + bad + "]}"
     response = post_raw(api_a, f"/api/v1/sessions/{session}/messages", body)
     assert response.status_code == 422, response.content
     error = response.json()["error"]
@@ -38,7 +39,9 @@ def test_unstorable_text_in_a_search_query_is_422(api_a):
 def test_ordinary_unicode_passes(api_a):
     session = api_a.post("/api/v1/sessions", {"agent": "a1"}, format="json").json()["id"]
     response = post_raw(
-        api_a, f"/api/v1/sessions/{session}/messages", '{"role": "user", "content": "caf\\u00e9 \\ud83d\\ude00 你好"}'
+        api_a,
+        f"/api/v1/sessions/{session}/messages",
+        '{"role": "user", "content": "caf\\u00e9 \\ud83d\\ude00 你好"}',
     )
     assert response.status_code == 201, response.content
     assert Message.objects.get().content == "café 😀 你好"

@@ -17,7 +17,10 @@ def test_append_assigns_consecutive_seqs_and_records_events(tenant_a):
     batch = messages_append(
         tenant=tenant_a,
         session=session,
-        items=[MessageInput(role="assistant", content="hello there"), MessageInput(role="user", content="ok")],
+        items=[
+            MessageInput(role="assistant", content="hello there"),
+            MessageInput(role="user", content="ok"),
+        ],
     )
     assert [m.seq for m in first + batch] == [1, 2, 3]
     assert first[0].token_count == 1
@@ -48,7 +51,9 @@ def test_concurrent_appends_are_gapless(tenant_a):
     def worker() -> None:
         try:
             for _ in range(10):
-                messages_append(tenant=tenant_a, session=session, items=[MessageInput(role="user", content="x")])
+                messages_append(
+                    tenant=tenant_a, session=session, items=[MessageInput(role="user", content="x")]
+                )
         except BaseException as exc:  # surfaced below
             errors.append(exc)
         finally:
