@@ -53,6 +53,19 @@ def api_b(tenant_b: Tenant) -> APIClient:
 
 
 @pytest.fixture
+def alice(api_a: APIClient) -> Iterator[Any]:
+    """Alice's Python client (ctxapp.client), talking to this process's Django in the test's transaction."""
+    from ctxapp.client import Client
+    from tests.helpers import in_process_transport
+
+    with (
+        in_process_transport() as transport,
+        Client("http://testserver", api_a.secret, retries=0, transport=transport) as client,
+    ):
+        yield client
+
+
+@pytest.fixture
 def make_client() -> Any:
     return _client_for
 

@@ -6,13 +6,12 @@ importance, referenced at planned rounds; the decay report is checked at several
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from memory.models import Event, FactReference, TrackedFact
+from tests.helpers import in_process_transport
 
 pytestmark = pytest.mark.django_db
 
@@ -336,26 +335,6 @@ def test_bob_can_touch_none_of_alices_facts(api_a, api_b, tenant_a):
     assert TrackedFact.objects.count() == 1
     assert not FactReference.objects.filter(method="explicit").exists()
     assert Event.objects.filter(tenant=tenant_a).count() == events_before
-
-
-@contextlib.contextmanager
-def in_process_transport() -> Iterator[Any]:
-    """An httpx transport into this process's Django, on the test transaction (like Django's test client).
-
-    Django's test client reconnects close_old_connections after each request, so no test-client
-    call may happen inside this block."""
-    import httpx
-    from django.core import signals
-    from django.core.wsgi import get_wsgi_application
-    from django.db import close_old_connections
-
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    try:
-        yield httpx.WSGITransport(app=get_wsgi_application())
-    finally:
-        signals.request_started.connect(close_old_connections)
-        signals.request_finished.connect(close_old_connections)
 
 
 def test_the_python_client_covers_facts_and_compression(api_a, tenant_a):

@@ -2,33 +2,12 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
-from django.core.signals import request_finished, request_started
-from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections
 
 from ctxapp import client as ctx
 from memory.models import Experience
 from memory.services.experiences import experiences_embed
 from memory.services.sessions import session_create, task_create, task_update
-
-
-@pytest.fixture
-def alice(api_a):
-    # like django.test.Client: keep the test's connection (and its transaction) open across requests
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    c = ctx.Client(
-        "http://testserver",
-        api_a.secret,
-        retries=0,
-        transport=httpx.WSGITransport(app=get_wsgi_application()),
-    )
-    yield c
-    c.close()
-    request_started.connect(close_old_connections)
-    request_finished.connect(close_old_connections)
 
 
 @pytest.mark.django_db
