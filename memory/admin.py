@@ -60,7 +60,7 @@ class ApiKeyAdminForm(forms.ModelForm):
 
     class Meta:
         model = ApiKey
-        fields = ["tenant", "name", "scopes", "expires_at"]
+        fields = ["tenant", "name", "scopes", "agent_external_id", "expires_at"]
 
     def clean_scopes(self) -> list[str]:
         return sorted(self.cleaned_data.get("scopes") or [])
@@ -75,7 +75,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     search_fields = ["name", "prefix", "tenant__slug"]
     readonly_fields = ["visible_prefix", "created_at", "last_used_at", "revoked_at"]
     fields = [
-        *["tenant", "name", "scopes", "expires_at"],
+        *["tenant", "name", "scopes", "agent_external_id", "expires_at"],
         *["visible_prefix", "created_at", "last_used_at", "revoked_at"],
     ]
     actions = ["revoke"]
@@ -105,6 +105,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             name=obj.name,
             scopes=list(obj.scopes or []),
             expires_at=obj.expires_at,
+            agent_external_id=obj.agent_external_id,
             actor=f"admin user {request.user}",
         )
         obj.pk = key.pk

@@ -51,7 +51,7 @@ class AgentScopedView(TenantApiView):
         return agent_get(tenant=self.tenant, external_id=external_id)
 
     def caller(self, *, required: bool) -> Agent | None:
-        """The agent making the call: the X-Agent-Id header, or the `as_agent` query parameter."""
+        """The agent making the call: the key's bound agent, else the X-Agent-Id header or `as_agent`."""
         header = self.request.headers.get(AGENT_HEADER, "").strip()
         query = self.request.query_params.get("as_agent", "").strip()
         if header and query and header != query:
@@ -60,6 +60,15 @@ class AgentScopedView(TenantApiView):
                 details={"fields": {AGENT_HEADER: ["Differs from as_agent."]}},
             )
         name = header or query
+        bound = self.request.auth.agent_external_id  # type: ignore[union-attr]
+        if bound:
+            # A key bound to an agent always acts as that agent: naming another is refused.
+            if name and name != bound:
+                raise AgentMismatch(
+                    f"This API key is bound to agent {bound!r}; it cannot act as {name!r}.",
+                    details={"bound_agent": bound, "requested_agent": name},
+                )
+            name = bound
         if not name:
             if required:
                 raise InvalidInput(

@@ -61,6 +61,9 @@ class ApiKeyOutputSerializer(serializers.Serializer):
     last_used_at = serializers.DateTimeField(allow_null=True)
     expires_at = serializers.DateTimeField(allow_null=True)
     revoked_at = serializers.DateTimeField(allow_null=True)
+    agent = serializers.CharField(
+        allow_blank=True, help_text="The agent the key is bound to (it always acts as it); empty = any agent."
+    )
 
 
 def api_key_out(key: ApiKey) -> dict[str, Any]:
@@ -74,6 +77,7 @@ def api_key_out(key: ApiKey) -> dict[str, Any]:
             "last_used_at": key.last_used_at,
             "expires_at": key.expires_at,
             "revoked_at": key.revoked_at,
+            "agent": key.agent_external_id,
         }
     ).data
 
@@ -93,6 +97,9 @@ class ApiKeyListCreateApi(TenantApiView):
             child=serializers.ChoiceField(choices=ApiKeyScope.values), required=False, default=list
         )
         expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+        agent = serializers.CharField(
+            max_length=200, required=False, default="", help_text="Bind the key to this agent (optional)."
+        )
 
         def validate_expires_at(self, value: Any) -> Any:
             if value is not None and value <= timezone.now():
@@ -120,6 +127,7 @@ class ApiKeyListCreateApi(TenantApiView):
             name=data["name"],
             scopes=data["scopes"],
             expires_at=data["expires_at"],
+            agent_external_id=data["agent"],
             actor=_actor(request),
         )
         return Response({**api_key_out(key), "key": secret}, status=status.HTTP_201_CREATED)

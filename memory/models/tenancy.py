@@ -69,6 +69,14 @@ class ApiKey(models.Model):
     scopes = models.JSONField(
         default=list, help_text='Any of "read", "write", "admin". Empty = read and write.'
     )
+    agent_external_id = models.CharField(
+        "bound to agent",
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="Empty: the key may act as any agent of the tenant (named by X-Agent-Id). Set: it always "
+        "acts as this agent, so another agent's private context and inbox are out of its reach.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     expires_at = models.DateTimeField(null=True, blank=True)

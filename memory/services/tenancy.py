@@ -24,13 +24,15 @@ def api_key_create(
     name: str,
     scopes: list[str] | None = None,
     expires_at: datetime | None = None,
+    agent_external_id: str = "",
     actor: str | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key and return it with its secret, which is not stored and cannot be shown again.
 
     Not idempotent (each call makes a new key). With `actor` (who asked: "api-key ctx_ab12cd34",
     "admin user alice"), records an `api_key.created` event on the tenant stream in the same
-    transaction. Raises ValueError for an unknown scope.
+    transaction. With `agent_external_id` the key is bound to that agent (it always acts as it).
+    Raises ValueError for an unknown scope.
     """
     unknown = set(scopes or []) - set(ApiKeyScope.values)
     if unknown:
@@ -44,6 +46,7 @@ def api_key_create(
             secret_hash=digest,
             scopes=sorted(set(scopes or [])),
             expires_at=expires_at,
+            agent_external_id=agent_external_id,
         )
         if actor is not None:
             _record(tenant=tenant, type="api_key.created", api_key=key, actor=actor)

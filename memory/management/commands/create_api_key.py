@@ -18,6 +18,7 @@ class Command(BaseCommand):
             "--scopes", default="", help="comma-separated: read,write,admin (default: read and write)"
         )
         parser.add_argument("--expires-in-days", type=int)
+        parser.add_argument("--agent", default="", help="bind the key to this agent (it always acts as it)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = Tenant.objects.filter(slug=options["tenant"]).first()
@@ -31,6 +32,7 @@ class Command(BaseCommand):
                 name=options["name"],
                 scopes=scopes,
                 expires_at=timezone.now() + timedelta(days=expires) if expires else None,
+                agent_external_id=options["agent"],
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
