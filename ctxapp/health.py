@@ -64,8 +64,11 @@ async def _channel_layer_roundtrip(layer: Any) -> None:
     await layer.send(channel, {"type": "readyz.ping", "token": token})
 
     async def wait_for_token() -> None:
-        while (await layer.receive(channel)).get("token") != token:
-            pass  # a late answer to an earlier probe that timed out
+        # Messages with another token are late answers to earlier probes that timed out: skip them.
+        while True:
+            message = await layer.receive(channel)
+            if message.get("token") == token:
+                return
 
     await asyncio.wait_for(wait_for_token(), CHANNEL_LAYER_TIMEOUT_SECONDS)
 
