@@ -19,6 +19,14 @@ from memory.services.tenancy import api_key_create, api_key_revoke
 POLICY_INLINES: list[type[admin.options.InlineModelAdmin]] = []
 
 
+class PolicyInline(admin.StackedInline):
+    """A tenant's one row of a capability's policy (TenantPolicyBase), edited on the tenant page."""
+
+    can_delete = False
+    extra = 0
+    max_num = 1
+
+
 class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 0
@@ -141,11 +149,8 @@ class MembershipAdmin(admin.ModelAdmin):
 from memory.models import Event, Session, SessionRetentionPolicy, Task  # noqa: E402
 
 
-class SessionRetentionPolicyInline(admin.StackedInline):
+class SessionRetentionPolicyInline(PolicyInline):
     model = SessionRetentionPolicy
-    can_delete = False
-    extra = 0
-    max_num = 1
 
 
 POLICY_INLINES.append(SessionRetentionPolicyInline)
@@ -191,11 +196,8 @@ class EventAdmin(admin.ModelAdmin):
 from memory.models import DecayPolicy, TrackedFact  # noqa: E402
 
 
-class DecayPolicyInline(admin.StackedInline):
+class DecayPolicyInline(PolicyInline):
     model = DecayPolicy
-    can_delete = False
-    extra = 0
-    max_num = 1
 
 
 POLICY_INLINES.append(DecayPolicyInline)
@@ -223,11 +225,8 @@ class TrackedFactAdmin(admin.ModelAdmin):
 from memory.models import Checkpoint, CheckpointPolicy, CognitiveState  # noqa: E402
 
 
-class CheckpointPolicyInline(admin.StackedInline):
+class CheckpointPolicyInline(PolicyInline):
     model = CheckpointPolicy
-    can_delete = False
-    extra = 0
-    max_num = 1
 
 
 POLICY_INLINES.append(CheckpointPolicyInline)
@@ -267,11 +266,8 @@ class CheckpointAdmin(admin.ModelAdmin):
 from memory.models import BudgetSample, ContextPolicy, ModelProfile, Summary, TokenUsageReport  # noqa: E402
 
 
-class ContextPolicyInline(admin.StackedInline):
+class ContextPolicyInline(PolicyInline):
     model = ContextPolicy
-    extra = 0
-    max_num = 1
-    can_delete = False
     verbose_name_plural = "context policy"
 
 
@@ -319,11 +315,8 @@ class TokenUsageReportAdmin(admin.ModelAdmin):
 from memory.models import Experience, ExperiencePolicy  # noqa: E402
 
 
-class ExperiencePolicyInline(admin.StackedInline):
+class ExperiencePolicyInline(PolicyInline):
     model = ExperiencePolicy
-    can_delete = False
-    extra = 0
-    max_num = 1
 
 
 POLICY_INLINES.append(ExperiencePolicyInline)
