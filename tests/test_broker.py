@@ -1,0 +1,98 @@
+"""The Redis-less broker (ctxapp/broker.py) on a fresh database.
+
+On first start the web server, the Celery worker and the scheduler all connect at once; each used
+to create Kombu's tables itself and two of them collided on `CREATE SEQUENCE` (the worker died).
+Proves: processes that connect together to a fresh database all succeed, and every message
+they publish goes through the `ctxsqla` transport.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.conf import settings
+from kombu import Connection
+
+from ctxapp import broker
+from ctxapp.settings import _sqlalchemy_url
+
+
+def _admin_conninfo() -> str:
+    db = settings.DATABASES["default"]
+    host = db.get("OPTIONS", {}).get("host") or db.get("HOST") or ""
+    return psycopg.conninfo.make_conninfo(
+        dbname="postgres", user=db.get("USER") or None, password=db.get("PASSWORD") or None,
+        host=host or None, port=db.get("PORT") or None,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def fresh_database() -> Iterator[str]:
+    """A brand-new, empty database on the test server; its Kombu URL."""
+    name = f"broker_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(_admin_conninfo(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _sqlalchemy_url({**settings.DATABASES["default"], "NAME": name})
+    finally:
+        broker.Channel._engines.clear()  # drop this test's engines before the database goes
+        with psycopg.connect(_admin_conninfo(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+STARTER = """
+import sys, time
+from kombu import Connection
+import ctxapp.broker  # registers the ctxsqla transport
+url, start_at = sys.argv[1], float(sys.argv[2])
+time.sleep(max(0.0, start_at - time.time()))
+with Connection(url) as conn:
+    queue = conn.SimpleQueue("ctxapp-broker-test")
+    queue.put({"from": sys.argv[3]})
+    queue.close()
+"""
+
+
+def test_processes_starting_together_on_a_fresh_database_all_connect(fresh_database: str) -> None:
+    starters = 6
+    start_at = time.time() + 3  # all past their imports by then, so their first queries collide
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", STARTER, fresh_database, str(start_at), str(n)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for n in range(starters)
+    ]
+    outputs = [proc.communicate(timeout=60)[0] for proc in procs]
+
+    assert [proc.returncode for proc in procs] == [0] * starters, "\n".join(outputs)
+    received = []
+    with Connection(fresh_database) as conn:
+        queue = conn.SimpleQueue("ctxapp-broker-test")
+        while len(received) < starters:
+            message = queue.get(timeout=5)
+            received.append(message.payload["from"])
+            message.ack()
+        queue.close()
+    assert sorted(received) == [str(n) for n in range(starters)]
+
+
+def test_a_message_goes_through_the_sql_transport_on_a_fresh_database(fresh_database: str) -> None:
+    received: list[Any] = []
+    with Connection(fresh_database) as conn:
+        queue = conn.SimpleQueue("ctxapp-broker-test")
+        queue.put({"hello": "world"})
+        message = queue.get(timeout=5)
+        received.append(message.payload)
+        message.ack()
+        queue.close()
+    assert received == [{"hello": "world"}]
