@@ -27,7 +27,10 @@ Public functions for other capabilities:
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -610,14 +613,79 @@ def experiences_requeue_stale(*, older_than: timedelta | None = None) -> int:
     return len(ids)
 
 
-def experiences_reembed_ids(*, only_failed: bool = False, tenant: Tenant | None = None) -> list[int]:
-    """Ids the `reembed` command works through: all (or only failed) experiences, oldest first."""
+@dataclass(frozen=True)
+class ReembedResult:
+    job: str
+    total: int
+    completed: int
+    failed: int
+
+
+# A long re-embed reports its progress at most this often per tenant (plus at start and end).
+REEMBED_PROGRESS_EVERY_SECONDS = 2.0
+
+
+def experiences_reembed(
+    *,
+    only_failed: bool = False,
+    tenant: Tenant | None = None,
+    batch_size: int | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> ReembedResult:
+    """Re-embed all (or only failed) experiences, of `tenant` or all, in batches, here and now.
+
+    Each tenant concerned gets `experience.reembed.progress` events (`job`, `done`, `total`,
+    `failed`) at the start, at most every REEMBED_PROGRESS_EVERY_SECONDS and at the end: the
+    dashboard's jobs panel shows them as a progress bar. `on_batch(n)` is told of each batch of n.
+    """
     queryset = Experience.objects.all()
     if tenant is not None:
         queryset = queryset.filter(tenant=tenant)
     if only_failed:
         queryset = queryset.filter(embedding_status=EmbeddingStatus.FAILED)
-    return list(queryset.order_by("pk").values_list("pk", flat=True))
+    rows = list(queryset.order_by("pk").values_list("pk", "tenant_id"))
+    size = batch_size or int(settings.CTXAPP["CTXAPP_EMBEDDING_BATCH_SIZE"])
+    job = f"reembed-{secrets.token_hex(4)}"
+    tenants = {t.pk: t for t in Tenant.objects.filter(pk__in={tenant_id for _, tenant_id in rows})}
+    totals: dict[int, int] = {}
+    for _, tenant_id in rows:
+        totals[tenant_id] = totals.get(tenant_id, 0) + 1
+    done = dict.fromkeys(totals, 0)
+    lost = dict.fromkeys(totals, 0)
+    reported: dict[int, float] = {}
+
+    def report(tenant_id: int, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - reported.get(tenant_id, 0.0) < REEMBED_PROGRESS_EVERY_SECONDS:
+            return
+        reported[tenant_id] = now
+        recorder.event_append(
+            tenant=tenants[tenant_id],
+            type="experience.reembed.progress",
+            payload={
+                "job": job,
+                "done": done[tenant_id],
+                "total": totals[tenant_id],
+                "failed": lost[tenant_id],
+                "only_failed": only_failed,
+            },
+        )
+
+    for tenant_id in totals:
+        report(tenant_id, force=True)
+    for start in range(0, len(rows), size):
+        chunk = rows[start : start + size]
+        _, failed = experiences_reembed_batch(experience_ids=[pk for pk, _ in chunk])
+        for _, tenant_id in chunk:  # a batch succeeds or fails as a whole
+            done[tenant_id] += 1
+            if failed:
+                lost[tenant_id] += 1
+        for tenant_id in {tenant_id for _, tenant_id in chunk}:
+            report(tenant_id, force=done[tenant_id] == totals[tenant_id])
+        if on_batch is not None:
+            on_batch(len(chunk))
+    failed_total = sum(lost.values())
+    return ReembedResult(job=job, total=len(rows), completed=len(rows) - failed_total, failed=failed_total)
 
 
 def experiences_reembed_batch(*, experience_ids: list[int]) -> tuple[int, int]:

@@ -359,6 +359,20 @@ def test_an_operator_retries_a_failed_embedding_job(
     assert Event.objects.filter(tenant=tenant_a, type="experience.embedding_retried").count() == 1
 
 
+def test_the_jobs_page_shows_a_reembed_in_progress(web_alice: Client, tenant_a: Tenant, tenant_b: Tenant) -> None:
+    from memory.services import experiences
+
+    experiences.experience_create(tenant=tenant_a, problem="Disk full on db-2", solution="rotate WAL")
+    experiences.experience_create(tenant=tenant_b, problem="Bob's secret outage", solution="none")
+    page = web_alice.get("/jobs/").content.decode()
+    assert "reembed-" not in page and "No long job reported progress" in page
+
+    result = experiences.experiences_reembed(tenant=tenant_a)
+
+    page = web_alice.get("/jobs/").content.decode()
+    assert result.job in page and '<progress max="100" value="100">' in page and "1 / 1" in page
+
+
 def make_viewer(tenant: Tenant) -> Any:
     from tests.dashboard.conftest import make_user
 

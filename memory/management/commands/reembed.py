@@ -10,16 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from memory.models import Tenant
-from memory.services.experiences import (
-    experiences_reembed_batch,
-    experiences_reembed_ids,
-    experiences_retry_failed,
-)
+from memory.models import EmbeddingStatus, Experience, Tenant
+from memory.services.experiences import experiences_reembed, experiences_retry_failed
 
 
 class Command(BaseCommand):
@@ -49,16 +44,19 @@ class Command(BaseCommand):
             count = experiences_retry_failed(tenant=tenant)
             self.stdout.write(f"queued {count} failed experiences for embedding")
             return
-        ids = experiences_reembed_ids(only_failed=options["failed"], tenant=tenant)
-        size = options["batch_size"] or settings.CTXAPP["CTXAPP_EMBEDDING_BATCH_SIZE"]
-        completed = failed = 0
-        with tqdm(total=len(ids), unit="exp", desc="re-embedding", file=self.stderr._out) as bar:
-            for start in range(0, len(ids), size):
-                chunk = ids[start : start + size]
-                done, lost = experiences_reembed_batch(experience_ids=chunk)
-                completed += done
-                failed += lost
-                bar.update(len(chunk))
-        self.stdout.write(f"re-embedded {completed} experiences, {failed} failed, of {len(ids)}")
-        if failed:
-            raise CommandError(f"{failed} experiences failed to embed; see their embedding error.")
+        queryset = Experience.objects.filter(tenant=tenant) if tenant else Experience.objects.all()
+        if options["failed"]:
+            queryset = queryset.filter(embedding_status=EmbeddingStatus.FAILED)
+        with tqdm(total=queryset.count(), unit="exp", desc="re-embedding", file=self.stderr._out) as bar:
+            result = experiences_reembed(
+                only_failed=options["failed"],
+                tenant=tenant,
+                batch_size=options["batch_size"],
+                on_batch=bar.update,
+            )
+        self.stdout.write(
+            f"re-embedded {result.completed} experiences, {result.failed} failed, of {result.total}"
+            f" (job {result.job}; progress on the dashboard's jobs page)"
+        )
+        if result.failed:
+            raise CommandError(f"{result.failed} experiences failed to embed; see their embedding error.")

@@ -293,3 +293,28 @@ def test_the_beat_job_evicts_every_tenant_over_capacity(tenant_a, tenant_b):
         == Experience.objects.filter(tenant=tenant_b).count()
         == 1
     )
+
+
+def test_reembed_reports_progress_per_tenant(tenant_a, tenant_b, monkeypatch):
+    from memory.services import experiences as service
+
+    monkeypatch.setattr(service, "REEMBED_PROGRESS_EVERY_SECONDS", 0.0)
+    for n in range(5):
+        create(tenant_a, problem=f"Pod {n} crash-loops on start")
+    for n in range(2):
+        create(tenant_b, problem=f"Queue {n} backs up at night")
+    batches = []
+
+    result = service.experiences_reembed(batch_size=2, on_batch=batches.append)
+
+    assert (result.total, result.completed, result.failed) == (7, 7, 0)
+    assert batches == [2, 2, 2, 1]
+
+    def progress(tenant):
+        events = Event.objects.filter(tenant=tenant, type="experience.reembed.progress").order_by("id")
+        return [(e.payload["job"], e.payload["done"], e.payload["total"]) for e in events]
+
+    # Each tenant sees only its own share of the job: a start, each batch it had rows in, the end.
+    assert progress(tenant_a) == [(result.job, done, 5) for done in (0, 2, 4, 5)]
+    assert progress(tenant_b) == [(result.job, done, 2) for done in (0, 1, 2)]
+    assert set(Experience.objects.values_list("embedding_status", flat=True)) == {"completed"}
