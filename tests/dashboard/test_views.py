@@ -359,7 +359,9 @@ def test_an_operator_retries_a_failed_embedding_job(
     assert Event.objects.filter(tenant=tenant_a, type="experience.embedding_retried").count() == 1
 
 
-def test_the_jobs_page_shows_a_reembed_in_progress(web_alice: Client, tenant_a: Tenant, tenant_b: Tenant) -> None:
+def test_the_jobs_page_shows_a_reembed_in_progress(
+    web_alice: Client, tenant_a: Tenant, tenant_b: Tenant
+) -> None:
     from memory.services import experiences
 
     experiences.experience_create(tenant=tenant_a, problem="Disk full on db-2", solution="rotate WAL")
