@@ -215,6 +215,13 @@ SETTINGS: list[Setting] = [
         "before a job starts).",
     ),
     Setting(
+        "CTXAPP_BROKER_VISIBILITY_TIMEOUT",
+        parse_positive_int,
+        3600,
+        "Seconds after which a job taken by a worker that never acknowledged it (the worker was "
+        "killed) is delivered again. Longer than the longest job.",
+    ),
+    Setting(
         "CTXAPP_DB_POOL_SIZE",
         parse_int,
         20,

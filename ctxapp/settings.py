@@ -175,10 +175,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE: dict = {}  # filled by memory.tasks (see memory/tasks/__init__.py)
 # Transport options are transport-specific: Kombu's SQLAlchemy transport hands every option to
-# SQLAlchemy's create_engine(), which rejects unknown ones (such as Redis's visibility_timeout).
-CELERY_BROKER_TRANSPORT_OPTIONS: dict = (
-    {"visibility_timeout": 3600} if REDIS_URL else {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 3}
-)
+# SQLAlchemy's create_engine() (ctxapp.broker takes visibility_timeout out first).
+CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": CTXAPP["CTXAPP_BROKER_VISIBILITY_TIMEOUT"]}
+if not REDIS_URL:
+    CELERY_BROKER_TRANSPORT_OPTIONS.update(pool_pre_ping=True, pool_size=2, max_overflow=3)
 
 # --- auth, i18n, static -------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

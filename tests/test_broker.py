@@ -3,7 +3,9 @@
 On first start the web server, the Celery worker and the scheduler all connect at once; each used
 to create Kombu's tables itself and two of them collided on `CREATE SEQUENCE` (the worker died).
 Proves: processes that connect together to a fresh database all succeed, and every message
-they publish goes through the `ctxsqla` transport.
+they publish goes through the `ctxsqla` transport; a job whose worker was SIGKILLed after taking
+it is delivered again after the visibility timeout, and not before; an acknowledged job leaves no
+row behind, and a requeued one leaves exactly one.
 """
 
 from __future__ import annotations
@@ -96,3 +98,62 @@ def test_a_message_goes_through_the_sql_transport_on_a_fresh_database(fresh_data
         message.ack()
         queue.close()
     assert received == [{"hello": "world"}]
+
+
+TAKER = """
+import os, signal, sys
+from kombu import Connection
+import ctxapp.broker
+with Connection(sys.argv[1]) as conn:
+    message = conn.SimpleQueue("ctxapp-broker-test").get(timeout=5)
+    print(message.payload["job"], flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # dies holding the job, never acknowledging it
+"""
+
+
+def rows(url: str) -> list[tuple[bool, str]]:
+    name = url.rsplit("/", 1)[1].split("?", 1)[0]
+    with psycopg.connect(_admin_conninfo().replace("dbname=postgres", f"dbname={name}")) as conn:
+        return [
+            (visible, payload)
+            for visible, payload in conn.execute("SELECT visible, payload FROM kombu_message")
+        ]
+
+
+def test_a_job_held_by_a_killed_worker_is_delivered_again_after_the_visibility_timeout(
+    fresh_database: str,
+) -> None:
+    with Connection(fresh_database, transport_options={"visibility_timeout": 2}) as conn:
+        queue = conn.SimpleQueue("ctxapp-broker-test")
+        queue.put({"job": "embed-42"})
+        taker = subprocess.run(
+            [sys.executable, "-c", TAKER, fresh_database], capture_output=True, text=True, timeout=60
+        )
+        assert taker.returncode == -9 and taker.stdout.strip() == "embed-42", taker.stderr
+
+        with pytest.raises(queue.Empty):  # still within its visibility timeout: nobody else gets it
+            queue.get(timeout=0.5)
+        time.sleep(2)
+        again = queue.get(timeout=5)
+        assert again.payload == {"job": "embed-42"}
+        again.ack()
+        with pytest.raises(queue.Empty):  # acknowledged: gone for good
+            queue.get(timeout=0.5)
+        queue.close()
+    assert rows(fresh_database) == []
+
+
+def test_acknowledged_jobs_leave_no_rows_and_a_requeued_job_is_there_once(fresh_database: str) -> None:
+    with Connection(fresh_database) as conn:
+        queue = conn.SimpleQueue("ctxapp-broker-test")
+        for n in range(3):
+            queue.put({"job": n})
+        for _ in range(2):
+            queue.get(timeout=5).ack()
+        assert len(rows(fresh_database)) == 1  # only the job nobody took yet
+
+        last = queue.get(timeout=5)
+        last.requeue()  # a worker hands it back (warm shutdown)
+        assert [visible for visible, _ in rows(fresh_database)] == [True]
+        assert queue.get(timeout=5).payload == {"job": 2}
+        queue.close()

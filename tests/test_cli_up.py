@@ -176,6 +176,24 @@ def test_ctxapp_up_end_to_end(workdir: Path) -> None:
         assert tenant.status_code == 200, tenant.text
         assert tenant.json()["slug"] == "demo"
 
+        # A background job goes through the Redis-less broker: the worker embeds a new experience.
+        made_exp = httpx.post(
+            f"{base}/api/v1/experiences",
+            json={"problem": "Pod crash-loops after deploy", "solution": "Restore the ConfigMap key"},
+            headers=bearer(api_key[1]),
+            timeout=15,
+        )
+        assert made_exp.status_code == 201, made_exp.text
+        deadline = time.monotonic() + 60
+        while True:
+            embedding = httpx.get(
+                f"{base}/api/v1/experiences/{made_exp.json()['id']}", headers=bearer(api_key[1]), timeout=15
+            ).json()["embedding"]
+            if embedding["status"] != "pending" or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert embedding["status"] == "completed", embedding
+
         with httpx.Client(base_url=base, timeout=15) as browser:
             form = browser.get("/admin/login/")
             token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)
