@@ -1,6 +1,8 @@
 """ASGI entry point: HTTP through Django, websockets through Channels (dashboard live updates)."""
 
+import asyncio
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -12,10 +14,19 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
+from memory import broadcast  # noqa: E402
 
-application = ProtocolTypeRouter(
+router = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+
+async def application(scope: Any, receive: Any, send: Any) -> None:
+    # Live updates of committed writes are sent on this server loop, not in the request's thread.
+    loop = asyncio.get_running_loop()
+    if broadcast._server_loop is not loop:
+        broadcast.use_loop(loop)
+    await router(scope, receive, send)

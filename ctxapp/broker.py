@@ -25,6 +25,7 @@ Figures: docs/benchmarks.md and docs/run-modes.md.
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 from json import loads
 from queue import Empty
@@ -56,6 +57,9 @@ class Channel(kombu_sqlalchemy.Channel):
         options = connection.client.transport_options
         self.visibility_timeout = float(options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT))
         self._rows: dict[str, int] = {}  # delivery tag -> the row it was taken from
+        # Kombu's channel keeps one SQLAlchemy session, which is not thread-safe, but Celery
+        # acknowledges and requeues from its result-handler thread while the consumer polls.
+        self._session_lock = threading.RLock()
 
     def _engine_from_config(self) -> Any:
         conninfo = self.connection.client
@@ -87,7 +91,23 @@ class Channel(kombu_sqlalchemy.Channel):
             self.session.rollback()
             return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
 
+    def _put(self, queue: Any, payload: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        with self._session_lock:
+            return super()._put(queue, payload, **kwargs)
+
+    def _size(self, queue: str) -> int:
+        with self._session_lock:
+            return int(super()._size(queue))
+
+    def _purge(self, queue: str) -> int:
+        with self._session_lock:
+            return int(super()._purge(queue))
+
     def _get(self, queue: str, timeout: Any = None) -> Any:
+        with self._session_lock:
+            return self._take(queue)
+
+    def _take(self, queue: str) -> Any:
         queue_id = self._get_or_create(queue).id
         table = self.message_cls.__table__
         now = _utcnow()
@@ -122,17 +142,14 @@ class Channel(kombu_sqlalchemy.Channel):
         return payload
 
     def _forget(self, delivery_tag: str) -> None:
+        # Called from Celery's result-handler thread: a connection of our own, not the session.
         row_id = self._rows.pop(delivery_tag, None)
         if row_id is None:
             return
-        try:
-            self.session.execute(
-                delete(self.message_cls.__table__).where(self.message_cls.__table__.c.id == row_id)
-            )
-            self.session.commit()
-        except Exception:
-            self.session.rollback()
-            raise
+        engine, _ = self._open()
+        table = self.message_cls.__table__
+        with engine.begin() as conn:
+            conn.execute(delete(table).where(table.c.id == row_id))
 
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
         super().basic_ack(delivery_tag, multiple=multiple)

@@ -157,3 +157,40 @@ def test_acknowledged_jobs_leave_no_rows_and_a_requeued_job_is_there_once(fresh_
         assert [visible for visible, _ in rows(fresh_database)] == [True]
         assert queue.get(timeout=5).payload == {"job": 2}
         queue.close()
+
+
+def test_acks_from_another_thread_while_the_consumer_polls(fresh_database: str) -> None:
+    """Celery acknowledges from its result-handler thread while its consumer thread polls."""
+    import queue as stdlib_queue
+    import threading
+
+    jobs = 300
+    to_ack: stdlib_queue.Queue[Any] = stdlib_queue.Queue()
+    errors: list[BaseException] = []
+
+    def acknowledger() -> None:
+        while (message := to_ack.get()) is not None:
+            try:
+                message.ack()
+            except BaseException as exc:  # collected and asserted below
+                errors.append(exc)
+
+    with Connection(fresh_database) as conn:
+        queue = conn.SimpleQueue("ctxapp-broker-test")
+        for n in range(jobs):
+            queue.put({"job": n})
+        thread = threading.Thread(target=acknowledger)
+        thread.start()
+        received = []
+        try:
+            while len(received) < jobs:
+                message = queue.get(timeout=10)
+                received.append(message.payload["job"])
+                to_ack.put(message)
+        finally:
+            to_ack.put(None)
+            thread.join(30)
+        queue.close()
+    assert errors == []
+    assert received == list(range(jobs))
+    assert rows(fresh_database) == []

@@ -253,6 +253,7 @@ def test_ctxapp_up_end_to_end(workdir: Path) -> None:
         assert len(processes) >= 5  # up, web, worker (+ its pool), beat, postgres
     finally:
         code = up.interrupt() if up.proc.poll() is None else up.proc.returncode
+        print(up.output())  # pytest shows it when the test fails
     assert code == 0, up.output()
     assert up.output().rstrip().endswith("ctxapp: stopped.")
     assert_nothing_left(processes, pgids)
@@ -276,5 +277,6 @@ def test_ctxapp_up_end_to_end(workdir: Path) -> None:
         pgids = {os.getpgid(p.pid) for p in processes}
     finally:
         code = rerun.interrupt() if rerun.proc.poll() is None else rerun.proc.returncode
+        print(rerun.output())  # pytest shows it when the test fails
     assert code == 0, rerun.output()
     assert_nothing_left(processes, pgids)
