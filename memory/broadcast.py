@@ -6,10 +6,11 @@ therefore never shows up on a dashboard, and a batch of 1,000 messages costs one
 send, not 1,000.
 
 In a web process the send happens off the request: the ASGI application tells this module its
-server's event loop (`use_loop`), and a committed write only hands its events to that loop
-(microseconds) instead of waiting for the channel layer (1.4 to 2.6 ms per append, measured in
-bench/bench_ingest.py). The loop sends them on the same loop the dashboard consumers use; what
-queues up while a send is in flight goes out together, one message per tenant. Elsewhere (Celery
+server's event loop (`use_loop`), and a committed write only hands its events to that loop. So a
+slow or unreachable channel layer (Redis restarting, a busy PostgreSQL) never holds an API write;
+the loop sends on the same loop the dashboard consumers use, and what queues up while a send is
+in flight goes out together, one message per tenant. (Throughput is unchanged within noise: the
+send's CPU is spent in the same process either way; bench/bench_ingest.py.) Elsewhere (Celery
 workers, management commands, tests through Django's test client) there is no server loop and
 the send happens at commit, in the committing thread. Live updates are best effort either way: a
 channel-layer failure is logged, never raised.
