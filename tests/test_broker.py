@@ -123,7 +123,7 @@ def rows(url: str) -> list[tuple[bool, str]]:
 def test_a_job_held_by_a_killed_worker_is_delivered_again_after_the_visibility_timeout(
     fresh_database: str,
 ) -> None:
-    with Connection(fresh_database, transport_options={"visibility_timeout": 2}) as conn:
+    with Connection(fresh_database, transport_options={"visibility_timeout": 5}) as conn:
         queue = conn.SimpleQueue("ctxapp-broker-test")
         queue.put({"job": "embed-42"})
         taker = subprocess.run(
@@ -133,7 +133,7 @@ def test_a_job_held_by_a_killed_worker_is_delivered_again_after_the_visibility_t
 
         with pytest.raises(queue.Empty):  # still within its visibility timeout: nobody else gets it
             queue.get(timeout=0.5)
-        time.sleep(2)
+        time.sleep(5)
         again = queue.get(timeout=5)
         assert again.payload == {"job": "embed-42"}
         again.ack()
