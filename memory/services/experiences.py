@@ -630,13 +630,15 @@ def experiences_reembed(
     only_failed: bool = False,
     tenant: Tenant | None = None,
     batch_size: int | None = None,
+    on_start: Callable[[int], None] | None = None,
     on_batch: Callable[[int], None] | None = None,
 ) -> ReembedResult:
     """Re-embed all (or only failed) experiences, of `tenant` or all, in batches, here and now.
 
     Each tenant concerned gets `experience.reembed.progress` events (`job`, `done`, `total`,
     `failed`) at the start, at most every REEMBED_PROGRESS_EVERY_SECONDS and at the end: the
-    dashboard's jobs panel shows them as a progress bar. `on_batch(n)` is told of each batch of n.
+    dashboard's jobs panel shows them as a progress bar. `on_start(total)` is told how many there
+    are, then `on_batch(n)` of each batch of n.
     """
     queryset = Experience.objects.all()
     if tenant is not None:
@@ -671,6 +673,8 @@ def experiences_reembed(
             },
         )
 
+    if on_start is not None:
+        on_start(len(rows))
     for tenant_id in totals:
         report(tenant_id, force=True)
     for start in range(0, len(rows), size):

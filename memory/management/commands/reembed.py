@@ -13,7 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from memory.models import EmbeddingStatus, Experience, Tenant
+from memory.models import Tenant
 from memory.services.experiences import experiences_reembed, experiences_retry_failed
 
 
@@ -44,14 +44,12 @@ class Command(BaseCommand):
             count = experiences_retry_failed(tenant=tenant)
             self.stdout.write(f"queued {count} failed experiences for embedding")
             return
-        queryset = Experience.objects.filter(tenant=tenant) if tenant else Experience.objects.all()
-        if options["failed"]:
-            queryset = queryset.filter(embedding_status=EmbeddingStatus.FAILED)
-        with tqdm(total=queryset.count(), unit="exp", desc="re-embedding", file=self.stderr._out) as bar:
+        with tqdm(unit="exp", desc="re-embedding", file=self.stderr._out) as bar:
             result = experiences_reembed(
                 only_failed=options["failed"],
                 tenant=tenant,
                 batch_size=options["batch_size"],
+                on_start=lambda total: bar.reset(total=total),
                 on_batch=bar.update,
             )
         self.stdout.write(
