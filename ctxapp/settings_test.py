@@ -6,7 +6,9 @@ REDIS_URL (default redis://127.0.0.1:6379/0); queue and group names get a per-ru
 concurrent test runs on one Redis never steal each other's jobs.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -15,6 +17,8 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
 os.environ.setdefault("CTXAPP_QUEUE_PREFIX", f"ctxtest{uuid.uuid4().hex[:8]}")
 os.environ.setdefault("CTXAPP_SECRET_KEY", "test-secret-key-not-for-production")
 _DATA = Path(tempfile.mkdtemp(prefix="ctxapp-test-"))
+# Registered before the embedded server starts, so it runs after the server has stopped (atexit is LIFO).
+atexit.register(shutil.rmtree, _DATA, ignore_errors=True)
 os.environ.setdefault("CTXAPP_DATA_DIR", str(_DATA))
 
 if not os.environ.get("CTXAPP_TEST_DATABASE_URL") and not os.environ.get("CTXAPP_EMBEDDED_DATABASE_URL"):

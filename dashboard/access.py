@@ -14,6 +14,7 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
+from django_htmx.middleware import HtmxDetails
 
 from memory.models import Membership, Tenant
 
@@ -24,6 +25,7 @@ class TenantRequest(HttpRequest):
     """A request that went through `tenant_view`: it carries the selected tenant."""
 
     tenant: Tenant
+    htmx: HtmxDetails
 
 
 def tenants_for_user(*, user: Any) -> QuerySet[Tenant]:

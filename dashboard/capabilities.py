@@ -91,7 +91,8 @@ def _forecast_text(forecast: dict[str, Any]) -> str:
     if until == 0:
         return "At or above the summarisation threshold now."
     if until is None or growth <= 0:
-        return f"Not growing (≈{growth:,.0f} tokens per turn over {basis}): no threshold in sight."
+        trend = "Shrinking" if growth < 0 else "Not growing"
+        return f"{trend} over {basis}: no threshold in sight."
     text = f"About {until} turn{'s' if until != 1 else ''} until the summarisation threshold"
     if window is not None:
         text += f", {window} until the budget is full"
@@ -124,7 +125,9 @@ def session_manifest(*, tenant: Tenant, session: Session) -> Any:
                 "reason": entry.get("reason", ""),
                 "position": position * 100 if position is not None else None,
                 "risky": bool(
-                    entry.get("critical") and position is not None and middle[0] <= position <= middle[1]
+                    entry["risky"]
+                    if "risky" in entry  # decided by the engine, with the tenant's policy
+                    else entry.get("critical") and position is not None and middle[0] <= position <= middle[1]
                 ),
             }
         )

@@ -209,7 +209,7 @@ def experiences(request: TenantRequest) -> HttpResponse:
         if query
         else None
     )
-    if request.headers.get("HX-Request") and query:
+    if request.htmx and query:
         return render(
             request, "dashboard/partials/_experience_results.html", {"results": results, "query": query}
         )

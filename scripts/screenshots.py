@@ -21,7 +21,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from playwright.sync_api import ViewportSize
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -37,7 +40,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-VIEWPORT = {"width": 1440, "height": 900}
+VIEWPORT: ViewportSize = {"width": 1440, "height": 900}
 
 
 def free_port() -> int:
@@ -197,7 +200,7 @@ def main() -> int:
             base, username, password, api_key = server.credentials()
         if not args.no_demo:
             print("running the demo …")
-            code = demo.main(SimpleNamespace(url=base, api_key=api_key, pace=args.pace))
+            code = demo.main(argparse.Namespace(url=base, api_key=api_key, pace=args.pace))
             if code:
                 if server is not None:
                     print("server log (last 80 lines):\n" + "\n".join(server.lines[-80:]))

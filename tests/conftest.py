@@ -7,9 +7,11 @@ Redis as broker and channel layer, and (fixture `celery_worker`) a real Celery w
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -102,16 +104,29 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def wait_for_worker(proc: subprocess.Popen[bytes], hostname: str, timeout: float = 60.0) -> None:
+    """Return once the worker `hostname` answers a control ping: it is connected and consuming."""
+    from ctxapp.celery import app
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the Celery worker exited during start-up (code {proc.returncode})"
+        if app.control.ping(destination=[hostname], timeout=0.5):
+            return
+    raise AssertionError(f"the Celery worker {hostname} did not answer a ping within {timeout:.0f} s")
+
+
 @pytest.fixture
 def celery_worker(transactional_db: None) -> Iterator[subprocess.Popen[bytes]]:
     """A real Celery worker process on the test database and this run's Redis queue."""
     queue = f"{settings.QUEUE_PREFIX}-default"
+    hostname = f"test-{uuid.uuid4().hex[:8]}@{socket.gethostname()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "ctxapp", "worker", "--loglevel", "warning",
+        [sys.executable, "-m", "celery", "-A", "ctxapp", "worker", "--loglevel", "warning", "-n", hostname,
          "--concurrency", "1", "--queues", queue, "--without-gossip", "--without-mingle", "--pool", "solo"],
         env=worker_env(),
     )  # fmt: skip
-    time.sleep(2.0)  # long enough for the worker to connect to Redis and start consuming
+    wait_for_worker(proc, hostname)
     yield proc
     proc.terminate()
     try:

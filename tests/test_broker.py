@@ -129,12 +129,20 @@ def test_a_job_held_by_a_killed_worker_is_delivered_again_after_the_visibility_t
         taker = subprocess.run(
             [sys.executable, "-c", TAKER, fresh_database], capture_output=True, text=True, timeout=60
         )
+        taken_by = time.monotonic()  # the job was taken before the taker exited
         assert taker.returncode == -9 and taker.stdout.strip() == "embed-42", taker.stderr
 
         with pytest.raises(queue.Empty):  # still within its visibility timeout: nobody else gets it
             queue.get(timeout=0.5)
-        time.sleep(5)
-        again = queue.get(timeout=5)
+        again = None
+        deadline = time.monotonic() + 60
+        while again is None:
+            assert time.monotonic() < deadline, "the job was never delivered again"
+            try:
+                again = queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+        assert time.monotonic() - taken_by >= 4.0  # not before the 5 s timeout (less a poll interval)
         assert again.payload == {"job": "embed-42"}
         again.ack()
         with pytest.raises(queue.Empty):  # acknowledged: gone for good

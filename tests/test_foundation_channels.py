@@ -11,6 +11,7 @@ import asyncio
 import importlib
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -51,7 +52,13 @@ def test_worker_events_reach_a_dashboard_group_without_redis(tenant_a: Any) -> N
         channel = await layer.new_channel()
         await layer.group_add(broadcast.tenant_group(tenant_a.pk), channel)
         first = asyncio.ensure_future(layer.receive(channel))
-        await asyncio.sleep(0.5)  # the receiver holds its channel before the worker sends
+        # The layer's listener drops a notification for a channel whose advisory lock it does not
+        # hold yet: wait until the receiver holds the lock and listens before the worker sends.
+        deadline = time.monotonic() + 30
+        while not (layer._channel_advisory_locks.get(channel) and layer.listener_task_is_running
+                   and layer.listener_task_is_running.is_set()):  # fmt: skip
+            assert time.monotonic() < deadline, "the channel layer never started listening"
+            await asyncio.sleep(0.01)
         sender = await asyncio.create_subprocess_exec(
             sys.executable, "-c", SENDER.format(tenant_id=tenant_a.pk), env=env, stderr=subprocess.PIPE
         )

@@ -634,7 +634,9 @@ def context_build(
             continue
         position = (i.offset or 0) / message_tokens_total if message_tokens_total else 0.0
         i.extra["position"] = round(position, 4)
-        if policy.middle_start <= position <= policy.middle_end:
+        # The new input always closes the prompt, however long it is: never "in the middle".
+        i.extra["risky"] = i.kind != "input" and policy.middle_start <= position <= policy.middle_end
+        if i.extra["risky"]:
             warnings.append(
                 {
                     "code": "critical_in_middle",

@@ -402,7 +402,12 @@ def test_the_forecast_reads_like_a_sentence() -> None:
         "(≈75 tokens per turn over recent builds)."
     )
     shrinking = {"turns_until_summarisation": None, "growth_tokens_per_turn": -10.0, "basis": "builds"}
-    assert (
-        _forecast_text(shrinking)
-        == "Not growing (≈-10 tokens per turn over recent builds): no threshold in sight."
-    )
+    assert _forecast_text(shrinking) == "Shrinking over recent builds: no threshold in sight."
+    flat = {"turns_until_summarisation": None, "growth_tokens_per_turn": 0, "basis": "window"}
+    assert _forecast_text(flat) == "Not growing over the current window: no threshold in sight."
+
+
+def test_favicon_is_served(client) -> None:  # type: ignore[no-untyped-def]
+    response = client.get("/favicon.ico", follow=True)
+    assert response.status_code == 200
+    assert b"<svg" in b"".join(response.streaming_content if response.streaming else [response.content])

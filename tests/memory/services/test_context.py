@@ -223,6 +223,18 @@ def test_critical_item_in_the_middle_is_warned_with_its_offset(tenant_a):
     item = next(i for i in built.manifest["items"] if i["id"] == "msg:5")
     assert warning["offset"] == item["offset"] > 0
     assert 0.3 <= warning["position"] <= 0.7
+    assert item["risky"] is True
+
+
+@pytest.mark.django_db
+def test_a_long_new_input_is_never_flagged_as_in_the_middle(tenant_a):
+    session = _session(tenant_a)
+    _append(tenant_a, session, MessageInput(role="user", content="filler " * 300))
+    # The input starts near the middle of the prompt (about half its tokens), yet closes it.
+    built = context_build(tenant=tenant_a, session=session, next_input="a long question " * 100)
+    assert "critical_in_middle" not in {w["code"] for w in built.warnings}
+    item = next(i for i in built.manifest["items"] if i["kind"] == "input")
+    assert item["critical"] is True and item["risky"] is False
 
 
 @pytest.mark.django_db
