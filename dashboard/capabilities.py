@@ -1,39 +1,27 @@
 """Read adapters for the capabilities built beside the dashboard (context, experiences,
 cognition, decay, recovery).
 
-Each function returns the data its panel shows, or a `Pending` naming the capability that has
-not landed yet — never invented data. They only read: models of `memory` and the read-only
-service functions the capabilities expose.
+Each function returns the data its panel shows — never invented data. They only read: models of
+`memory` and the read-only service functions the capabilities expose, imported directly so that a
+rename is a type error, not a blank panel.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
 
 from dashboard import charts
-from dashboard.selectors import memory_service, session_events
+from dashboard.selectors import session_events
 from memory.exceptions import NotFound
 from memory.models import Agent, Session, Tenant
-
-
-@dataclass(frozen=True)
-class Pending:
-    note: str
-    pending: bool = True
-
-
-CONTEXT_PENDING = Pending("Budgets and built contexts arrive with the context-engine capability.")
-SUMMARY_PENDING = Pending("Summaries arrive with the context-engine (summarisation) capability.")
-FACTS_PENDING = Pending("Tracked facts arrive with the decay-detection capability.")
-CHECKPOINT_PENDING = Pending("Checkpoints arrive with the cognitive-state capability.")
-COGNITIVE_PENDING = Pending("The cognitive state arrives with the cognitive-state capability.")
-RECOVERY_PENDING = Pending("The recovered-state document arrives with the crash-recovery capability.")
-EXPERIENCE_PENDING = Pending("Experiences arrive with the experience-memory capability.")
-SEARCH_PENDING = Pending("Hybrid search arrives with the experience-memory (retrieval) capability.")
-
+from memory.services import cognition, retrieval
+from memory.services.context import budget_samples_list
+from memory.services.decay import facts_list
+from memory.services.experiences import experiences_list
+from memory.services.recovery import recovered_state
+from memory.services.summarise import summaries_list
 
 BUDGET_SAMPLES_PLOTTED = 60
 FACTS_SHOWN = 50
@@ -41,10 +29,9 @@ FACTS_SHOWN = 50
 
 def session_budget(*, tenant: Tenant, session: Session) -> Any:
     """Gauge, stacked components, line over time with summarisation markers, and the forecast."""
-    samples_list = memory_service("context", "budget_samples_list")
-    if samples_list is None:
-        return CONTEXT_PENDING
-    samples = list(reversed(samples_list(tenant=tenant, session=session, limit=BUDGET_SAMPLES_PLOTTED)))
+    samples = list(
+        reversed(budget_samples_list(tenant=tenant, session=session, limit=BUDGET_SAMPLES_PLOTTED))
+    )
     if not samples:
         return {"latest": None}
     latest = samples[-1]
@@ -101,10 +88,7 @@ def _forecast_text(forecast: dict[str, Any]) -> str:
 
 def session_manifest(*, tenant: Tenant, session: Session) -> Any:
     """The latest build's manifest: every item, included or dropped, and where critical ones sit."""
-    samples_list = memory_service("context", "budget_samples_list")
-    if samples_list is None:
-        return CONTEXT_PENDING
-    latest = next(iter(samples_list(tenant=tenant, session=session, limit=1)), None)
+    latest = next(iter(budget_samples_list(tenant=tenant, session=session, limit=1)), None)
     if latest is None:
         return {"items": []}
     manifest = latest.manifest or {}
@@ -156,9 +140,6 @@ def session_manifest(*, tenant: Tenant, session: Session) -> Any:
 
 
 def session_summaries(*, tenant: Tenant, session: Session) -> Any:
-    summaries_list = memory_service("summarise", "summaries_list")
-    if summaries_list is None:
-        return SUMMARY_PENDING
     return [
         {
             "covers_to": s.covers_up_to_seq,
@@ -175,9 +156,6 @@ def session_summaries(*, tenant: Tenant, session: Session) -> Any:
 
 
 def session_facts(*, tenant: Tenant, session: Session) -> Any:
-    facts_list = memory_service("decay", "facts_list")
-    if facts_list is None:
-        return FACTS_PENDING
     _, statuses = facts_list(tenant=tenant, session=session)
     rows = []
     for status in statuses[:FACTS_SHOWN]:
@@ -205,9 +183,6 @@ CHECKPOINTS_SHOWN = 50
 
 
 def agent_checkpoints(*, tenant: Tenant, agent: Agent) -> Any:
-    checkpoints_list = memory_service("cognition", "checkpoints_list")
-    if checkpoints_list is None:
-        return CHECKPOINT_PENDING
     return [
         {
             "id": c.public_id,
@@ -218,15 +193,12 @@ def agent_checkpoints(*, tenant: Tenant, agent: Agent) -> Any:
             "bytes": c.state_bytes,
             "storage": c.storage,
         }
-        for c in checkpoints_list(tenant=tenant, agent=agent).order_by("-seq")[:CHECKPOINTS_SHOWN]
+        for c in cognition.checkpoints_list(tenant=tenant, agent=agent).order_by("-seq")[:CHECKPOINTS_SHOWN]
     ]
 
 
 def agent_cognitive_state(*, tenant: Tenant, agent: Agent) -> Any:
-    state_get = memory_service("cognition", "state_get")
-    if state_get is None:
-        return COGNITIVE_PENDING
-    view = state_get(tenant=tenant, agent=agent)
+    view = cognition.state_get(tenant=tenant, agent=agent)
     if view.version == 0:
         return None
     return {
@@ -244,9 +216,6 @@ def agent_recovered_state(*, tenant: Tenant, agent: Agent) -> Any:
     `recovered_state` records an `agent.recovered` event; the dashboard only previews it, so the
     call runs in a transaction that is rolled back: nothing is recorded or broadcast.
     """
-    recovered_state = memory_service("recovery", "recovered_state")
-    if recovered_state is None:
-        return RECOVERY_PENDING
     with transaction.atomic():
         result = recovered_state(tenant=tenant, agent=agent)
         transaction.set_rollback(True)
@@ -261,12 +230,8 @@ def agent_recovered_state(*, tenant: Tenant, agent: Agent) -> Any:
 
 def checkpoint_get(*, tenant: Tenant, agent: Agent, checkpoint_id: str) -> Any | None:
     """One checkpoint with its reconstructed state (None if missing, foreign or not landed)."""
-    get = memory_service("cognition", "checkpoint_get")
-    state = memory_service("cognition", "checkpoint_state")
-    if get is None or state is None:
-        return None
     try:
-        checkpoint = get(tenant=tenant, agent=agent, ref=checkpoint_id)
+        checkpoint = cognition.checkpoint_get(tenant=tenant, agent=agent, ref=checkpoint_id)
     except NotFound:
         return None
     return {
@@ -274,17 +239,16 @@ def checkpoint_get(*, tenant: Tenant, agent: Agent, checkpoint_id: str) -> Any |
         "id": checkpoint.public_id,
         "reason": checkpoint.reason,
         "created_at": checkpoint.created_at,
-        "state": state(checkpoint=checkpoint),
+        "state": cognition.checkpoint_state(checkpoint=checkpoint),
     }
 
 
 def checkpoint_diff(*, tenant: Tenant, agent: Agent, a: str, b: str) -> Any | None:
     """Per-field differences from checkpoint `a` to `b` (None if either is missing)."""
-    diff = memory_service("cognition", "checkpoint_diff")
-    if diff is None or not a or not b:
+    if not a or not b:
         return None
     try:
-        result = diff(tenant=tenant, agent=agent, source=a, target=b)
+        result = cognition.checkpoint_diff(tenant=tenant, agent=agent, source=a, target=b)
     except NotFound:
         return None
     return {
@@ -332,9 +296,6 @@ def experience_card(x: Any) -> dict[str, Any]:
 
 
 def experiences_recent(*, tenant: Tenant) -> Any:
-    experiences_list = memory_service("experiences", "experiences_list")
-    if experiences_list is None:
-        return EXPERIENCE_PENDING
     rows = experiences_list(tenant=tenant, include_superseded=True).order_by("-created_at")[
         :EXPERIENCES_SHOWN
     ]
@@ -343,10 +304,7 @@ def experiences_recent(*, tenant: Tenant) -> Any:
 
 def experiences_search(*, tenant: Tenant, query: str, user_id: str = "") -> Any:
     """Hybrid search results with each signal's contribution to the score."""
-    search = memory_service("retrieval", "experiences_search")
-    if search is None:
-        return SEARCH_PENDING
-    result = search(tenant=tenant, query=query, user_id=user_id or None, limit=10)
+    result = retrieval.experiences_search(tenant=tenant, query=query, user_id=user_id or None, limit=10)
     hits = []
     for hit in result.hits:
         signals = [(name, value) for name, value in (hit.contributions or {}).items()]

@@ -16,17 +16,19 @@ without one, so:
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Count
 from django.utils import timezone
 
-from memory.models import Event, Tenant
+from memory.models import Event, Experience, Tenant
+from memory.services.experiences import experiences_retry_failed
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +39,6 @@ INSPECT_TIMEOUT = 0.5
 
 
 def _retry_embedding(*, tenant: Tenant, event: Event) -> str:
-    from memory.services.experiences import experiences_retry_failed
-
     experience = event.payload.get("experience")
     count = experiences_retry_failed(tenant=tenant, experience_ids=[experience] if experience else None)
     if not count:
@@ -46,13 +46,11 @@ def _retry_embedding(*, tenant: Tenant, event: Event) -> str:
     return f"Embedding of {experience} queued again."
 
 
-RETRY_HANDLERS: dict[str, tuple[str, str, Any]] = {
-    # prefix: (module that must exist, function that must exist, adapter)
-    "experience.embedding_failed": (
-        "memory.services.experiences",
-        "experiences_retry_failed",
-        _retry_embedding,
-    ),
+RetryHandler = Callable[..., str]  # (*, tenant, event) -> a message for the operator
+
+RETRY_HANDLERS: dict[str, RetryHandler] = {
+    # event type prefix: the service adapter that retries such a failure
+    "experience.embedding_failed": _retry_embedding,
 }
 
 
@@ -156,15 +154,9 @@ def running_jobs() -> RunningJobs:
     return RunningJobs(True, note, jobs)
 
 
-def retry_handler(event_type: str) -> Any | None:
-    """The adapter that retries a failed job of this event type, if its service exists."""
-    for prefix, (module, name, adapter) in RETRY_HANDLERS.items():
-        if event_type.startswith(prefix):
-            try:
-                return adapter if hasattr(importlib.import_module(module), name) else None
-            except ImportError:
-                return None
-    return None
+def retry_handler(event_type: str) -> RetryHandler | None:
+    """The adapter that retries a failed job of this event type, if there is one."""
+    return next((h for prefix, h in RETRY_HANDLERS.items() if event_type.startswith(prefix)), None)
 
 
 def failed_jobs(*, tenant: Tenant, limit: int = 25) -> list[dict[str, Any]]:
@@ -239,17 +231,10 @@ def job_results(*, tenant: Tenant, limit: int = 15) -> list[Event]:
     )
 
 
-def embedding_backlog(*, tenant: Tenant) -> dict[str, Any] | None:
-    """Experiences by embedding status: the progress of the embedding pipeline (None if not landed)."""
-    from django.db.models import Count
-
-    from dashboard.selectors import memory_model
-
-    experience = memory_model("Experience")
-    if experience is None:
-        return None
+def embedding_backlog(*, tenant: Tenant) -> dict[str, Any]:
+    """Experiences by embedding status: the progress of the embedding pipeline."""
     counts = dict(
-        experience.objects.filter(tenant=tenant)
+        Experience.objects.filter(tenant=tenant)
         .values_list("embedding_status")
         .annotate(n=Count("id"))
         .values_list("embedding_status", "n")

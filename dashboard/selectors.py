@@ -8,7 +8,6 @@ return None and the panel says so.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,24 +22,6 @@ MESSAGE_PAGE_SIZE = 50
 EVENT_PAGE_SIZE = 50
 RECENT_EVENTS = 15
 RATE_WINDOW_MINUTES = 30
-
-
-# --- capability detection -------------------------------------------------------------------
-
-
-def memory_model(name: str) -> Any | None:
-    """The model class `memory.models.<name>` if its capability has landed, else None."""
-    models = importlib.import_module("memory.models")
-    return getattr(models, name, None)
-
-
-def memory_service(module: str, name: str) -> Any | None:
-    """The function `memory.services.<module>.<name>` if it exists, else None."""
-    try:
-        mod = importlib.import_module(f"memory.services.{module}")
-    except ImportError:
-        return None
-    return getattr(mod, name, None)
 
 
 # --- overview -------------------------------------------------------------------------------

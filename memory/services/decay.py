@@ -27,7 +27,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from memory.exceptions import NotFound, SessionEnded
+from memory.exceptions import DomainError, NotFound, SessionEnded
 from memory.models import (
     DecayPolicy,
     FactImportance,
@@ -42,7 +42,7 @@ from memory.models import (
     fact_importance_of,
 )
 from memory.models.decay import IMPORTANCE_RANK
-from memory.services import recorder
+from memory.services import embedding, recorder
 
 logger = logging.getLogger(__name__)
 
@@ -162,10 +162,6 @@ def _embed(texts: list[str]) -> tuple[list[list[float]], str] | None:
     Kept behind this one function so decay works (key terms only) without an embedder, or while
     an OpenAI-compatible endpoint is down: an append must never fail because of it.
     """
-    try:
-        from memory.services import embedding
-    except ImportError:
-        return None
     try:
         embedder = embedding.embedder_get()
         vectors = embedder.embed(texts)
@@ -923,12 +919,7 @@ def facts_promote(*, tenant: Tenant, session: Session) -> PromotionResult:
     facts = facts_to_promote(session=session)
     if not facts:
         return PromotionResult(reason="nothing to promote")
-    try:
-        from memory.services.experiences import experiences_promote
-    except ImportError:
-        logger.warning("decay: memory.services.experiences.experiences_promote is missing; nothing promoted")
-        return PromotionResult(reason="experience promotion is not available")
-    from memory.exceptions import DomainError
+    from memory.services.experiences import experiences_promote  # experiences imports decay
 
     result = PromotionResult()
     now = timezone.now()

@@ -66,33 +66,6 @@ def test_session_and_agent_pages_show_their_data(web_alice: Client, session_a: A
     assert "events=off" in filtered  # a filtered log is not replaced by live updates
 
 
-def test_panels_whose_capability_is_missing_say_so(
-    web_alice: Client, session_a: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """As if no other capability had landed: every panel names what it waits for, none fakes data."""
-    from dashboard import capabilities, jobs
-
-    monkeypatch.setattr(capabilities, "memory_service", lambda module, name: None)
-    monkeypatch.setattr(jobs, "embedding_backlog", lambda tenant: None)
-    page = web_alice.get(f"/sessions/{session_a.public_id}/").content.decode()
-    for pending in (capabilities.CONTEXT_PENDING, capabilities.SUMMARY_PENDING, capabilities.FACTS_PENDING):
-        assert pending.note in page
-    assert "The checkout page returns 502 since 09:14." in page  # the message stream does not depend on them
-    agent = web_alice.get("/agents/triage-bot/").content.decode()
-    for pending in (
-        capabilities.CHECKPOINT_PENDING,
-        capabilities.COGNITIVE_PENDING,
-        capabilities.RECOVERY_PENDING,
-    ):
-        assert pending.note in agent
-    assert capabilities.EXPERIENCE_PENDING.note in web_alice.get("/experiences/").content.decode()
-    assert capabilities.SEARCH_PENDING.note in web_alice.get("/experiences/?q=pool").content.decode()
-    assert (
-        "Embedding jobs arrive with the experience-memory capability."
-        in web_alice.get("/jobs/").content.decode()
-    )
-
-
 def test_bob_cannot_see_alices_session_or_agent(web_bob: Client, session_a: Any) -> None:
     """Bob should have no access to Alice's stuff: her ids answer 404 like missing ones."""
     for url in [
@@ -211,10 +184,6 @@ def test_every_page_stays_paginated_and_bounded_with_a_100k_message_session(
 def test_session_page_shows_budget_manifest_and_facts_after_a_build(
     web_alice: Client, tenant_a: Tenant, session_a: Any
 ) -> None:
-    from dashboard import capabilities
-
-    if capabilities.memory_service("context", "context_build") is None:
-        pytest.fail("the context engine is expected to have landed")
     from memory.services import context, decay
 
     decay.fact_register(
