@@ -7,6 +7,8 @@ from typing import Any
 
 from django import template
 
+from dashboard.timeline import event_summary
+
 register = template.Library()
 
 
@@ -17,6 +19,12 @@ def truncate_json(value: Any, length: int = 140) -> str:
         value = {k: v for k, v in value.items() if not k.startswith("gen_ai.")}
     text = json.dumps(value, separators=(", ", ": "), ensure_ascii=False, default=str)
     return text if len(text) <= length else text[: length - 1] + "…"
+
+
+@register.filter
+def event_line(event: Any) -> str:
+    """One readable sentence for an event (dashboard.timeline)."""
+    return event_summary(event.type, event.payload)
 
 
 @register.filter
