@@ -359,7 +359,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     # Keep the lock referenced until we return: a collected lock object closes its file and
     # silently releases the lock.
     data_dir_lock = _lock_data_dir(data_dir)
-    (data_dir / "staticfiles").mkdir(exist_ok=True)  # served by WhiteNoise (collectstatic target)
+    (data_dir / "staticfiles").mkdir(exist_ok=True)  # served by ServeStatic (collectstatic target)
     _check_port_free(host, port)
     if values["REDIS_URL"]:
         _check_redis(values["REDIS_URL"])

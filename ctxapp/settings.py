@@ -63,7 +63,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "ctxapp.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "servestatic.middleware.ServeStaticMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -194,10 +194,12 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "staticfiles"
-# WhiteNoise serves static files from the ASGI process itself (admin, dashboard, API docs), so
-# `ctxapp up` needs no separate web server; with finders on, no collectstatic step is needed.
+# ServeStatic (WhiteNoise's successor with native asyncio support: files stream without Django's
+# "synchronous iterator" warning under ASGI) serves static files from the ASGI process itself
+# (admin, dashboard, API docs), so `ctxapp up` needs no separate web server; with finders on, no
+# collectstatic step is needed.
 # `ctxapp manage collectstatic` into STATIC_ROOT still works for a CDN or a proxy that serves files.
-WHITENOISE_USE_FINDERS = True
+SERVESTATIC_USE_FINDERS = True
 warnings.filterwarnings("ignore", message="No directory at")
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = CTXAPP["CTXAPP_MAX_BODY_BYTES"]

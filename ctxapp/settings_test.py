@@ -33,7 +33,7 @@ from ctxapp.settings import *  # noqa: E402,F403
 from ctxapp.settings import DATABASES, STATIC_ROOT  # noqa: E402
 
 ALLOWED_HOSTS = ["*"]
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns about a missing one
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # ServeStatic warns about a missing one
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 # The test process itself opens plain connections (pytest-django renames the database to the
 # test one); servers and workers that tests start as subprocesses use the product's pool.
