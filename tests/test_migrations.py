@@ -1,0 +1,18 @@
+"""The tests build tables from the models (--nomigrations); production runs the migrations.
+They must describe the same schema, or a deploy would miss a column the tests never missed."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+
+@pytest.mark.django_db
+def test_the_migrations_describe_every_model_change() -> None:
+    out = StringIO()
+    try:
+        call_command("makemigrations", "--check", "--dry-run", stdout=out, stderr=out)
+    except SystemExit as exit_:
+        pytest.fail(f"models changed without a migration (exit {exit_.code}):\n{out.getvalue()}")
