@@ -17,10 +17,26 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db import connection
 from rest_framework.test import APIClient
 
 from memory.models import ApiKey, Tenant
 from memory.services.tenancy import api_key_create
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """The test database, dropped at the end without "is being accessed by other users".
+
+    Servers and workers that tests start as subprocesses may leave a backend behind for a moment
+    after they exit; end those before pytest-django drops the database.
+    """
+    yield
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
 
 
 @pytest.fixture

@@ -219,3 +219,23 @@ def test_the_overview_follows_new_agents_live(alice_setup: dict[str, Any], serve
     )
     assert "night-shift-bot" in page.locator("#panel-overview-events").inner_text()
     assert console.errors == []
+
+
+def test_the_message_stream_stays_in_view_beside_the_panels(
+    alice_setup: dict[str, Any], server: str, browser: Any
+) -> None:
+    tenant, session = alice_setup["tenant"], alice_setup["session"]
+    sessions_service.messages_append(
+        tenant=tenant,
+        session=session,
+        items=[sessions_service.MessageInput(role="user", content=f"note {n}") for n in range(40)],
+    )
+    page, console = login(browser, server, "alice")
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.goto(f"{server}/sessions/{session.public_id}/")
+    page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+    box = page.locator("#messages-panel").bounding_box()
+    assert box is not None
+    # Scrolled to the bottom of the panels, the messages are still on screen, and fit in it.
+    assert box["y"] >= 0 and box["y"] + box["height"] <= 900 + 1
+    assert console.errors == []
