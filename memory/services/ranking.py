@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -73,7 +74,17 @@ def _stem(token: str) -> str:
 
 def tokenize(text: str) -> list[str]:
     """Lowercase `[a-z0-9]+` tokens, stopwords removed, lightly stemmed. Used for BM25 and df."""
-    return [_stem(t) for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS]
+    return list(_tokens(text))
+
+
+@lru_cache(maxsize=65536)
+def _tokens(text: str) -> tuple[str, ...]:
+    return tuple(_stem(t) for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS)
+
+
+@lru_cache(maxsize=65536)
+def _term_counts(text: str) -> Counter[str]:
+    return Counter(_tokens(text))
 
 
 def index_text(*, content: str, speaker: str | None, occurred_at: datetime | None) -> str:
@@ -175,7 +186,7 @@ class Ranked:
 def bm25_scores(*, query: str, texts: list[str], stats: CorpusStats, k1: float, b: float) -> np.ndarray:
     """Okapi BM25 of each text for the query terms, idf from the scope's statistics."""
     terms = Counter(tokenize(query))
-    docs = [Counter(tokenize(t)) for t in texts]
+    docs = [_term_counts(t) for t in texts]  # shared, read-only
     scores = np.zeros(len(texts), dtype=np.float64)
     if not terms or not docs:
         return scores
