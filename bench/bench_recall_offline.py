@@ -414,6 +414,11 @@ def run_cv(
     seconds = time.perf_counter() - started
     print(f"\n== LoCoMo, leave one conversation out, {len(plans)} plans ({seconds:.0f}s) ==")
     print(f"held-out (R@5 + R@10) / 2 of the plan picked on the other conversations: {mean:.1f}")
+    pooled = [recalls(scopes[s], q, p) for s, p in enumerate(picked) for q in questions if q.scope == s]
+    print(
+        f"held-out over all {len(pooled)} questions: R@1 {100 * np.mean([r[0] for r in pooled]):.1f} "
+        f"R@5 {100 * np.mean([r[1] for r in pooled]):.1f} R@10 {100 * np.mean([r[2] for r in pooled]):.1f}"
+    )
     for s, p in enumerate(picked):
         held = [q for q in questions if q.scope == s]
         r5 = 100 * float(np.mean([recalls(scopes[s], q, p)[1] for q in held]))
