@@ -367,13 +367,13 @@ def main() -> None:
         run_cv(scopes, questions, exp_scope, paraphrases, keywords, plan)
 
 
+# A wider grid (also neighbour_decay 1.0/0.75, prf_docs 0/3, dense 0.5: 192 plans) held out no
+# better (R@5 59.9, R@10 73.7) and each fold picked a different decay/PRF: those are noise here.
 LOCOMO_SPACE: dict[str, list[Any]] = {
     "fusion": ["zscore", "minmax"],
-    "dense_weight": [0.5, 0.6, 0.7, 0.8],  # lexical weight = 1 - dense weight
+    "dense_weight": [0.6, 0.7, 0.8],  # lexical weight = 1 - dense weight
     "neighbour_weight": [0.5, 0.75, 1.0],
     "neighbour_radius": [2, 3],
-    "neighbour_decay": [1.0, 0.75],
-    "prf_docs": [0, 3],
 }
 EXPERIENCE_SPACE: dict[str, list[Any]] = {
     "fusion": ["zscore", "minmax"],

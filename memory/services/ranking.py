@@ -134,14 +134,14 @@ class CorpusStats:
 class Plan:
     """Every knob of the ranking. Defaults: the cross-validated choice for conversational memory."""
 
-    dense_weight: float = 0.6
-    lexical_weight: float = 0.4
-    fusion: str = "zscore"  # zscore | minmax | rrf (normalised per query)
+    dense_weight: float = 0.7
+    lexical_weight: float = 0.3
+    fusion: str = "minmax"  # zscore | minmax | rrf (normalised per query, over the pool)
     rrf_k: float = 60.0
     k1: float = 1.2
     b: float = 0.75
     neighbour_weight: float = 0.75  # adds w * the best fused score within ±radius in the group
-    neighbour_radius: int = 2
+    neighbour_radius: int = 3
     neighbour_decay: float = 1.0  # a neighbour d positions away counts decay^(d-1)
     session_weight: float = 0.0  # adds w * the best fused score of any candidate in the group
     prf_docs: int = 0  # pseudo-relevance feedback: expand the lexical query from the best hits
@@ -198,7 +198,9 @@ class Plan:
 
 
 DEFAULT_PLAN = Plan()
-EXPERIENCE_PLAN = Plan(dense_weight=0.8, lexical_weight=0.2, neighbour_weight=0.0)
+# Distilled experiences (problem/solution texts): dense-led; the small lexical share keeps rows
+# without a vector (pending) and exact error strings findable. 5-fold CV on retrieval_dev.jsonl.
+EXPERIENCE_PLAN = Plan(fusion="zscore", dense_weight=0.95, lexical_weight=0.05, neighbour_weight=0.0)
 
 
 @dataclass

@@ -146,7 +146,7 @@ def test_neighbour_smoothing_lifts_the_reply_next_to_a_strong_hit():
     query = "rescue dog adopt"
     stats = stats_for(query, [c.text for c in candidates])
     without = rank(query=query, candidates=candidates, stats=stats, plan=Plan(neighbour_weight=0.0))
-    with_smoothing = rank(query=query, candidates=candidates, stats=stats, plan=Plan(neighbour_weight=0.75))
+    with_smoothing = rank(query=query, candidates=candidates, stats=stats, plan=Plan(neighbour_radius=1))
     position = {
         name: [r.candidate.key for r in result].index("m:1")
         for name, result in (("without", without), ("with", with_smoothing))
@@ -247,9 +247,9 @@ def test_quality_floor_locomo_turn_recall_with_the_default_plan(offline):
     scopes, questions = offline.load_locomo(embedder, shared_data() / "conversations_dev.locomo.json")
     assert len(questions) == 200
     measured = offline.evaluate(scopes, questions, DEFAULT_PLAN)
-    # Measured 60.4 / 74.7 (docs/experiences.md); floors a few points below guard regressions.
-    assert measured["R@5"] >= 57.0, measured
-    assert measured["R@10"] >= 71.0, measured
+    # Measured 62.8 / 76.3 (docs/experiences.md); floors a few points below guard regressions.
+    assert measured["R@5"] >= 59.0, measured
+    assert measured["R@10"] >= 73.0, measured
 
 
 @pytest.mark.quality
