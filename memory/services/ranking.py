@@ -56,6 +56,10 @@ shouldn hasn haven hadn aren also get got really yeah oh ok okay like much many
 STOPWORDS: frozenset[str] = frozenset(_STOPWORD_TEXT.split())
 
 _TOKEN = re.compile(r"[a-z0-9]+")
+_CURRENT_CUE = re.compile(
+    r"\b(now|nowadays|current|currently|latest|still|anymore|these days|most recent|recently)\b",
+    re.IGNORECASE,
+)
 FUSIONS = ("zscore", "minmax", "rrf")
 
 
@@ -100,6 +104,11 @@ def _tokens(text: str) -> tuple[str, ...]:
 @lru_cache(maxsize=65536)
 def _term_counts(text: str) -> Counter[str]:
     return Counter(_tokens(text))
+
+
+def asks_current_state(query: str) -> bool:
+    """Whether the query asks how things stand now ('now', 'currently', 'still', 'latest', ...)."""
+    return _CURRENT_CUE.search(query) is not None
 
 
 def index_text(*, content: str, speaker: str | None, occurred_at: datetime | None) -> str:
@@ -147,8 +156,11 @@ class Plan:
     prf_docs: int = 0  # pseudo-relevance feedback: expand the lexical query from the best hits
     prf_terms: int = 10
     prf_weight: float = 0.3
-    recency_weight: float = 0.0  # adds w * 2^(-age / half-life)
-    recency_half_life_days: float = 30.0
+    recency_weight: float = 0.0  # adds w * 2^(-age / half-life), age from `now`
+    # When the query asks for the current state ("where does she live now?"), adds
+    # w * 2^(-age / half-life) with age from the newest candidate (imported history works alike).
+    current_cue_weight: float = 0.2
+    recency_half_life_days: float = 90.0
 
     _RANGES = {
         "dense_weight": (0.0, 10.0),
@@ -164,6 +176,7 @@ class Plan:
         "prf_terms": (1, 100),
         "prf_weight": (0.0, 5.0),
         "recency_weight": (0.0, 5.0),
+        "current_cue_weight": (0.0, 5.0),
         "recency_half_life_days": (0.001, 36500.0),
     }
 
@@ -285,6 +298,8 @@ def rank(
             + neighbour_weight · max(0, best fused score of the other candidates of the same
               group within ±neighbour_radius positions)
             + recency_weight · 2^(-age_days / recency_half_life_days)     (needs `now`)
+            + current_cue_weight · 2^(-days before the newest candidate / half-life)
+              only when the query asks for the current state (`asks_current_state`)
     norm is per query over the pool: z-score, min-max or reciprocal rank. A candidate without a
     vector takes the pool's lowest cosine. `contributions` holds each term; they add up to score.
     """
@@ -349,11 +364,18 @@ def rank(
                 session_part[i] = plan.session_weight * best_in_group[c.group]
 
     recency_part = np.zeros(len(candidates))
+    dated = [c.occurred_at for c in candidates if c.occurred_at is not None]
+    if plan.current_cue_weight > 0 and dated and asks_current_state(query):
+        newest = max(dated)
+        for i, c in enumerate(candidates):
+            if c.occurred_at is not None:
+                age_days = max(0.0, (newest - c.occurred_at).total_seconds() / 86400.0)
+                recency_part[i] += plan.current_cue_weight * 2.0 ** (-age_days / plan.recency_half_life_days)
     if plan.recency_weight > 0 and now is not None:
         for i, c in enumerate(candidates):
             if c.occurred_at is not None:
                 age_days = max(0.0, (now - c.occurred_at).total_seconds() / 86400.0)
-                recency_part[i] = plan.recency_weight * 2.0 ** (-age_days / plan.recency_half_life_days)
+                recency_part[i] += plan.recency_weight * 2.0 ** (-age_days / plan.recency_half_life_days)
 
     results: list[Ranked] = []
     for i, c in enumerate(candidates):
