@@ -17,12 +17,20 @@ WHAT THE CALLER MUST SUPPLY (so results match the offline evaluation):
   same string that was embedded; for summaries, facts and experiences their stored text.
 - `CorpusStats` over the searched scope (not over the pool): `n_docs` rows, `avg_len` the mean
   number of `tokenize` tokens per row, and `df[t]` the number of rows whose tokens contain `t`,
-  for each `t` in `tokenize(query)`. A term missing from `df` is counted within the pool instead.
+  for each `t` in `tokenize(query)`. PostgreSQL may approximate them: `df[t]` = rows whose
+  tsvector matches the term (GIN, one count per query term), `avg_len` = mean tsvector length
+  (`length(search_vector)`, cacheable per scope); small differences from `tokenize` only shift
+  idf a little. A term missing from `df` takes its idf within the pool instead.
+- `occurred_at` for dated rows (the current-state cue compares candidates with the newest one;
+  `now` is only needed when `Plan.recency_weight` > 0).
 - The query embedding: the plain query text, embedded as is (`embed_query(query)`).
 
-`rank` returns every candidate, best first, with each signal's contribution; the caller cuts
-to its limit. Use `DEFAULT_PLAN` for conversational memory (messages, summaries, facts) and
-`EXPERIENCE_PLAN` for distilled experiences (problem/solution texts: dense-led).
+`rank` returns every candidate, best first, with each signal's contribution (dense, lexical,
+neighbour, session, recency; they add up to the score); the caller cuts to its limit. Use
+`DEFAULT_PLAN` for conversational memory (messages, summaries, facts) and `EXPERIENCE_PLAN` for
+distilled experiences (problem/solution texts: dense-led); rank the two kinds in separate pools
+and merge by rank if one search returns both. Figures and what was tried: docs/experiences.md,
+"Ranking: what we tried".
 """
 
 from __future__ import annotations
