@@ -74,6 +74,7 @@ FUSIONS = ("zscore", "minmax", "rrf")
 _VOWELS = frozenset("aeiouy")
 
 
+@lru_cache(maxsize=131072)
 def _stem(token: str) -> str:
     """A light English stemmer: plurals, -ing, -ed, a final e ('rescued', 'rescue' → 'rescu').
 
