@@ -312,6 +312,13 @@ SETTINGS: list[Setting] = [
         group="experiences",
     ),
     Setting(
+        "CTXAPP_EXPERIENCES_BULK_MAX",
+        parse_positive_int,
+        1000,
+        "Most experiences in one POST /api/v1/experiences/bulk; more → 422.",
+        group="experiences",
+    ),
+    Setting(
         "CTXAPP_EMBEDDING_BATCH_SIZE",
         parse_positive_int,
         64,
