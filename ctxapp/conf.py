@@ -354,6 +354,21 @@ SETTINGS: list[Setting] = [
         "timeout, retries) to extract experiences, when that endpoint is set.",
         group="experiences",
     ),
+    Setting(
+        "CTXAPP_DIGEST_LLM",
+        parse_bool,
+        True,
+        "The session digest (medium-term memory) is written by the summariser's chat endpoint when "
+        "CTXAPP_SUMMARISER_URL is set; false keeps the offline extractor.",
+        group="experiences",
+    ),
+    Setting(
+        "CTXAPP_DIGEST_MAX_ITEMS",
+        parse_positive_int,
+        8,
+        "Most items kept per category of a session digest (the newest win).",
+        group="experiences",
+    ),
     # --- cognition -----------------------------------------------------------------------------
     Setting(
         "CTXAPP_RECOVERY_PART_TIMEOUT_MS",
