@@ -280,3 +280,89 @@ def test_policy_update_validates_its_input(make_client, tenant_a):
         assert response.status_code == 422, body
         assert field in response.json()["error"]["details"]["fields"]
     assert ExperiencePolicy.for_tenant(tenant_a).capacity == 5000
+
+
+# --- Python client (sync in-process, async over a live server) ---------------------------------
+
+
+def test_the_client_bulk_creates_filters_deletes_and_reads_the_digest(alice, tenant_a, make_client):
+    from ctxapp import client as ctx
+    from memory.services.digest import session_digest_update
+    from memory.services.sessions import MessageInput, messages_append, session_create
+
+    bulk = alice.experiences_create_bulk([{**CRASH, "agent": "planner"}, {**CRASH, "merge": False}])
+    assert bulk["created"] == 2 and [r["agent"] for r in bulk["results"]] == ["planner", ""]
+    assert [r["id"] for r in alice.experiences_list(agent="planner")["results"]] == [bulk["results"][0]["id"]]
+    found = alice.experiences_search("CrashLoopBackOff", sources=["text"], agent="planner")
+    assert [h["experience"]["id"] for h in found["results"]] == [bulk["results"][0]["id"]]
+    single = alice.experience_create(CRASH["problem"], solution=CRASH["solution"], merge=False, agent="x")
+    assert single["outcome"] == "created" and single["agent"] == "x"
+    assert alice.experience_delete(single["id"]) is None
+    with pytest.raises(ctx.NotFound):
+        alice.experience_get(single["id"])
+    with pytest.raises(ctx.Forbidden):  # a read/write key is not an admin key
+        alice.experience_policy_get()
+    session = session_create(tenant=tenant_a, agent_external_id="planner", user_id="ana")
+    with pytest.raises(ctx.NotFound):
+        alice.session_digest(session.public_id)
+    messages_append(
+        tenant=tenant_a,
+        session=session,
+        items=[MessageInput(role="user", content="I want to ship v2 by May.")],
+    )
+    session_digest_update(tenant=tenant_a, session=session)
+    digest = alice.session_digest(session.public_id)
+    assert digest["version"] == 1 and digest["goals"][0]["text"] == "I want to ship v2 by May."
+    assert [d["version"] for d in alice.session_digests(session.public_id)["results"]] == [1]
+    assert alice.session_digest_refresh(session.public_id)["queued"] is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_async_client_covers_the_new_endpoints(live_server):
+    import asyncio
+
+    from ctxapp import client as ctx
+    from memory.models import Tenant
+    from memory.services.tenancy import api_key_create
+
+    tenant = Tenant.objects.create(name="Async", slug="async")
+    _, secret = api_key_create(tenant=tenant, name="admin", scopes=["admin"])
+
+    async def scenario():
+        async with ctx.AsyncClient(live_server.url, secret) as api:
+            bulk = await api.experiences_create_bulk(items(3, agent="coder"))
+            first = bulk["results"][0]["id"]
+            listed = await api.experiences_list(agent="coder")
+            hits = await api.experiences_search("number", sources=["text"], agent="coder")
+            await api.experience_delete(first)
+            policy = await api.experience_policy_update(capacity=42)
+            again = await api.experience_policy_get()
+            created = await api.experience_create("p", merge=False, agent="coder")
+            return bulk, listed, hits, policy, again, created
+
+    bulk, listed, hits, policy, again, created = asyncio.run(scenario())
+    assert bulk["created"] == 3 and len(listed["results"]) == 3 and len(hits["results"]) == 3
+    assert not Experience.objects.filter(public_id=bulk["results"][0]["id"]).exists()
+    assert policy["capacity"] == again["capacity"] == 42 == ExperiencePolicy.for_tenant(tenant).capacity
+    assert created["agent"] == "coder"
+
+    from memory.services.digest import session_digest_update
+    from memory.services.sessions import MessageInput, messages_append, session_create
+
+    session = session_create(tenant=tenant, agent_external_id="coder", user_id="ana")
+    messages_append(
+        tenant=tenant, session=session, items=[MessageInput(role="user", content="I want to ship v2 by May.")]
+    )
+    session_digest_update(tenant=tenant, session=session)
+
+    async def digests():
+        async with ctx.AsyncClient(live_server.url, secret) as api:
+            latest = await api.session_digest(session.public_id)
+            first = await api.session_digest(session.public_id, version=1)
+            page = await api.session_digests(session.public_id)
+            queued = await api.session_digest_refresh(session.public_id)
+            return latest, first, page, queued
+
+    latest, first, page, queued = asyncio.run(digests())
+    assert latest == first and latest["goals"][0]["text"] == "I want to ship v2 by May."
+    assert [d["version"] for d in page["results"]] == [1] and queued["queued"] is True
