@@ -28,6 +28,7 @@ class Pending:
 CONTEXT_PENDING = Pending("Budgets and built contexts arrive with the context-engine capability.")
 SUMMARY_PENDING = Pending("Summaries arrive with the context-engine (summarisation) capability.")
 FACTS_PENDING = Pending("Tracked facts arrive with the decay-detection capability.")
+DIGEST_PENDING = Pending("The session digest arrives with the medium-term memory capability.")
 CHECKPOINT_PENDING = Pending("Checkpoints arrive with the cognitive-state capability.")
 COGNITIVE_PENDING = Pending("The cognitive state arrives with the cognitive-state capability.")
 RECOVERY_PENDING = Pending("The recovered-state document arrives with the crash-recovery capability.")
@@ -169,6 +170,35 @@ def session_summaries(*, tenant: Tenant, session: Session) -> Any:
         }
         for s in summaries_list(tenant=tenant, session=session, limit=10)
     ]
+
+
+def session_digest(*, tenant: Tenant, session: Session) -> Any:
+    """The latest digest of the session by category, with how many versions there are."""
+    digests_list = memory_service("digest", "session_digests_list")
+    if digests_list is None:
+        return DIGEST_PENDING
+    from memory.models import DIGEST_CATEGORIES
+    from memory.services.digest import HEADINGS
+
+    versions = digests_list(tenant=tenant, session=session)
+    latest = versions.order_by("-version").first()
+    if latest is None:
+        return {"latest": None}
+    return {
+        "latest": {
+            "version": latest.version,
+            "method": latest.method,
+            "error": latest.error,
+            "covers_to": latest.covers_up_to_seq,
+            "created_at": latest.created_at,
+            "sections": [
+                {"heading": HEADINGS[c], "items": latest.content.get(c) or []}
+                for c in DIGEST_CATEGORIES
+                if latest.content.get(c)
+            ],
+        },
+        "versions": versions.count(),
+    }
 
 
 def session_facts(*, tenant: Tenant, session: Session) -> Any:
