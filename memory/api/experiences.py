@@ -147,6 +147,17 @@ class ExperienceItemSerializer(serializers.Serializer):
         help_text="false: store a new row even when an identical experience exists; it never merges.",
     )
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors = experiences.experience_input_errors(
+            problem=attrs["problem"],
+            confidence=attrs["confidence"],
+            scope=attrs.get("scope"),
+            user_id=attrs["user_id"],
+        )
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
 
 class ExperienceListApi(TenantApiView):
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
@@ -278,39 +289,33 @@ class ExperienceBulkApi(TenantApiView):
                 f"A bulk create holds at most {limit} experiences; got {len(raw)}. Split it.",
                 details={"fields": {"items": [f"At most {limit} items per call."]}, "limit": limit},
             )
-        items: list[experiences.BulkItem] = []
+        # One list serializer (its child's fields are built once, not per item); every item's
+        # errors are collected, named items[i].field, and nothing is written if any is bad.
+        serializer = ExperienceItemSerializer(data=raw, many=True)
         errors: dict[str, Any] = {}
-        for index, entry in enumerate(raw):
-            serializer = ExperienceItemSerializer(data=entry)
-            if not serializer.is_valid():
-                detail = serializer.errors
-                if not isinstance(detail, dict):
-                    detail = {"non_field_errors": detail}
-                errors.update({f"items[{index}].{name}": value for name, value in detail.items()})
-                continue
-            item = dict(serializer.validated_data)
-            item_errors = experiences.experience_input_errors(
-                problem=item["problem"],
-                confidence=item["confidence"],
-                scope=item.get("scope"),
-                user_id=item["user_id"],
-            )
-            if item_errors:
+        if not serializer.is_valid():
+            found = serializer.errors  # a list per item, or {index: errors} (DRF ≥ 3.15)
+            by_index = found.items() if isinstance(found, dict) else enumerate(found)
+            for index, item_errors in by_index:
+                if not isinstance(item_errors, dict):
+                    item_errors = {"non_field_errors": item_errors}
                 errors.update({f"items[{index}].{name}": value for name, value in item_errors.items()})
-                continue
-            item["agent"] = _agent_for_write(self, item["agent"])
-            items.append(experiences.BulkItem(**item))
         if errors:
             first = next(iter(errors))
             message = errors[first][0] if isinstance(errors[first], list) and errors[first] else "Invalid."
             raise InvalidInput(f"{first}: {message}", details={"fields": errors})
+        items = [
+            experiences.BulkItem(**{**item, "agent": _agent_for_write(self, item["agent"])})
+            for item in serializer.validated_data
+        ]
         task = task_get(tenant=self.tenant, task_id=data["task"]) if data.get("task") else None
         results = experiences.experiences_create_bulk(tenant=self.tenant, items=items, source_task=task)
         counts = {"created": 0, "merged": 0, "unchanged": 0}
+        rows = ExperienceOutputSerializer([r.experience for r in results], many=True).data
         body = []
-        for result in results:
+        for result, row in zip(results, rows, strict=True):
             counts[result.outcome] += 1
-            body.append({**ExperienceOutputSerializer(result.experience).data, "outcome": result.outcome})
+            body.append({**row, "outcome": result.outcome})
         return Response({"results": body, **counts}, status=status.HTTP_201_CREATED)
 
 

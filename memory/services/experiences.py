@@ -382,10 +382,12 @@ def experiences_create_bulk(
     """Create up to CTXAPP_EXPERIENCES_BULK_MAX experiences at once: all or nothing.
 
     Every item is checked before anything is written; InvalidInput names each bad field as
-    `items[3].problem`. Each item then follows experience_create's rules (exact duplicates merge
-    unless `merge` is false) in ONE transaction, so their embeddings are queued after commit in
-    coalesced jobs of CTXAPP_EMBEDDING_BATCH_SIZE rows (not one job per row). Returns one result
-    per item, in order.
+    `items[3].problem`. Each item then follows experience_create's rules (an exact duplicate —
+    already stored or earlier in this call — merges unless `merge` is false; the same one from the
+    same task is "unchanged") in ONE transaction: one locked read of the duplicates, one multi-row
+    INSERT, one `experience.created` event per row written together, and the embeddings queued
+    after commit in coalesced jobs of CTXAPP_EMBEDDING_BATCH_SIZE rows (not one job per row).
+    Returns one result per item, in order.
     """
     limit = settings.CTXAPP["CTXAPP_EXPERIENCES_BULK_MAX"]
     if not items:
@@ -404,25 +406,99 @@ def experiences_create_bulk(
     if errors:
         first = next(iter(errors))
         raise InvalidInput(f"{first}: {errors[first][0]}", details={"fields": errors})
+    source_session = source_task.session if source_task is not None and source_task.session_id else None
+    prepared = []
+    for item in items:
+        problem, cause, solution = item.problem.strip(), item.cause.strip(), item.solution.strip()
+        scope = item.scope or (ExperienceScope.USER if item.user_id else ExperienceScope.TENANT)
+        digest = text_hash(Experience.compose_text(problem, cause, solution))
+        identity = (digest, item.kind, scope, item.user_id, item.agent)
+        prepared.append((item, problem, cause, solution, scope, digest, identity))
     with transaction.atomic():
-        return [
-            experience_create(
+        # One locked read finds every exact duplicate that already exists (not one query per item).
+        canonical: dict[tuple[str, str, str, str, str], Experience] = {}
+        hashes = {p[5] for p in prepared if p[0].merge}
+        if hashes:
+            for row in (
+                Experience.objects.select_for_update(of=("self",))
+                .filter(tenant=tenant, text_hash__in=hashes)
+                .filter(visible_filter())
+                .select_related("source_task")
+                .order_by("-pk")  # the oldest wins (last written into the dict)
+            ):
+                canonical[(row.text_hash, row.kind, row.scope, row.user_id, row.agent)] = row
+        results: list[CreateResult] = []
+        new_rows: list[Experience] = []
+        touched: dict[int, Experience] = {}  # existing rows that absorbed a duplicate
+        merged_payloads: list[dict[str, Any]] = []
+        for item, problem, cause, solution, scope, digest, identity in prepared:
+            entry = _provenance_entry(
+                method=ExtractionMethod.MANUAL, task=source_task, session=source_session
+            )
+            target = canonical.get(identity) if item.merge else None
+            if target is not None:
+                same_source = "task" in entry and any(
+                    p.get("method") == entry["method"] and p.get("task") == entry["task"]
+                    for p in target.provenance
+                )
+                if same_source:
+                    results.append(CreateResult(target, "unchanged"))
+                    continue
+                target.confidence = _boosted_confidence(target.confidence, item.confidence)
+                target.use_count += 1
+                target.merge_count += 1
+                target.provenance = [*target.provenance, {**entry, "merge": "exact"}]
+                target.updated_at = timezone.now()
+                if target.pk is not None:
+                    touched[target.pk] = target
+                merged_payloads.append(_event_payload(target, similarity=1.0, merged="exact duplicate"))
+                results.append(CreateResult(target, "merged"))
+                continue
+            row = Experience(
                 tenant=tenant,
-                problem=item.problem,
-                cause=item.cause,
-                solution=item.solution,
-                confidence=item.confidence,
-                extraction_method=ExtractionMethod.MANUAL,
                 user_id=item.user_id,
-                scope=item.scope,
+                scope=scope,
                 kind=item.kind,
                 key=item.key,
+                problem=problem,
+                cause=cause,
+                solution=solution,
+                confidence=item.confidence,
+                extraction_method=ExtractionMethod.MANUAL,
                 source_task=source_task,
+                source_session=source_session,
+                provenance=[entry],
+                text_hash=digest,
                 agent=item.agent,
-                merge=item.merge,
+                mergeable=item.merge,
             )
-            for item in items
-        ]
+            new_rows.append(row)
+            if item.merge:
+                canonical[identity] = row  # a later duplicate in this call merges into it
+            results.append(CreateResult(row, "created"))
+        Experience.objects.bulk_create(new_rows)
+        for row in touched.values():
+            row.save(update_fields=["confidence", "use_count", "merge_count", "provenance", "updated_at"])
+        recorder.event_append_many(
+            tenant=tenant,
+            type="experience.created",
+            session=source_session,
+            payloads=[
+                _event_payload(
+                    row,
+                    embedding_status=row.embedding_status,
+                    bulk=True,
+                    **({"agent": row.agent} if row.agent else {}),
+                    **({} if row.mergeable else {"merge": False}),
+                )
+                for row in new_rows
+            ],
+        )
+        recorder.event_append_many(
+            tenant=tenant, type="experience.merged", session=source_session, payloads=merged_payloads
+        )
+        _enqueue_embedding([row.pk for row in new_rows])
+    return results
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,11 @@ def test_bulk_create_is_all_or_nothing_and_names_each_bad_item(api_a, tenant_a):
     assert response.status_code == 422
     fields = response.json()["error"]["details"]["fields"]
     assert set(fields) == {"items[1].problem", "items[2].confidence", "items[3].user_id"}
+    response = api_a.post(
+        "/api/v1/experiences/bulk", {"items": [items(1)[0], "not an object"]}, format="json"
+    )
+    assert response.status_code == 422
+    assert list(response.json()["error"]["details"]["fields"]) == ["items[1].non_field_errors"]
     assert not Experience.objects.exists() and not Event.objects.filter(type="experience.created").exists()
 
 
