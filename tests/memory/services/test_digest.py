@@ -194,3 +194,14 @@ def test_ending_a_session_queues_its_digest(
     assert sent == [session.pk]
     tasks.session_digest(session.pk)  # the task body, run here
     assert session_digest_get(tenant=tenant_a, session=session).version == 1
+
+
+def test_the_summarisation_job_maintains_the_digest(tenant_a, session):
+    from memory.tasks import context as tasks
+
+    talk(tenant_a, session, CONVERSATION)
+    tasks.session_summarise(session.pk)  # the Celery task body, run here
+    digest = session_digest_get(tenant=tenant_a, session=session)
+    assert digest.version == 1 and any("pglogical" in t for t in texts(digest, "decisions"))
+    tasks.session_summarise(session.pk)  # nothing new: no new version
+    assert SessionDigest.objects.filter(session=session).count() == 1
