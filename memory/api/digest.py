@@ -75,7 +75,7 @@ class SessionDigestApi(TenantApiView):
             ref_name = "SessionDigestQuery"
 
         version = serializers.IntegerField(
-            min_value=1, required=False, help_text="That version, not the latest."
+            min_value=1, max_value=2_147_483_647, required=False, help_text="That version, not the latest."
         )
 
     @extend_schema(

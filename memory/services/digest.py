@@ -305,7 +305,8 @@ def llm_digest(
 def session_digest_update(*, tenant: Tenant, session: Session) -> SessionDigest | None:
     """Bring the session's digest up to its newest message: a new version, or None if nothing new.
 
-    Reads the messages after the latest version's `covers_up_to_seq`; writes version n + 1 (with a
+    Reads the messages after the latest version's `covers_up_to_seq` (at most MAX_ROWS_PER_UPDATE;
+    with more, the next job is queued after commit); writes version n + 1 (with a
     `digest.updated` event) only when the digest changed — otherwise it moves nothing and returns
     None (idempotent: a second run right after the first writes nothing). Never raises for a
     failing chat endpoint (falls back to offline, method `llm_fallback`, error kept). Concurrent
@@ -341,6 +342,8 @@ def session_digest_update(*, tenant: Tenant, session: Session) -> SessionDigest 
         now_latest = SessionDigest.objects.filter(session=session).order_by("-version").first()
         if (now_latest.pk if now_latest else None) != (latest.pk if latest else None):
             return None  # another run wrote a version meanwhile
+        if len(rows) == MAX_ROWS_PER_UPDATE:
+            session_digest_queue(session=session)  # a long backlog: the next job reads on
         if latest is not None and text == latest.text:
             # nothing new worth keeping: remember how far we read, without a new version
             SessionDigest.objects.filter(pk=latest.pk).update(covers_up_to_seq=covers)

@@ -205,3 +205,21 @@ def test_the_summarisation_job_maintains_the_digest(tenant_a, session):
     assert digest.version == 1 and any("pglogical" in t for t in texts(digest, "decisions"))
     tasks.session_summarise(session.pk)  # nothing new: no new version
     assert SessionDigest.objects.filter(session=session).count() == 1
+
+
+def test_a_long_backlog_is_read_in_bounded_steps(
+    tenant_a, session, monkeypatch, django_capture_on_commit_callbacks
+):
+    from memory.services import digest as service
+    from memory.tasks import context as tasks
+
+    monkeypatch.setattr(service, "MAX_ROWS_PER_UPDATE", 5)
+    sent: list[int] = []
+    monkeypatch.setattr(tasks.session_digest, "delay", sent.append)  # record the hand-off to the broker
+    talk(tenant_a, session, CONVERSATION)  # 9 messages
+    with django_capture_on_commit_callbacks(execute=True):
+        first = session_digest_update(tenant=tenant_a, session=session)
+    assert first.covers_up_to_seq == 5 and sent == [session.pk]  # the next step is queued
+    second = session_digest_update(tenant=tenant_a, session=session)
+    assert second.version == 2 and second.covers_up_to_seq == 9
+    assert any("finished converting the schema" in t for t in texts(second, "progress"))
