@@ -265,6 +265,53 @@ class EventOut(TypedDict):
     created_at: str
 
 
+class ExperienceBulkOut(TypedDict):
+    results: list[dict[str, Any]]  # one experience per item, in order, each with `outcome`
+    created: int
+    merged: int
+    unchanged: int
+
+
+class ExperiencePolicyOut(TypedDict):
+    capacity: int
+    merge_threshold: float
+    merge_token_overlap: float
+    supersede_problem_threshold: float
+    solution_agreement_threshold: float
+    vector_weight: float
+    text_weight: float
+    context_min_similarity: float
+    helpful_weight: float
+
+
+class DigestItem(TypedDict):
+    text: str
+    seq: int | None
+
+
+class DigestOut(TypedDict):
+    session: str
+    user_id: str
+    version: int
+    method: str
+    error: str
+    covers_up_to_seq: int
+    created_at: str
+    text: str
+    goals: list[DigestItem]
+    decisions: list[DigestItem]
+    findings: list[DigestItem]
+    preferences: list[DigestItem]
+    constraints: list[DigestItem]
+    progress: list[DigestItem]
+    open_questions: list[DigestItem]
+
+
+class DigestPage(TypedDict):
+    results: list[DigestOut]
+    next_cursor: str | None
+
+
 class Page(TypedDict):
     items: list[Any]
     next_cursor: str | None
@@ -702,6 +749,23 @@ class Client(_Base):
         """Queue summarisation of the session (202)."""
         return self.request("POST", f"/sessions/{session_id}/summaries")
 
+    def session_digest(self, session_id: str, *, version: int | None = None) -> DigestOut:
+        """The session's digest (goals, decisions, findings, preferences, constraints, progress,
+        open questions): the latest, or `version`. NotFound while it has none."""
+        return self.request("GET", f"/sessions/{session_id}/digest", params={"version": version})
+
+    def session_digests(
+        self, session_id: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> DigestPage:
+        """A page of the session's digest versions, newest first."""
+        return self.request(
+            "GET", f"/sessions/{session_id}/digests", params={"cursor": cursor, "limit": limit}
+        )
+
+    def session_digest_refresh(self, session_id: str) -> dict[str, Any]:
+        """Queue an update of the session's digest now (202)."""
+        return self.request("POST", f"/sessions/{session_id}/digest")
+
     # --- experiences ---
     def experience_create(
         self,
@@ -716,16 +780,40 @@ class Client(_Base):
         key: str | None = None,
         task: str | None = None,
         supersedes: str | None = None,
+        agent: str | None = None,
+        merge: bool | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Store an experience (embedded asynchronously). `outcome` is created, or merged for an
-        exact duplicate; `supersedes` hides that older experience behind this one."""
+        exact duplicate (`merge=False`: always a new row); `supersedes` hides that older
+        experience behind this one; `agent` records which agent learnt it."""
         body = _drop_none(
             {"problem": problem, "solution": solution, "cause": cause, "confidence": confidence,
              "user_id": user_id, "scope": scope, "kind": kind, "key": key, "task": task,
-             "supersedes": supersedes}
+             "supersedes": supersedes, "agent": agent, "merge": merge}
         )  # fmt: skip
         return self.request("POST", "/experiences", json=body, idempotency_key=idempotency_key)
+
+    def experiences_create_bulk(
+        self, items: list[Mapping[str, Any]], *, task: str | None = None, idempotency_key: str | None = None
+    ) -> ExperienceBulkOut:
+        """Create up to 1,000 experiences in one call, all or nothing (each item like
+        experience_create's arguments: problem, solution, cause, confidence, user_id, scope, kind,
+        key, agent, merge). Their embeddings are queued in batches."""
+        body = _drop_none({"items": [dict(item) for item in items], "task": task})
+        return self.request("POST", "/experiences/bulk", json=body, idempotency_key=idempotency_key)
+
+    def experience_delete(self, experience_id: str, *, idempotency_key: str | None = None) -> None:
+        """Delete an experience (its hidden merged duplicates too; what it superseded comes back)."""
+        self.request("DELETE", f"/experiences/{experience_id}", idempotency_key=idempotency_key)
+
+    def experience_policy_get(self) -> ExperiencePolicyOut:
+        """The tenant's experience policy: capacity, merge rule, search weights (admin key)."""
+        return self.request("GET", "/tenant/policies/experiences")
+
+    def experience_policy_update(self, **changes: Any) -> ExperiencePolicyOut:
+        """Change some experience policy fields, e.g. `capacity=20_000` (admin key)."""
+        return self.request("PATCH", "/tenant/policies/experiences", json=changes)
 
     def experience_get(self, experience_id: str) -> dict[str, Any]:
         """One experience with provenance, merge and supersede links and embedding status."""
@@ -735,7 +823,7 @@ class Client(_Base):
         self, *, cursor: str | None = None, limit: int | None = None, **filters: Any
     ) -> dict[str, Any]:
         """A page {results, next_cursor}; filters: user_id, kind, embedding_status, extraction_method,
-        include_superseded, as_of (ISO time)."""
+        include_superseded, as_of (ISO time), agent."""
         return self.request("GET", "/experiences", params={"cursor": cursor, "limit": limit, **filters})
 
     def experiences_search(
@@ -750,13 +838,14 @@ class Client(_Base):
         include_superseded: bool | None = None,
         as_of: str | None = None,
         kind: str | None = None,
+        agent: str | None = None,
     ) -> dict[str, Any]:
         """Hybrid search: {results: [{experience, score, similarity, text_score, contributions}], plan,
-        warnings}."""
+        warnings}. `agent`: only experiences that agent recorded."""
         body = _drop_none(
             {"query": query, "user_id": user_id, "limit": limit, "sources": sources,
              "weights": dict(weights) if weights is not None else None, "fusion": fusion,
-             "include_superseded": include_superseded, "as_of": as_of, "kind": kind}
+             "include_superseded": include_superseded, "as_of": as_of, "kind": kind, "agent": agent}
         )  # fmt: skip
         return self.request("POST", "/experiences/search", json=body)
 
@@ -1413,6 +1502,23 @@ class AsyncClient(_Base):
         """Queue summarisation of the session (202)."""
         return await self.request("POST", f"/sessions/{session_id}/summaries")
 
+    async def session_digest(self, session_id: str, *, version: int | None = None) -> DigestOut:
+        """The session's digest (goals, decisions, findings, preferences, constraints, progress,
+        open questions): the latest, or `version`. NotFound while it has none."""
+        return await self.request("GET", f"/sessions/{session_id}/digest", params={"version": version})
+
+    async def session_digests(
+        self, session_id: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> DigestPage:
+        """A page of the session's digest versions, newest first."""
+        return await self.request(
+            "GET", f"/sessions/{session_id}/digests", params={"cursor": cursor, "limit": limit}
+        )
+
+    async def session_digest_refresh(self, session_id: str) -> dict[str, Any]:
+        """Queue an update of the session's digest now (202)."""
+        return await self.request("POST", f"/sessions/{session_id}/digest")
+
     # --- experiences ---
     async def experience_create(
         self,
@@ -1427,16 +1533,40 @@ class AsyncClient(_Base):
         key: str | None = None,
         task: str | None = None,
         supersedes: str | None = None,
+        agent: str | None = None,
+        merge: bool | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Store an experience (embedded asynchronously). `outcome` is created, or merged for an
-        exact duplicate; `supersedes` hides that older experience behind this one."""
+        exact duplicate (`merge=False`: always a new row); `supersedes` hides that older
+        experience behind this one; `agent` records which agent learnt it."""
         body = _drop_none(
             {"problem": problem, "solution": solution, "cause": cause, "confidence": confidence,
              "user_id": user_id, "scope": scope, "kind": kind, "key": key, "task": task,
-             "supersedes": supersedes}
+             "supersedes": supersedes, "agent": agent, "merge": merge}
         )  # fmt: skip
         return await self.request("POST", "/experiences", json=body, idempotency_key=idempotency_key)
+
+    async def experiences_create_bulk(
+        self, items: list[Mapping[str, Any]], *, task: str | None = None, idempotency_key: str | None = None
+    ) -> ExperienceBulkOut:
+        """Create up to 1,000 experiences in one call, all or nothing (each item like
+        experience_create's arguments: problem, solution, cause, confidence, user_id, scope, kind,
+        key, agent, merge). Their embeddings are queued in batches."""
+        body = _drop_none({"items": [dict(item) for item in items], "task": task})
+        return await self.request("POST", "/experiences/bulk", json=body, idempotency_key=idempotency_key)
+
+    async def experience_delete(self, experience_id: str, *, idempotency_key: str | None = None) -> None:
+        """Delete an experience (its hidden merged duplicates too; what it superseded comes back)."""
+        await self.request("DELETE", f"/experiences/{experience_id}", idempotency_key=idempotency_key)
+
+    async def experience_policy_get(self) -> ExperiencePolicyOut:
+        """The tenant's experience policy: capacity, merge rule, search weights (admin key)."""
+        return await self.request("GET", "/tenant/policies/experiences")
+
+    async def experience_policy_update(self, **changes: Any) -> ExperiencePolicyOut:
+        """Change some experience policy fields, e.g. `capacity=20_000` (admin key)."""
+        return await self.request("PATCH", "/tenant/policies/experiences", json=changes)
 
     async def experience_get(self, experience_id: str) -> dict[str, Any]:
         """One experience with provenance, merge and supersede links and embedding status."""
@@ -1446,7 +1576,7 @@ class AsyncClient(_Base):
         self, *, cursor: str | None = None, limit: int | None = None, **filters: Any
     ) -> dict[str, Any]:
         """A page {results, next_cursor}; filters: user_id, kind, embedding_status, extraction_method,
-        include_superseded, as_of (ISO time)."""
+        include_superseded, as_of (ISO time), agent."""
         return await self.request("GET", "/experiences", params={"cursor": cursor, "limit": limit, **filters})
 
     async def experiences_search(
@@ -1461,13 +1591,14 @@ class AsyncClient(_Base):
         include_superseded: bool | None = None,
         as_of: str | None = None,
         kind: str | None = None,
+        agent: str | None = None,
     ) -> dict[str, Any]:
         """Hybrid search: {results: [{experience, score, similarity, text_score, contributions}], plan,
-        warnings}."""
+        warnings}. `agent`: only experiences that agent recorded."""
         body = _drop_none(
             {"query": query, "user_id": user_id, "limit": limit, "sources": sources,
              "weights": dict(weights) if weights is not None else None, "fusion": fusion,
-             "include_superseded": include_superseded, "as_of": as_of, "kind": kind}
+             "include_superseded": include_superseded, "as_of": as_of, "kind": kind, "agent": agent}
         )  # fmt: skip
         return await self.request("POST", "/experiences/search", json=body)
 

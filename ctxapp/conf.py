@@ -312,6 +312,13 @@ SETTINGS: list[Setting] = [
         group="experiences",
     ),
     Setting(
+        "CTXAPP_EXPERIENCES_BULK_MAX",
+        parse_positive_int,
+        1000,
+        "Most experiences in one POST /api/v1/experiences/bulk; more → 422.",
+        group="experiences",
+    ),
+    Setting(
         "CTXAPP_EMBEDDING_BATCH_SIZE",
         parse_positive_int,
         64,
@@ -345,6 +352,21 @@ SETTINGS: list[Setting] = [
         True,
         "Full distillation also asks the summariser's chat endpoint (CTXAPP_SUMMARISER_URL, model, key, "
         "timeout, retries) to extract experiences, when that endpoint is set.",
+        group="experiences",
+    ),
+    Setting(
+        "CTXAPP_DIGEST_LLM",
+        parse_bool,
+        True,
+        "The session digest (medium-term memory) is written by the summariser's chat endpoint when "
+        "CTXAPP_SUMMARISER_URL is set; false keeps the offline extractor.",
+        group="experiences",
+    ),
+    Setting(
+        "CTXAPP_DIGEST_MAX_ITEMS",
+        parse_positive_int,
+        8,
+        "Most items kept per category of a session digest (the newest win).",
         group="experiences",
     ),
     # --- cognition -----------------------------------------------------------------------------

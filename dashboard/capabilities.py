@@ -15,10 +15,11 @@ from django.db import transaction
 from dashboard import charts
 from dashboard.selectors import session_events
 from memory.exceptions import NotFound
-from memory.models import Agent, Session, Tenant
+from memory.models import DIGEST_CATEGORIES, Agent, Session, Tenant
 from memory.services import cognition, retrieval
 from memory.services.context import budget_samples_list
 from memory.services.decay import facts_list
+from memory.services.digest import HEADINGS, session_digests_list
 from memory.services.experiences import experiences_list
 from memory.services.recovery import recovered_state
 from memory.services.summarise import summaries_list
@@ -153,6 +154,29 @@ def session_summaries(*, tenant: Tenant, session: Session) -> Any:
         }
         for s in summaries_list(tenant=tenant, session=session, limit=10)
     ]
+
+
+def session_digest(*, tenant: Tenant, session: Session) -> Any:
+    """The latest digest of the session by category, with how many versions there are."""
+    versions = session_digests_list(tenant=tenant, session=session)
+    latest = versions.order_by("-version").first()
+    if latest is None:
+        return {"latest": None}
+    return {
+        "latest": {
+            "version": latest.version,
+            "method": latest.method,
+            "error": latest.error,
+            "covers_to": latest.covers_up_to_seq,
+            "created_at": latest.created_at,
+            "sections": [
+                {"heading": HEADINGS[c], "items": latest.content.get(c) or []}
+                for c in DIGEST_CATEGORIES
+                if latest.content.get(c)
+            ],
+        },
+        "versions": versions.count(),
+    }
 
 
 def session_facts(*, tenant: Tenant, session: Session) -> Any:

@@ -71,6 +71,10 @@ def _session_summaries(*, tenant: Tenant, session: Session, **_: Any) -> dict[st
     return {"session": session, "summaries": capabilities.session_summaries(tenant=tenant, session=session)}
 
 
+def _session_digest(*, tenant: Tenant, session: Session, **_: Any) -> dict[str, Any]:
+    return {"session": session, "digest": capabilities.session_digest(tenant=tenant, session=session)}
+
+
 def _session_facts(*, tenant: Tenant, session: Session, **_: Any) -> dict[str, Any]:
     return {"session": session, "facts": capabilities.session_facts(tenant=tenant, session=session)}
 
@@ -139,6 +143,7 @@ PANELS: dict[str, Panel] = {
     "session-manifest": Panel(P + "_session_manifest.html", _session_manifest, ("context.",)),
     "session-summaries": Panel(P + "_session_summaries.html", _session_summaries, ("summary.", "context.")),
     "session-facts": Panel(P + "_session_facts.html", _session_facts, ("fact.", "context.", "message.")),
+    "session-digest": Panel(P + "_session_digest.html", _session_digest, ("digest.",)),
     "agent-checkpoints": Panel(P + "_agent_checkpoints.html", _agent_checkpoints, ("checkpoint.", "agent.")),
     "agent-cognitive": Panel(
         P + "_agent_cognitive.html", _agent_cognitive, ("state.", "cognitive", "checkpoint.")
@@ -161,7 +166,14 @@ PANELS: dict[str, Panel] = {
 
 PAGE_PANELS: dict[str, list[str]] = {
     "overview": ["overview-stats", "overview-agents", "overview-sessions", "overview-events"],
-    "session": ["session-header", "session-budget", "session-manifest", "session-summaries", "session-facts"],
+    "session": [
+        "session-header",
+        "session-budget",
+        "session-manifest",
+        "session-digest",
+        "session-summaries",
+        "session-facts",
+    ],
     "agent": ["agent-checkpoints", "agent-cognitive", "agent-recovered", "agent-events"],
     "experiences": ["experiences-recent"],
     "jobs": ["jobs-queues", "jobs-failed", "jobs-results"],

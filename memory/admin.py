@@ -329,7 +329,7 @@ class ExperienceAdmin(admin.ModelAdmin):
         "last_used_at", "created_at",
     ]  # fmt: skip
     list_filter = ["tenant", "kind", "extraction_method", "embedding_status", "scope"]
-    search_fields = ["public_id", "problem", "solution", "user_id"]
+    search_fields = ["public_id", "problem", "solution", "user_id", "agent"]
     list_select_related = ["tenant"]
     exclude = ["embedding", "problem_embedding"]
     readonly_fields = [
@@ -337,5 +337,20 @@ class ExperienceAdmin(admin.ModelAdmin):
         "embedding_error", "embedding_attempts", "embedded_at", "merged_into", "merged_at", "superseded_by",
         "superseded_at",
         "provenance", "use_count", "last_used_at", "helpful_count", "unhelpful_count", "merge_count",
+        "aliases", "mergeable",
     ]  # fmt: skip
     raw_id_fields = ["source_task", "source_session"]
+
+
+# --- session digests (medium-term memory) -------------------------------------------------------
+from memory.models import SessionDigest  # noqa: E402
+
+
+@admin.register(SessionDigest)
+class SessionDigestAdmin(admin.ModelAdmin):
+    list_display = ["session", "version", "user_id", "method", "covers_up_to_seq", "created_at"]
+    list_filter = ["tenant", "method"]
+    search_fields = ["session__public_id", "user_id", "text"]
+    list_select_related = ["session"]
+    readonly_fields = [f.name for f in SessionDigest._meta.fields if f.name != "search_vector"]
+    exclude = ["search_vector"]

@@ -3,18 +3,22 @@
 Routes (under /api/v1):
     GET  /experiences                       list (cursor pages; filters)
     POST /experiences                       create (pending; exact duplicates merge)
+    POST /experiences/bulk                  create up to 1,000 at once (all or nothing)
     GET  /experiences/{id}                  one, with provenance, merge and supersede links
+    DELETE /experiences/{id}                delete one (204)
     POST /experiences/search                hybrid search with a retrieval plan
     POST /experiences/{id}/feedback         helpful or not
     POST /experiences/promote               preference / project config / constraint → long-term
     POST /experiences/embeddings/retry      failed embeddings → pending, re-queued
     POST /tasks/{id}/distill                light (now) or full (queued) distillation
+    GET/PATCH /tenant/policies/experiences  the tenant's experience policy: capacity, merge rule, … (admin)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.urls import path
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
@@ -22,7 +26,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from memory.api.base import CursorSerializer, TenantApiView, keyset_page
-from memory.models import EmbeddingStatus, Experience, ExperienceKind, ExperienceScope, ExtractionMethod
+from memory.exceptions import AgentMismatch, InvalidInput
+from memory.models import (
+    ApiKeyScope,
+    EmbeddingStatus,
+    Experience,
+    ExperienceKind,
+    ExperienceScope,
+    ExtractionMethod,
+)
 from memory.services import distillation, experiences, retrieval
 from memory.services.sessions import session_get, task_get
 
@@ -39,6 +51,10 @@ class ExperienceOutputSerializer(serializers.Serializer):
     key = serializers.CharField()
     scope = serializers.CharField()
     user_id = serializers.CharField()
+    agent = serializers.CharField(help_text="External id of the agent that recorded it; empty = none given.")
+    aliases = serializers.SerializerMethodField(
+        help_text="Texts of near-identical experiences merged into this one (found by full-text search)."
+    )
     source_task = serializers.SerializerMethodField()
     source_session = serializers.SerializerMethodField()
     provenance = serializers.JSONField()
@@ -55,6 +71,9 @@ class ExperienceOutputSerializer(serializers.Serializer):
     superseded_at = serializers.DateTimeField(allow_null=True)
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
+
+    def get_aliases(self, obj: Experience) -> list[str]:
+        return [line for line in obj.aliases.splitlines() if line]
 
     def get_source_task(self, obj: Experience) -> str | None:
         return obj.source_task.public_id if obj.source_task_id else None  # type: ignore[union-attr]
@@ -90,6 +109,56 @@ class ExperienceDetailSerializer(ExperienceOutputSerializer):
         return list(obj.supersedes.order_by("pk").values_list("public_id", flat=True))
 
 
+def _agent_for_write(view: TenantApiView, requested: str) -> str:
+    """The agent recorded on a new experience: a key bound to an agent always records that one."""
+    bound = view.request.auth.agent_external_id  # type: ignore[union-attr]
+    if bound and requested and requested != bound:
+        raise AgentMismatch(
+            f"This API key is bound to agent {bound!r}; it cannot record experiences as {requested!r}.",
+            details={"bound_agent": bound, "requested_agent": requested},
+        )
+    return bound or requested
+
+
+class ExperienceItemSerializer(serializers.Serializer):
+    """One experience to create (single create and each item of a bulk create)."""
+
+    class Meta:
+        ref_name = "ExperienceItemInput"
+
+    problem = serializers.CharField(max_length=10_000)
+    cause = serializers.CharField(max_length=10_000, required=False, allow_blank=True, default="")
+    solution = serializers.CharField(max_length=20_000, required=False, allow_blank=True, default="")
+    confidence = serializers.FloatField(min_value=0.0, max_value=1.0, required=False, default=0.5)
+    user_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    scope = serializers.ChoiceField(choices=ExperienceScope.choices, required=False)
+    kind = serializers.ChoiceField(choices=ExperienceKind.choices, required=False, default="experience")
+    key = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    agent = serializers.CharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="External id of the agent recording it (a filter of list and search).",
+    )
+    merge = serializers.BooleanField(
+        required=False,
+        default=True,
+        help_text="false: store a new row even when an identical experience exists; it never merges.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors = experiences.experience_input_errors(
+            problem=attrs["problem"],
+            confidence=attrs["confidence"],
+            scope=attrs.get("scope"),
+            user_id=attrs["user_id"],
+        )
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+
 class ExperienceListApi(TenantApiView):
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
@@ -103,19 +172,12 @@ class ExperienceListApi(TenantApiView):
         extraction_method = serializers.ChoiceField(choices=ExtractionMethod.choices, required=False)
         include_superseded = serializers.BooleanField(required=False, default=False)
         as_of = serializers.DateTimeField(required=False)
+        agent = serializers.CharField(max_length=200, required=False, help_text="Only this agent's.")
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(ExperienceItemSerializer):
         class Meta:
             ref_name = "ExperienceListInput"
 
-        problem = serializers.CharField(max_length=10_000)
-        cause = serializers.CharField(max_length=10_000, required=False, allow_blank=True, default="")
-        solution = serializers.CharField(max_length=20_000, required=False, allow_blank=True, default="")
-        confidence = serializers.FloatField(min_value=0.0, max_value=1.0, required=False, default=0.5)
-        user_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-        scope = serializers.ChoiceField(choices=ExperienceScope.choices, required=False)
-        kind = serializers.ChoiceField(choices=ExperienceKind.choices, required=False, default="experience")
-        key = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
         task = serializers.CharField(max_length=64, required=False, help_text="Source task id (provenance).")
         supersedes = serializers.CharField(
             max_length=64, required=False, help_text="Id of the experience this replaces."
@@ -139,6 +201,7 @@ class ExperienceListApi(TenantApiView):
             extraction_method=data.get("extraction_method"),
             include_superseded=data["include_superseded"],
             as_of=data.get("as_of"),
+            agent=data.get("agent"),
         )
         rows, next_cursor = keyset_page(queryset, cursor=data.get("cursor"), limit=data.get("limit"))
         return Response(
@@ -148,10 +211,11 @@ class ExperienceListApi(TenantApiView):
     @extend_schema(
         request=InputSerializer,
         responses={201: ExperienceDetailSerializer, 200: ExperienceDetailSerializer},
-        summary="Create an experience (an exact duplicate merges: 200)",
+        summary="Create an experience (an exact duplicate merges: 200, unless merge is false)",
     )
     def post(self, request: Request) -> Response:
         data = self.validate(self.InputSerializer)
+        data["agent"] = _agent_for_write(self, data["agent"])
         task = task_get(tenant=self.tenant, task_id=data.pop("task")) if data.get("task") else None
         supersedes_id = data.pop("supersedes", None)
         supersedes = (
@@ -178,6 +242,134 @@ class ExperienceDetailApi(TenantApiView):
     def get(self, request: Request, experience_id: str) -> Response:
         experience = experiences.experience_get(tenant=self.tenant, experience_id=experience_id)
         return Response(ExperienceDetailSerializer(experience).data)
+
+    @extend_schema(
+        request=None,
+        responses={204: None},
+        summary="Delete an experience (its hidden merged duplicates too; what it superseded comes back)",
+    )
+    def delete(self, request: Request, experience_id: str) -> Response:
+        experience = experiences.experience_get(tenant=self.tenant, experience_id=experience_id)
+        experiences.experience_delete(tenant=self.tenant, experience=experience)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ExperienceBulkApi(TenantApiView):
+    class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ExperienceBulkInput"
+
+        items = serializers.ListField(
+            child=serializers.JSONField(),  # each validated by ExperienceItemSerializer, all at once
+            allow_empty=False,
+            help_text="Up to CTXAPP_EXPERIENCES_BULK_MAX (1,000) experiences, each like POST /experiences.",
+        )
+        task = serializers.CharField(max_length=64, required=False, help_text="Source task of every item.")
+
+    class OutputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ExperienceBulkOutput"
+
+        results = ExperienceOutputSerializer(many=True, help_text="One per item, in order, with `outcome`.")
+        created = serializers.IntegerField()
+        merged = serializers.IntegerField()
+        unchanged = serializers.IntegerField()
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={201: OutputSerializer},
+        summary="Create up to 1,000 experiences at once (all or nothing; embedded in batches)",
+    )
+    def post(self, request: Request) -> Response:
+        data = self.validate(self.InputSerializer)
+        raw = data["items"]
+        limit = settings.CTXAPP["CTXAPP_EXPERIENCES_BULK_MAX"]
+        if len(raw) > limit:
+            raise InvalidInput(
+                f"A bulk create holds at most {limit} experiences; got {len(raw)}. Split it.",
+                details={"fields": {"items": [f"At most {limit} items per call."]}, "limit": limit},
+            )
+        # One list serializer (its child's fields are built once, not per item); every item's
+        # errors are collected, named items[i].field, and nothing is written if any is bad.
+        serializer = ExperienceItemSerializer(data=raw, many=True)
+        errors: dict[str, Any] = {}
+        if not serializer.is_valid():
+            found = serializer.errors  # a list per item, or {index: errors} (DRF ≥ 3.15)
+            by_index = found.items() if isinstance(found, dict) else enumerate(found)
+            for index, item_errors in by_index:
+                if not isinstance(item_errors, dict):
+                    item_errors = {"non_field_errors": item_errors}
+                errors.update({f"items[{index}].{name}": value for name, value in item_errors.items()})
+        if errors:
+            first = next(iter(errors))
+            message = errors[first][0] if isinstance(errors[first], list) and errors[first] else "Invalid."
+            raise InvalidInput(f"{first}: {message}", details={"fields": errors})
+        items = [
+            experiences.BulkItem(**{**item, "agent": _agent_for_write(self, item["agent"])})
+            for item in serializer.validated_data
+        ]
+        task = task_get(tenant=self.tenant, task_id=data["task"]) if data.get("task") else None
+        results = experiences.experiences_create_bulk(tenant=self.tenant, items=items, source_task=task)
+        counts = {"created": 0, "merged": 0, "unchanged": 0}
+        rows = ExperienceOutputSerializer([r.experience for r in results], many=True).data
+        body = []
+        for result, row in zip(results, rows, strict=True):
+            counts[result.outcome] += 1
+            body.append({**row, "outcome": result.outcome})
+        return Response({"results": body, **counts}, status=status.HTTP_201_CREATED)
+
+
+class ExperiencePolicyApi(TenantApiView):
+    """The tenant's experience policy. Admin scope, like the tenant's API keys."""
+
+    required_scope = ApiKeyScope.ADMIN
+
+    class PolicySerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ExperiencePolicy"
+
+        capacity = serializers.IntegerField(
+            min_value=1, max_value=100_000_000, help_text="Most experiences kept; LRU eviction beyond it."
+        )
+        merge_threshold = serializers.FloatField(
+            min_value=0.0, max_value=1.0, help_text="Cosine at or above which near-identical texts merge."
+        )
+        merge_token_overlap = serializers.FloatField(
+            min_value=0.0, max_value=1.0, help_text="Word-set overlap (Jaccard) a merge also needs."
+        )
+        supersede_problem_threshold = serializers.FloatField(min_value=0.0, max_value=1.0)
+        solution_agreement_threshold = serializers.FloatField(min_value=0.0, max_value=1.0)
+        vector_weight = serializers.FloatField(min_value=0.0, max_value=100.0)
+        text_weight = serializers.FloatField(min_value=0.0, max_value=100.0)
+        context_min_similarity = serializers.FloatField(min_value=-1.0, max_value=1.0)
+        helpful_weight = serializers.FloatField(min_value=0.0, max_value=100.0)
+
+    def _out(self, policy: Any) -> dict[str, Any]:
+        return {name: getattr(policy, name) for name in experiences.POLICY_FIELDS}
+
+    @extend_schema(responses=PolicySerializer, summary="The tenant's experience policy (admin scope)")
+    def get(self, request: Request) -> Response:
+        return Response(self._out(experiences.experience_policy_get(tenant=self.tenant)))
+
+    @extend_schema(
+        request=PolicySerializer(partial=True),
+        responses=PolicySerializer,
+        summary="Change the tenant's experience policy, e.g. its capacity (admin scope)",
+    )
+    def patch(self, request: Request) -> Response:
+        if isinstance(request.data, dict):
+            unknown = sorted(set(request.data) - set(experiences.POLICY_FIELDS))
+            if unknown:
+                raise InvalidInput(
+                    f"Unknown policy field(s): {', '.join(unknown)}.",
+                    details={"fields": {name: ["Unknown field."] for name in unknown}},
+                )
+        serializer = self.PolicySerializer(data=request.data, partial=True)
+        serializer.is_valid(raise_exception=True)
+        policy = experiences.experience_policy_update(
+            tenant=self.tenant, changes=dict(serializer.validated_data), actor=str(request.user)
+        )
+        return Response(self._out(policy))
 
 
 class SearchHitSerializer(serializers.Serializer):
@@ -209,6 +401,7 @@ class ExperienceSearchApi(TenantApiView):
         include_superseded = serializers.BooleanField(required=False, default=False)
         as_of = serializers.DateTimeField(required=False)
         kind = serializers.ChoiceField(choices=ExperienceKind.choices, required=False)
+        agent = serializers.CharField(max_length=200, required=False, help_text="Only this agent's.")
 
     class OutputSerializer(serializers.Serializer):
         class Meta:
@@ -353,6 +546,7 @@ class TaskDistillApi(TenantApiView):
 
 urlpatterns = [
     path("experiences", ExperienceListApi.as_view(), name="experiences"),
+    path("experiences/bulk", ExperienceBulkApi.as_view(), name="experiences-bulk"),
     path("experiences/search", ExperienceSearchApi.as_view(), name="experiences-search"),
     path("experiences/promote", ExperiencePromoteApi.as_view(), name="experiences-promote"),
     path("experiences/embeddings/retry", ExperienceRetryEmbeddingsApi.as_view(), name="experiences-retry"),
@@ -363,4 +557,5 @@ urlpatterns = [
         name="experience-feedback",
     ),
     path("tasks/<str:task_id>/distill", TaskDistillApi.as_view(), name="task-distill"),
+    path("tenant/policies/experiences", ExperiencePolicyApi.as_view(), name="tenant-policy-experiences"),
 ]

@@ -70,6 +70,12 @@ class Experience(models.Model):
     key = models.CharField(
         max_length=200, blank=True, default="", help_text="Promoted items: the fact's key."
     )
+    agent = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="External id of the agent that recorded it.",
+    )
 
     problem = models.TextField()
     cause = models.TextField(blank=True, default="")
@@ -82,6 +88,11 @@ class Experience(models.Model):
     )
     # One entry per contribution: {"method", "task", "session", "message_seqs", "at", "merged_from"?}
     provenance = models.JSONField(default=list, blank=True)
+    # Texts of near-identical experiences merged into this one, one per line: part of the full-text
+    # vector, so a merged duplicate's own wording stays findable (docs/experiences.md, "Merge").
+    aliases = models.TextField(blank=True, default="")
+    # False when created with `merge: false`: this row never merges into another one.
+    mergeable = models.BooleanField(default=True)
 
     # Embedding: the text embedded is problem + cause + solution (Experience.embedding_text).
     text_hash = models.CharField(max_length=64, db_index=True)
@@ -103,7 +114,8 @@ class Experience(models.Model):
     search_vector = models.GeneratedField(
         expression=SearchVector("problem", weight="A", config=FULL_TEXT_CONFIG)
         + SearchVector("cause", weight="B", config=FULL_TEXT_CONFIG)
-        + SearchVector("solution", weight="B", config=FULL_TEXT_CONFIG),
+        + SearchVector("solution", weight="B", config=FULL_TEXT_CONFIG)
+        + SearchVector("aliases", weight="C", config=FULL_TEXT_CONFIG),
         output_field=SearchVectorField(),
         db_persist=True,
     )
@@ -139,6 +151,7 @@ class Experience(models.Model):
             models.Index(fields=["tenant", "embedding_status"], name="experience_status"),
             models.Index(fields=["tenant", "last_used_at"], name="experience_last_used"),
             models.Index(fields=["tenant", "user_id"], name="experience_user"),
+            models.Index(fields=["tenant", "agent"], name="experience_agent"),
             models.Index(fields=["tenant", "kind", "user_id", "key"], name="experience_kind_key"),
             models.Index(fields=["tenant", "text_hash"], name="experience_tenant_text"),
         ]
@@ -212,7 +225,13 @@ class ExperiencePolicy(TenantPolicyBase):
         default=5000, help_text="Most experiences kept; the least recently used are evicted beyond it."
     )
     merge_threshold = models.FloatField(
-        default=0.85, help_text="Cosine above which a new experience merges into an existing one."
+        default=0.97,
+        help_text="Cosine at or above which a new experience may merge into an existing one "
+        "(near-identical texts only; the token overlap must also hold).",
+    )
+    merge_token_overlap = models.FloatField(
+        default=0.8,
+        help_text="Word overlap (Jaccard of the two texts' word sets) at or above which a merge may happen.",
     )
     supersede_problem_threshold = models.FloatField(
         default=0.85,

@@ -299,6 +299,29 @@ def _window_rows(*, session: Session, after_seq: int, window: int) -> list[dict[
     return rows  # type: ignore[return-value]
 
 
+def _previous_digest_item(*, tenant: Tenant, session: Session) -> _Item | None:
+    """The same user's previous session digest, offered while this session has none (medium-term
+    memory, memory/services/digest.py). Placed and dropped like the summary."""
+    from memory.services.digest import context_digest_for_session
+
+    offered = context_digest_for_session(tenant=tenant, session=session)
+    if offered is None:
+        return None
+    return _Item(
+        "summary",
+        "summary",
+        f"digest:{offered.session_id}:v{offered.digest.version}",
+        [
+            {
+                "role": "system",
+                "content": f"Digest of this user's previous session ({offered.session_id}):\n"
+                f"{offered.digest.text}",
+            }
+        ],
+        extra={"source": "previous_session_digest", "session": offered.session_id},
+    )
+
+
 def _mode_config(policy: EffectivePolicy, mode: str) -> tuple[set[str] | None, bool]:
     config = policy.mode_parts.get(mode) or {}
     names = config.get("system_parts", ["*"])
@@ -477,6 +500,10 @@ def context_build(
                 extra={"covers_up_to_seq": summary.covers_up_to_seq},
             )
         )
+
+    previous_digest = _previous_digest_item(tenant=tenant, session=session)
+    if previous_digest is not None:
+        items.append(previous_digest)
 
     groups, orphans = history_groups(rows)
     for row in orphans:

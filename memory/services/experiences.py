@@ -4,16 +4,20 @@ Rules (docs/experiences.md explains them):
 
 - An experience is created `pending` and is findable by full text at once; a Celery job embeds
   it (`experiences_embed`), after which it is findable by vector too.
-- Duplicates never pile up. An exact duplicate (same text, scope, user and kind) merges at
-  creation; a near-duplicate (cosine > policy.merge_threshold, 0.85) merges when it is embedded.
-  Merging raises the older row's confidence and use count and appends the newcomer's
-  provenance; the newcomer is kept, hidden, with `merged_into`.
+- Only near-identical texts merge, and no text is lost. An exact duplicate (same text, scope,
+  user and kind) merges at creation; a near-identical one (cosine >= policy.merge_threshold,
+  0.97, AND word-set overlap >= policy.merge_token_overlap, 0.8) merges when it is embedded.
+  Merging raises the older row's confidence and use count, appends the newcomer's provenance and
+  appends the newcomer's text to the older row's `aliases` (part of its full-text vector, so the
+  merged wording stays findable); the newcomer is kept, hidden, with `merged_into`. A row created
+  with `merge=False` never merges.
 - A contradiction supersedes: when a newer experience has the same problem (problem cosine >=
   policy.supersede_problem_threshold) but a different solution (solution cosine <
   policy.solution_agreement_threshold), the older one gets `superseded_by` and is hidden by
   default; `include_superseded` / `as_of` show history. A caller may also supersede explicitly.
-- Nothing in extraction deletes. Only capacity eviction (`experiences_evict`) deletes, least
-  recently USED first, with a `retention.evicted` event.
+- Nothing in extraction deletes. Capacity eviction (`experiences_evict`) deletes, least
+  recently USED first, with a `retention.evicted` event; a caller deletes one row with
+  `experience_delete` (`experience.deleted`).
 
 Public functions for other capabilities:
 
@@ -27,6 +31,7 @@ Public functions for other capabilities:
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import threading
 import time
@@ -76,6 +81,7 @@ KIND_LABELS = {
 }
 # A neighbour less similar than this is not even considered for merge / supersede.
 RECONCILE_CANDIDATE_FLOOR = 0.55
+_WORD = re.compile(r"\w+")
 
 
 @dataclass(frozen=True)
@@ -128,8 +134,9 @@ def experiences_list(
     extraction_method: str | None = None,
     include_superseded: bool = False,
     as_of: datetime | None = None,
+    agent: str | None = None,
 ) -> QuerySet[Experience]:
-    """The tenant's visible experiences, filtered. Read-only."""
+    """The tenant's visible experiences, filtered (`agent`: recorded by that agent). Read-only."""
     queryset = Experience.objects.filter(tenant=tenant).filter(
         visible_filter(include_superseded=include_superseded, as_of=as_of)
     )
@@ -141,6 +148,8 @@ def experiences_list(
         queryset = queryset.filter(embedding_status=embedding_status)
     if extraction_method:
         queryset = queryset.filter(extraction_method=extraction_method)
+    if agent:
+        queryset = queryset.filter(agent=agent)
     return queryset.select_related("merged_into", "superseded_by", "source_task", "source_session")
 
 
@@ -219,6 +228,20 @@ def _send_embedding_jobs(ids: list[int]) -> None:
         experiences_embed_task.delay(ids[start : start + batch])
 
 
+def experience_input_errors(
+    *, problem: str, confidence: float, scope: str | None, user_id: str
+) -> dict[str, list[str]]:
+    """Field errors of one experience to create (empty when it is valid)."""
+    errors: dict[str, list[str]] = {}
+    if not problem.strip():
+        errors["problem"] = ["Required."]
+    if not 0.0 <= confidence <= 1.0:
+        errors["confidence"] = ["0..1"]
+    if scope == ExperienceScope.USER and not user_id:
+        errors["user_id"] = ["Required for scope user."]
+    return errors
+
+
 def experience_create(
     *,
     tenant: Tenant,
@@ -236,26 +259,30 @@ def experience_create(
     message_seqs: list[int] | None = None,
     source: Any = None,
     supersedes: Experience | None = None,
+    agent: str = "",
+    merge: bool = True,
 ) -> CreateResult:
     """Store one experience `pending` and queue its embedding (after commit).
 
     Not a plain insert: an exact duplicate of a visible experience (same text, kind, scope,
     user) merges into it (outcome "merged"), and the same duplicate from the same task and
     method is a no-op (outcome "unchanged"), so re-running a distillation is harmless.
-    `supersedes` hides that older experience behind the new one at once. Records
-    `experience.created` / `experience.merged` / `experience.superseded`. Raises InvalidInput.
+    `merge=False` always inserts a new row, which never merges later either. `agent` records
+    the agent's external id (a filter of list and search). `supersedes` hides that older
+    experience behind the new one at once. Records `experience.created` / `experience.merged` /
+    `experience.superseded`. Raises InvalidInput.
     """
+    errors = experience_input_errors(problem=problem, confidence=confidence, scope=scope, user_id=user_id)
+    if errors:
+        first = next(iter(errors))
+        messages = {
+            "problem": "An experience needs a problem.",
+            "confidence": "confidence is between 0 and 1.",
+            "user_id": "A user-scoped experience needs a user_id.",
+        }
+        raise InvalidInput(messages[first], details={"fields": errors})
     problem, cause, solution = problem.strip(), cause.strip(), solution.strip()
-    if not problem:
-        raise InvalidInput("An experience needs a problem.", details={"fields": {"problem": ["Required."]}})
-    if not 0.0 <= confidence <= 1.0:
-        raise InvalidInput("confidence is between 0 and 1.", details={"fields": {"confidence": ["0..1"]}})
     scope = scope or (ExperienceScope.USER if user_id else ExperienceScope.TENANT)
-    if scope == ExperienceScope.USER and not user_id:
-        raise InvalidInput(
-            "A user-scoped experience needs a user_id.",
-            details={"fields": {"user_id": ["Required for scope user."]}},
-        )
     if source_session is None and source_task is not None and source_task.session_id:
         source_session = source_task.session
     digest = text_hash(Experience.compose_text(problem, cause, solution))
@@ -269,10 +296,12 @@ def experience_create(
     with transaction.atomic():
         duplicate = (
             Experience.objects.select_for_update()
-            .filter(tenant=tenant, text_hash=digest, kind=kind, scope=scope, user_id=user_id)
+            .filter(tenant=tenant, text_hash=digest, kind=kind, scope=scope, user_id=user_id, agent=agent)
             .filter(visible_filter())
             .order_by("pk")
             .first()
+            if merge
+            else None
         )
         if duplicate is not None and supersedes is None:
             same_source = any(
@@ -311,12 +340,19 @@ def experience_create(
             source_session=source_session,
             provenance=[entry],
             text_hash=digest,
+            agent=agent,
+            mergeable=merge,
         )
         recorder.event_append(
             tenant=tenant,
             type="experience.created",
             session=source_session,
-            payload=_event_payload(experience, embedding_status=experience.embedding_status),
+            payload=_event_payload(
+                experience,
+                embedding_status=experience.embedding_status,
+                **({"agent": agent} if agent else {}),
+                **({} if merge else {"merge": False}),
+            ),
         )
         if supersedes is not None:
             experience_supersede(tenant=tenant, older=supersedes, newer=experience, reason="explicit")
@@ -324,10 +360,240 @@ def experience_create(
     return CreateResult(experience, "created")
 
 
+@dataclass(frozen=True)
+class BulkItem:
+    """One experience of a bulk create (the API's validated item)."""
+
+    problem: str
+    cause: str = ""
+    solution: str = ""
+    confidence: float = 0.5
+    user_id: str = ""
+    scope: str | None = None
+    kind: str = ExperienceKind.EXPERIENCE
+    key: str = ""
+    agent: str = ""
+    merge: bool = True
+
+
+def experiences_create_bulk(
+    *, tenant: Tenant, items: list[BulkItem], source_task: Task | None = None
+) -> list[CreateResult]:
+    """Create up to CTXAPP_EXPERIENCES_BULK_MAX experiences at once: all or nothing.
+
+    Every item is checked before anything is written; InvalidInput names each bad field as
+    `items[3].problem`. Each item then follows experience_create's rules (an exact duplicate —
+    already stored or earlier in this call — merges unless `merge` is false; the same one from the
+    same task is "unchanged") in ONE transaction: one locked read of the duplicates, one multi-row
+    INSERT, one `experience.created` event per row written together, and the embeddings queued
+    after commit in coalesced jobs of CTXAPP_EMBEDDING_BATCH_SIZE rows (not one job per row).
+    Returns one result per item, in order.
+    """
+    limit = settings.CTXAPP["CTXAPP_EXPERIENCES_BULK_MAX"]
+    if not items:
+        raise InvalidInput("'items' must be a non-empty list.", details={"fields": {"items": ["Required."]}})
+    if len(items) > limit:
+        raise InvalidInput(
+            f"A bulk create holds at most {limit} experiences; got {len(items)}. Split it.",
+            details={"fields": {"items": [f"At most {limit} items per call."]}, "limit": limit},
+        )
+    errors: dict[str, list[str]] = {}
+    for index, item in enumerate(items):
+        for name, problems in experience_input_errors(
+            problem=item.problem, confidence=item.confidence, scope=item.scope, user_id=item.user_id
+        ).items():
+            errors[f"items[{index}].{name}"] = problems
+    if errors:
+        first = next(iter(errors))
+        raise InvalidInput(f"{first}: {errors[first][0]}", details={"fields": errors})
+    source_session = source_task.session if source_task is not None and source_task.session_id else None
+    prepared = []
+    for item in items:
+        problem, cause, solution = item.problem.strip(), item.cause.strip(), item.solution.strip()
+        scope = item.scope or (ExperienceScope.USER if item.user_id else ExperienceScope.TENANT)
+        digest = text_hash(Experience.compose_text(problem, cause, solution))
+        identity = (digest, item.kind, scope, item.user_id, item.agent)
+        prepared.append((item, problem, cause, solution, scope, digest, identity))
+    with transaction.atomic():
+        # One locked read finds every exact duplicate that already exists (not one query per item).
+        canonical: dict[tuple[str, str, str, str, str], Experience] = {}
+        hashes = {p[5] for p in prepared if p[0].merge}
+        if hashes:
+            for row in (
+                Experience.objects.select_for_update(of=("self",))
+                .filter(tenant=tenant, text_hash__in=hashes)
+                .filter(visible_filter())
+                .select_related("source_task")
+                .order_by("-pk")  # the oldest wins (last written into the dict)
+            ):
+                canonical[(row.text_hash, row.kind, row.scope, row.user_id, row.agent)] = row
+        results: list[CreateResult] = []
+        new_rows: list[Experience] = []
+        touched: dict[int, Experience] = {}  # existing rows that absorbed a duplicate
+        merged_payloads: list[dict[str, Any]] = []
+        for item, problem, cause, solution, scope, digest, identity in prepared:
+            entry = _provenance_entry(
+                method=ExtractionMethod.MANUAL, task=source_task, session=source_session
+            )
+            target = canonical.get(identity) if item.merge else None
+            if target is not None:
+                same_source = "task" in entry and any(
+                    p.get("method") == entry["method"] and p.get("task") == entry["task"]
+                    for p in target.provenance
+                )
+                if same_source:
+                    results.append(CreateResult(target, "unchanged"))
+                    continue
+                target.confidence = _boosted_confidence(target.confidence, item.confidence)
+                target.use_count += 1
+                target.merge_count += 1
+                target.provenance = [*target.provenance, {**entry, "merge": "exact"}]
+                target.updated_at = timezone.now()
+                if target.pk is not None:
+                    touched[target.pk] = target
+                merged_payloads.append(_event_payload(target, similarity=1.0, merged="exact duplicate"))
+                results.append(CreateResult(target, "merged"))
+                continue
+            row = Experience(
+                tenant=tenant,
+                user_id=item.user_id,
+                scope=scope,
+                kind=item.kind,
+                key=item.key,
+                problem=problem,
+                cause=cause,
+                solution=solution,
+                confidence=item.confidence,
+                extraction_method=ExtractionMethod.MANUAL,
+                source_task=source_task,
+                source_session=source_session,
+                provenance=[entry],
+                text_hash=digest,
+                agent=item.agent,
+                mergeable=item.merge,
+            )
+            new_rows.append(row)
+            if item.merge:
+                canonical[identity] = row  # a later duplicate in this call merges into it
+            results.append(CreateResult(row, "created"))
+        Experience.objects.bulk_create(new_rows)
+        for row in touched.values():
+            row.save(update_fields=["confidence", "use_count", "merge_count", "provenance", "updated_at"])
+        recorder.event_append_many(
+            tenant=tenant,
+            type="experience.created",
+            session=source_session,
+            payloads=[
+                _event_payload(
+                    row,
+                    embedding_status=row.embedding_status,
+                    bulk=True,
+                    **({"agent": row.agent} if row.agent else {}),
+                    **({} if row.mergeable else {"merge": False}),
+                )
+                for row in new_rows
+            ],
+        )
+        recorder.event_append_many(
+            tenant=tenant, type="experience.merged", session=source_session, payloads=merged_payloads
+        )
+        _enqueue_embedding([row.pk for row in new_rows])
+    return results
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    experience_id: str
+    duplicates_deleted: list[str]
+    restored: list[str]
+
+
+def experience_delete(*, tenant: Tenant, experience: Experience) -> DeleteResult:
+    """Delete one experience of `tenant` for good, with the hidden duplicates merged into it.
+
+    Rows it superseded become visible again (their supersede link and time are cleared): the
+    replacement is gone. Records `experience.deleted` with what went and what came back.
+    Raises NotFound for another tenant's row.
+    """
+    if experience.tenant_id != tenant.pk:
+        raise NotFound.of("experience", experience.public_id)
+    with transaction.atomic():
+        locked = Experience.objects.select_for_update().filter(tenant=tenant, pk=experience.pk).first()
+        if locked is None:  # deleted meanwhile
+            raise NotFound.of("experience", experience.public_id)
+        duplicates = list(
+            Experience.objects.filter(tenant=tenant, merged_into=locked).values_list("public_id", flat=True)
+        )
+        restored = list(
+            Experience.objects.filter(tenant=tenant, superseded_by=locked).values_list("public_id", flat=True)
+        )
+        Experience.objects.filter(tenant=tenant, superseded_by=locked).update(
+            superseded_by=None, superseded_at=None, updated_at=timezone.now()
+        )
+        Experience.objects.filter(tenant=tenant, merged_into=locked).delete()
+        payload = _event_payload(
+            locked, duplicates_deleted=duplicates[:100], restored=restored[:100], problem=locked.problem[:200]
+        )
+        session = locked.source_session
+        locked.delete()
+        recorder.event_append(tenant=tenant, type="experience.deleted", session=session, payload=payload)
+    return DeleteResult(experience.public_id, duplicates, restored)
+
+
+# The per-tenant experience policy fields a caller may read and change through the API.
+POLICY_FIELDS = (
+    "capacity",
+    "merge_threshold",
+    "merge_token_overlap",
+    "supersede_problem_threshold",
+    "solution_agreement_threshold",
+    "vector_weight",
+    "text_weight",
+    "context_min_similarity",
+    "helpful_weight",
+)
+
+
+def experience_policy_get(*, tenant: Tenant) -> ExperiencePolicy:
+    """The tenant's experience policy (created with the defaults on first use)."""
+    return ExperiencePolicy.for_tenant(tenant)
+
+
+def experience_policy_update(
+    *, tenant: Tenant, changes: dict[str, Any], actor: str = "api"
+) -> ExperiencePolicy:
+    """Change some of the tenant's experience policy fields (POLICY_FIELDS); the rest keep their value.
+
+    Records `policy.updated` with the old and new values. A lower capacity is enforced by the
+    eviction beat job (every 10 minutes). Raises InvalidInput for an unknown field.
+    """
+    unknown = sorted(set(changes) - set(POLICY_FIELDS))
+    if unknown:
+        raise InvalidInput(
+            f"Unknown policy field(s): {', '.join(unknown)}.",
+            details={"fields": {name: ["Unknown field."] for name in unknown}},
+        )
+    with transaction.atomic():
+        ExperiencePolicy.for_tenant(tenant)
+        policy = ExperiencePolicy.objects.select_for_update().get(tenant=tenant)
+        before = {name: getattr(policy, name) for name in changes}
+        for name, value in changes.items():
+            setattr(policy, name, value)
+        if changes:
+            policy.save(update_fields=list(changes))
+            recorder.event_append(
+                tenant=tenant,
+                type="policy.updated",
+                payload={"policy": "experiences", "actor": actor, "before": before, "after": dict(changes)},
+            )
+    return policy
+
+
 def experience_merge(*, tenant: Tenant, duplicate: Experience, into: Experience, similarity: float) -> None:
     """Fold `duplicate` into the older `into`: confidence and use count up, provenance kept.
 
-    `duplicate` stays, hidden, with merged_into. Call inside a transaction. Records experience.merged.
+    `duplicate`'s text joins `into.aliases` (searchable by full text); `duplicate` stays, hidden,
+    with merged_into. Call inside a transaction. Records experience.merged.
     """
     now = timezone.now()
     into.confidence = _boosted_confidence(into.confidence, duplicate.confidence)
@@ -339,11 +605,18 @@ def experience_merge(*, tenant: Tenant, duplicate: Experience, into: Experience,
         *into.provenance,
         *({**p, "merged_from": duplicate.public_id} for p in duplicate.provenance),
     ]
+    # The duplicate's own wording (and what was merged into it) stays findable by full text.
+    # One alias per line (the text on one line).
+    current = [line for line in into.aliases.splitlines() if line]
+    known = {*current, " ".join(into.text.split())}
+    incoming = [" ".join(duplicate.text.split()), *duplicate.aliases.splitlines()]
+    added = [t for t in dict.fromkeys(incoming) if t and t not in known]
+    into.aliases = "\n".join([*current, *added])
     into.updated_at = now
     into.save(
         update_fields=[
             "confidence", "use_count", "merge_count", "helpful_count", "unhelpful_count", "provenance",
-            "updated_at",
+            "aliases", "updated_at",
         ]
     )  # fmt: skip
     duplicate.merged_into = into
@@ -386,6 +659,31 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b))
 
 
+def token_overlap(a: str, b: str) -> float:
+    """Jaccard overlap of the two texts' lower-cased word sets (1.0 = the same words)."""
+    left, right = set(_WORD.findall(a.lower())), set(_WORD.findall(b.lower()))
+    if not left and not right:
+        return 1.0
+    return len(left & right) / len(left | right)
+
+
+def merge_allowed(
+    *, duplicate: Experience, into: Experience, similarity: float, policy: ExperiencePolicy
+) -> bool:
+    """Whether `duplicate` may merge into `into`: near-identical only (cosine AND word overlap).
+
+    A paraphrase scores a high cosine (0.9+) yet says something in other words that a reader
+    may search for; only a cosine >= policy.merge_threshold (0.97) with a word-set overlap >=
+    policy.merge_token_overlap (0.8) counts as the same text. A row created with merge=False
+    never merges into another.
+    """
+    if not duplicate.mergeable:
+        return False
+    if similarity < policy.merge_threshold:
+        return False
+    return token_overlap(duplicate.text, into.text) >= policy.merge_token_overlap
+
+
 def _reconcile(*, experience: Experience, policy: ExperiencePolicy) -> str | None:
     """After `experience` got its vector: merge it into, or let it supersede, its nearest neighbour."""
     if experience.kind != ExperienceKind.EXPERIENCE or experience.embedding is None:
@@ -396,6 +694,7 @@ def _reconcile(*, experience: Experience, policy: ExperiencePolicy) -> str | Non
             kind=experience.kind,
             scope=experience.scope,
             user_id=experience.user_id,
+            agent=experience.agent,
             embedding_status=EmbeddingStatus.COMPLETED,
             merged_into__isnull=True,
             superseded_by__isnull=True,
@@ -447,12 +746,10 @@ def _reconcile(*, experience: Experience, policy: ExperiencePolicy) -> str | Non
                 solution_similarity=solution_similarity,
             )
             return "superseded"
-    if similarity > policy.merge_threshold:
-        duplicate, into = (
-            (experience, neighbour)
-            if neighbour.created_at <= experience.created_at
-            else (neighbour, experience)
-        )
+    duplicate, into = (
+        (experience, neighbour) if neighbour.created_at <= experience.created_at else (neighbour, experience)
+    )
+    if merge_allowed(duplicate=duplicate, into=into, similarity=similarity, policy=policy):
         experience_merge(tenant=tenant, duplicate=duplicate, into=into, similarity=similarity)
         return "merged"
     return None

@@ -169,8 +169,10 @@ def experiences_search(
     include_superseded: bool = False,
     as_of: datetime | None = None,
     kind: str | None = None,
+    agent: str | None = None,
 ) -> SearchResult:
-    """Hybrid search of the tenant's experiences (optionally also one user's own). Read-only.
+    """Hybrid search of the tenant's experiences (optionally also one user's own; `agent`: only
+    those that agent recorded). Read-only.
 
     Each hit carries its score and each source's contribution. When the embedder is down the
     vector source is skipped with a warning (full text still answers). Raises InvalidInput.
@@ -185,6 +187,8 @@ def experiences_search(
     )
     if kind:
         base = base.filter(kind=kind)
+    if agent:
+        base = base.filter(agent=agent)
     vector = None
     if "vector" in plan["sources"]:
         try:

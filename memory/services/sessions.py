@@ -207,7 +207,8 @@ def session_create(
 
 
 def session_end(*, tenant: Tenant, session: Session, now: datetime | None = None) -> Session:
-    """End an open session: status `ended`, then decay.facts_on_session_end, then `session.ended`.
+    """End an open session: status `ended`, then decay.facts_on_session_end, then `session.ended`;
+    its digest update is queued after commit.
 
     All in one transaction. Ending a session that is no longer open changes nothing and records
     nothing (idempotent); the session is returned as it is.
@@ -223,6 +224,9 @@ def session_end(*, tenant: Tenant, session: Session, now: datetime | None = None
         from memory.services import decay
 
         decay.facts_on_session_end(tenant=tenant, session=session)
+        from memory.services.digest import session_digest_queue
+
+        session_digest_queue(session=session)  # its digest, for the same user's next session
         recorder.event_append(
             tenant=tenant,
             type="session.ended",

@@ -76,7 +76,26 @@ def test_the_same_text_is_embedded_once_per_model_across_tenants(tenant_a, tenan
     assert list(first.embedding) == list(second.embedding)
 
 
-def test_a_paraphrased_duplicate_merges_into_the_older_one(tenant_a):
+def test_a_near_identical_duplicate_merges_into_the_older_one(tenant_a):
+    older = create(tenant_a, confidence=0.6)
+    embed(older)
+    newer = create(tenant_a, solution=CONFIGMAP.replace("environment", "env"), confidence=0.6)
+    embed(newer)
+    older.refresh_from_db()
+    newer.refresh_from_db()
+    assert newer.merged_into_id == older.pk and newer.merged_at is not None
+    assert older.confidence > 0.6 and older.use_count == 1 and older.merge_count == 1
+    assert any(p.get("merged_from") == newer.public_id for p in older.provenance)
+    [merged] = events(tenant_a, "experience.merged")
+    assert merged.payload["experience"] == older.public_id and merged.payload["merged"] == newer.public_id
+    assert merged.payload["similarity"] >= 0.97
+    # Only the older one is visible; nothing was deleted; the newer wording is an alias of it.
+    assert [e.pk for e in experiences_list(tenant=tenant_a)] == [older.pk]
+    assert Experience.objects.filter(tenant=tenant_a).count() == 2
+    assert "env variable" in older.aliases
+
+
+def test_a_paraphrase_is_kept_as_its_own_experience(tenant_a):
     older = create(tenant_a, confidence=0.6)
     embed(older)
     newer = create(
@@ -86,17 +105,10 @@ def test_a_paraphrased_duplicate_merges_into_the_older_one(tenant_a):
         confidence=0.6,
     )
     embed(newer)
-    older.refresh_from_db()
     newer.refresh_from_db()
-    assert newer.merged_into_id == older.pk and newer.merged_at is not None
-    assert older.confidence > 0.6 and older.use_count == 1 and older.merge_count == 1
-    assert any(p.get("merged_from") == newer.public_id for p in older.provenance)
-    [merged] = events(tenant_a, "experience.merged")
-    assert merged.payload["experience"] == older.public_id and merged.payload["merged"] == newer.public_id
-    assert merged.payload["similarity"] > 0.85
-    # Only the older one is visible; nothing was deleted.
-    assert [e.pk for e in experiences_list(tenant=tenant_a)] == [older.pk]
-    assert Experience.objects.filter(tenant=tenant_a).count() == 2
+    assert newer.merged_into_id is None and newer.superseded_by_id is None
+    assert {e.pk for e in experiences_list(tenant=tenant_a)} == {older.pk, newer.pk}
+    assert events(tenant_a, "experience.merged") == []
 
 
 def test_an_exact_duplicate_merges_at_creation_and_a_rerun_is_unchanged(tenant_a):
