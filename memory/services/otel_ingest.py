@@ -5,8 +5,8 @@ The wire format is decoded by the `opentelemetry-proto` package (protobuf classe
 `google.protobuf.json_format` for OTLP/JSON); this module only maps decoded spans.
 
 Mapping (docs/integrations.md, "OpenTelemetry traces"):
-- agent: `gen_ai.agent.name` or `gen_ai.agent.id` of the span, else of any span of its trace, else
-  the resource's `service.name`, else `otel`;
+- agent: `gen_ai.agent.name` or `gen_ai.agent.id` of the span, else of any span of its trace in
+  the same batch or recorded before, else the resource's `service.name`, else `otel`;
 - session: `gen_ai.conversation.id` (or OpenInference's `session.id`) of the span or its trace,
   else the trace id; one ctxapp session per (tenant, agent, conversation), opened on first sight
   (and reopened as a new session if the previous one was ended or expired);
@@ -498,6 +498,27 @@ def _trace_hints(request: ExportTraceServiceRequest) -> dict[str, dict[str, str]
     return hints
 
 
+def _trace_hints_recorded(*, tenant: Tenant, hints: dict[str, dict[str, str]]) -> None:
+    """Fill in the agent and conversation of traces that an earlier batch already recorded."""
+    missing = [trace for trace, hint in hints.items() if "agent" not in hint or "conversation" not in hint]
+    if not missing:
+        return
+    sessions_of = dict(
+        OtelSpan.objects.filter(tenant=tenant, trace_id__in=missing, session__isnull=False).values_list(
+            "trace_id", "session_id"
+        )
+    )
+    rows = OtelConversation.objects.filter(
+        tenant=tenant, session_id__in=set(sessions_of.values())
+    ).values_list("session_id", "conversation_id", "agent__external_id")
+    known = {session_id: (conversation, agent) for session_id, conversation, agent in rows}
+    for trace, session_id in sessions_of.items():
+        if session_id in known:
+            conversation, agent = known[session_id]
+            hints[trace].setdefault("agent", agent)
+            hints[trace].setdefault("conversation", conversation)
+
+
 def traces_ingest(*, tenant: Tenant, request: ExportTraceServiceRequest) -> IngestResult:
     """Record a decoded OTLP export. Idempotent per span (trace id + span id, per tenant).
 
@@ -510,6 +531,7 @@ def traces_ingest(*, tenant: Tenant, request: ExportTraceServiceRequest) -> Inge
     """
     result = IngestResult()
     hints = _trace_hints(request)
+    _trace_hints_recorded(tenant=tenant, hints=hints)
     spans: list[tuple[int, Span, dict[str, Any]]] = []
     for resource_spans in request.resource_spans:
         resource = attributes_dict(resource_spans.resource.attributes)
