@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -445,20 +445,31 @@ def _conversation(
     )
     session = row.session if row is not None else None
     if session is None or session.status != SessionStatus.OPEN:
-        session = sessions.session_create(
-            tenant=tenant,
-            agent_external_id=agent.external_id,
-            user_id=user_id[:200],
-            model_name=model[:200],
-            metadata={"otel": {"conversation_id": conversation_id}},
-        )
-        if row is None:
-            OtelConversation.objects.create(
-                tenant=tenant, agent=agent, conversation_id=conversation_id, session=session
+        try:
+            with transaction.atomic():
+                session = sessions.session_create(
+                    tenant=tenant,
+                    agent_external_id=agent.external_id,
+                    user_id=user_id[:200],
+                    model_name=model[:200],
+                    metadata={"otel": {"conversation_id": conversation_id}},
+                )
+                if row is None:
+                    OtelConversation.objects.create(
+                        tenant=tenant, agent=agent, conversation_id=conversation_id, session=session
+                    )
+                else:
+                    row.session = session
+                    row.save(update_fields=["session"])
+        except IntegrityError:
+            # Another batch of the same new conversation won the race (the unique index made us
+            # wait for its commit): use its session; ours was rolled back with the savepoint.
+            row = (
+                OtelConversation.objects.select_for_update()
+                .select_related("session")
+                .get(tenant=tenant, agent=agent, conversation_id=conversation_id)
             )
-        else:
-            row.session = session
-            row.save(update_fields=["session"])
+            session = row.session
     seen: Counter[str] = Counter(
         _fingerprint(role, content, tool_call_id, tool_calls)
         for role, content, tool_call_id, tool_calls in Message.objects.filter(session=session).values_list(
@@ -481,6 +492,16 @@ def _claim_span(*, tenant: Tenant, trace_hex: str, span_hex: str, operation: str
     return int(row[0]) if row else None
 
 
+def _valid_agent_id(text: str) -> bool:
+    # The rule of sessions.agent_get_or_create: a bad name of one span must not spread to its trace.
+    return (
+        bool(text.strip())
+        and len(text) <= sessions.AGENT_ID_MAX_LENGTH
+        and "/" not in text
+        and text.isprintable()
+    )
+
+
 def _trace_hints(request: ExportTraceServiceRequest) -> dict[str, dict[str, str]]:
     """Per trace id: the agent and conversation some span of it names (others inherit them)."""
     hints: dict[str, dict[str, str]] = {}
@@ -491,7 +512,7 @@ def _trace_hints(request: ExportTraceServiceRequest) -> dict[str, dict[str, str]
                 hint = hints.setdefault(span.trace_id.hex(), {})
                 agent = attrs.get("gen_ai.agent.name") or attrs.get("gen_ai.agent.id")
                 conversation = attrs.get("gen_ai.conversation.id") or attrs.get("session.id")
-                if agent and "agent" not in hint:
+                if agent and "agent" not in hint and _valid_agent_id(_text(agent)):
                     hint["agent"] = _text(agent)
                 if conversation and "conversation" not in hint:
                     hint["conversation"] = _text(conversation)
@@ -550,7 +571,9 @@ def traces_ingest(*, tenant: Tenant, request: ExportTraceServiceRequest) -> Inge
                         agents=agents, result=result,
                     )  # fmt: skip
             except DomainError as exc:
-                cache.clear()  # the savepoint rolled back: cached sessions may not exist
+                # The savepoint rolled back: sessions and agents it created no longer exist.
+                cache.clear()
+                agents.clear()
                 result.reject(f"span {span.span_id.hex() or '?'}: {exc.message}")
         if result.rejected:
             recorder.event_append(

@@ -283,16 +283,19 @@ def test_unknown_and_malformed_spans_are_reported_not_fatal(api_a: APIClient, te
         _span("0000000000000001", "openai.chat", OPENLLMETRY_SPAN, start=1000),
         _span("0000000000000002", "GET /health", {"http.method": "GET"}, start=2000),
         _span("00000003", "chat", {"gen_ai.operation.name": "chat"}, start=3000),  # 4-byte span id
+        _span("0000000000000004", "chat", {**OPENLLMETRY_SPAN, "gen_ai.agent.name": "a/b"}, start=4000),
     )
     response = _post_json(api_a, body)
     assert response.status_code == 200
     partial = json.loads(response.content)["partialSuccess"]
-    assert partial["rejectedSpans"] == "2"  # int64 → a JSON string in proto3's JSON mapping
+    assert partial["rejectedSpans"] == "3"  # int64 → a JSON string in proto3's JSON mapping
     assert "no gen_ai.* attributes" in partial["errorMessage"]
     assert "span id" in partial["errorMessage"]
+    assert "span 0000000000000004: An agent id is 1 to 200 printable characters" in partial["errorMessage"]
     assert Message.objects.filter(tenant=tenant_a).count() == 2  # the good span is recorded
     rejected = Event.objects.get(tenant=tenant_a, type="otel.rejected")
-    assert rejected.payload["rejected_spans"] == 2
+    assert rejected.payload["rejected_spans"] == 3
+    assert not OtelSpan.objects.filter(span_id="0000000000000004").exists()  # a resend can retry it
 
 
 @pytest.mark.parametrize(
