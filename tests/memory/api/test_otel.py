@@ -6,10 +6,12 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
+from django.utils import timezone
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -19,6 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from rest_framework.test import APIClient
 
 from memory.models import Event, Message, OtelSpan, Session, Tenant, TokenUsageReport
+from memory.services import retention
 from memory.services.tenancy import api_key_create
 from tests.conftest import worker_env
 from tests.dashboard.live_server import uvicorn_server
@@ -353,3 +356,12 @@ def test_the_same_span_from_two_tenants_is_recorded_for_each(
     assert Message.objects.filter(tenant=tenant_b).count() == 2
     session_a = Session.objects.get(tenant=tenant_a)
     assert api_b.get(f"/api/v1/sessions/{session_a.public_id}").status_code == 404
+
+
+def test_span_ids_are_forgotten_with_the_events_they_produced(api_a: APIClient, tenant_a: Tenant) -> None:
+    body = _body(_span("0000000000000001", "chat", OPENLLMETRY_SPAN, start=1))
+    assert _post_json(api_a, body).status_code == 200
+    retention.events_purge(tenant=tenant_a, now=timezone.now() + timedelta(days=89))
+    assert OtelSpan.objects.filter(tenant=tenant_a).count() == 1
+    retention.events_purge(tenant=tenant_a, now=timezone.now() + timedelta(days=91))
+    assert not OtelSpan.objects.filter(tenant=tenant_a).exists()
