@@ -214,6 +214,20 @@ class _Codec:
         }
 
 
+class _WritesRange:
+    """The writes events loaded so far (seq > `after`), in stream order, and their index."""
+
+    def __init__(self) -> None:
+        self.after: int | None = None
+        self.events: list[dict[str, Any]] = []
+        self.index: dict[tuple[str, str], list[PendingWrite]] = {}
+
+    def extend(self, after: int, earlier: list[dict[str, Any]], codec: _Codec) -> None:
+        self.events = earlier + self.events
+        self.after = after
+        self.index = codec.writes_index(self.events)
+
+
 def _matches(item: dict[str, Any], checkpoint_ns: str | None) -> bool:
     """Could this checkpoint (metadata only) be in `checkpoint_ns` (None: any)? The reason may be
     truncated, so a long namespace is confirmed from the state."""
@@ -309,12 +323,28 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         except NotFound:
             return []
 
-    def _writes_events(self, agent: str, after: int) -> list[dict[str, Any]]:
-        return [dict(event) for event in self._sync.events_iter(agent, after=after, type=WRITES_EVENT)]
+    # Pending writes of a checkpoint are the writes events after its own `checkpoint.created`
+    # event. Walking checkpoints newest first, each older one extends the loaded range backwards
+    # (events after its seq, up to where the range already starts) instead of re-reading it all.
+    def _writes_load(self, agent: str, loaded: _WritesRange, after: int) -> None:
+        if loaded.after is not None and after >= loaded.after:
+            return
+        earlier = []
+        for event in self._sync.events_iter(agent, after=after, type=WRITES_EVENT):
+            if loaded.after is not None and event["seq"] > loaded.after:
+                break
+            earlier.append(dict(event))
+        loaded.extend(after, earlier, self.codec)
 
-    async def _awrites_events(self, agent: str, after: int) -> list[dict[str, Any]]:
-        events = self._async.events_iter(agent, after=after, type=WRITES_EVENT)
-        return [dict(event) async for event in events]
+    async def _awrites_load(self, agent: str, loaded: _WritesRange, after: int) -> None:
+        if loaded.after is not None and after >= loaded.after:
+            return
+        earlier = []
+        async for event in self._async.events_iter(agent, after=after, type=WRITES_EVENT):
+            if loaded.after is not None and event["seq"] > loaded.after:
+                break
+            earlier.append(dict(event))
+        loaded.extend(after, earlier, self.codec)
 
     @staticmethod
     def _query(config: RunnableConfig | None) -> tuple[str, str | None, str | None]:
@@ -370,7 +400,7 @@ class CtxappSaver(BaseCheckpointSaver[str]):
             checkpoint_id=checkpoint_id,
             before=before,
         )
-        index: dict[tuple[str, str], list[PendingWrite]] | None = None
+        loaded = _WritesRange()
         count = 0
         for row in rows:
             state = self._sync.checkpoint_get(agent, row["seq"])["state"]
@@ -379,10 +409,8 @@ class CtxappSaver(BaseCheckpointSaver[str]):
                 continue
             if not _filter_ok(self.codec.unpack(document["metadata"]), filter):
                 continue
-            if index is None:
-                after = min(r["covers_event_seq"] for r in rows)
-                index = self.codec.writes_index(self._writes_events(agent, after))
-            yield self.codec.checkpoint_tuple(state, index)
+            self._writes_load(agent, loaded, row["covers_event_seq"])
+            yield self.codec.checkpoint_tuple(state, loaded.index)
             count += 1
             if limit is not None and count >= limit:
                 return
@@ -461,7 +489,7 @@ class CtxappSaver(BaseCheckpointSaver[str]):
             checkpoint_id=checkpoint_id,
             before=before,
         )
-        index: dict[tuple[str, str], list[PendingWrite]] | None = None
+        loaded = _WritesRange()
         count = 0
         for row in rows:
             state = (await self._async.checkpoint_get(agent, row["seq"]))["state"]
@@ -470,10 +498,8 @@ class CtxappSaver(BaseCheckpointSaver[str]):
                 continue
             if not _filter_ok(self.codec.unpack(document["metadata"]), filter):
                 continue
-            if index is None:
-                after = min(r["covers_event_seq"] for r in rows)
-                index = self.codec.writes_index(await self._awrites_events(agent, after))
-            yield self.codec.checkpoint_tuple(state, index)
+            await self._awrites_load(agent, loaded, row["covers_event_seq"])
+            yield self.codec.checkpoint_tuple(state, loaded.index)
             count += 1
             if limit is not None and count >= limit:
                 return
