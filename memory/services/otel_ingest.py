@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -209,26 +209,42 @@ def attributes_dict(items: Any) -> dict[str, Any]:
     return result
 
 
+def _clean_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return _clean_text(value)
+    if isinstance(value, list):
+        return [_clean_value(item) for item in value]
+    if isinstance(value, dict):
+        return {_clean_text(str(key)): _clean_value(item) for key, item in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
 def _json(value: Any) -> Any:
-    """A JSON-encoded attribute decoded (semconv puts structured values in strings)."""
+    """A JSON-encoded attribute decoded (semconv puts structured values in strings), with its
+    strings made storable (JSON may carry \u0000 or lone surrogates)."""
     if isinstance(value, str):
         try:
-            return json.loads(value)
+            return _clean_value(json.loads(value))
         except ValueError:
             return value
     return value
 
 
+MAX_TOKENS = 2**31 - 1  # what a usage report's integer columns hold
+
+
 def _int(value: Any) -> int | None:
+    """A token count: a non-negative integer a usage report can store, else None (ignored)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int) and value >= 0:
-        return value
-    if isinstance(value, float) and value.is_integer() and value >= 0:
-        return int(value)
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None
+    number: int | None = None
+    if isinstance(value, int):
+        number = value
+    elif (isinstance(value, float) and value.is_integer()) or (isinstance(value, str) and value.isdigit()):
+        number = int(value)
+    return number if number is not None and 0 <= number <= MAX_TOKENS else None
 
 
 def _text(value: Any) -> str:
@@ -570,11 +586,13 @@ def traces_ingest(*, tenant: Tenant, request: ExportTraceServiceRequest) -> Inge
                         tenant=tenant, span=span, resource=resource, hints=hints, cache=cache,
                         agents=agents, result=result,
                     )  # fmt: skip
-            except DomainError as exc:
-                # The savepoint rolled back: sessions and agents it created no longer exist.
+            except (DomainError, DataError) as exc:
+                # The savepoint rolled back: sessions and agents it created no longer exist. A
+                # DataError (a value the database cannot store) is the span's fault, not ours.
                 cache.clear()
                 agents.clear()
-                result.reject(f"span {span.span_id.hex() or '?'}: {exc.message}")
+                reason = exc.message if isinstance(exc, DomainError) else "a value cannot be stored"
+                result.reject(f"span {span.span_id.hex() or '?'}: {reason}")
         if result.rejected:
             recorder.event_append(
                 tenant=tenant,

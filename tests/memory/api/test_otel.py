@@ -365,3 +365,20 @@ def test_span_ids_are_forgotten_with_the_events_they_produced(api_a: APIClient, 
     assert OtelSpan.objects.filter(tenant=tenant_a).count() == 1
     retention.events_purge(tenant=tenant_a, now=timezone.now() + timedelta(days=91))
     assert not OtelSpan.objects.filter(tenant=tenant_a).exists()
+
+
+def test_values_the_database_cannot_store_are_cleaned_or_ignored(api_a: APIClient, tenant_a: Tenant) -> None:
+    attrs = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.input.messages": json.dumps(
+            [{"role": "user", "parts": [{"type": "text", "content": "a\u0000b"}]}]
+        ),
+        "gen_ai.output.messages": json.dumps([{"role": "assistant", "content": "ok \ud800"}]),
+        "gen_ai.usage.input_tokens": 2**40,  # more than a usage report holds: ignored, not a 500
+    }
+    response = _post_json(api_a, _body(_span("0000000000000001", "chat", attrs, start=1)))
+    assert response.status_code == 200
+    assert json.loads(response.content) == {}
+    contents = list(Message.objects.filter(tenant=tenant_a).order_by("seq").values_list("content", flat=True))
+    assert contents == ["a\ufffdb", "ok ?"]
+    assert not TokenUsageReport.objects.filter(tenant=tenant_a).exists()
