@@ -44,7 +44,8 @@ class OtlpTracesApi(TenantApiView):
             body=request._request.body, encoding=request.headers.get("Content-Encoding", "")
         )
         decoded = otel_ingest.traces_request_decode(body=body, content_type=content_type)
-        result = otel_ingest.traces_ingest(tenant=self.tenant, request=decoded)
+        bound = self.request.auth.agent_external_id  # type: ignore[union-attr]
+        result = otel_ingest.traces_ingest(tenant=self.tenant, request=decoded, bound_agent=bound or "")
         media = content_type.split(";")[0].strip().lower()
         encoded = otel_ingest.traces_response_encode(result=result, content_type=media)
         return HttpResponse(encoded, content_type=media, status=200)

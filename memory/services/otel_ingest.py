@@ -48,7 +48,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from memory.exceptions import DomainError, InvalidInput
+from memory.exceptions import AgentMismatch, DomainError, InvalidInput
 from memory.models import (
     Agent,
     Message,
@@ -556,7 +556,9 @@ def _trace_hints_recorded(*, tenant: Tenant, hints: dict[str, dict[str, str]]) -
             hints[trace].setdefault("conversation", conversation)
 
 
-def traces_ingest(*, tenant: Tenant, request: ExportTraceServiceRequest) -> IngestResult:
+def traces_ingest(
+    *, tenant: Tenant, request: ExportTraceServiceRequest, bound_agent: str = ""
+) -> IngestResult:
     """Record a decoded OTLP export. Idempotent per span (trace id + span id, per tenant).
 
     Spans are handled in the order they ended (an agent span ends after the model and tool
@@ -565,6 +567,8 @@ def traces_ingest(*, tenant: Tenant, request: ExportTraceServiceRequest) -> Inge
     reason and leaves nothing behind, and the others are still recorded. Records one
     `otel.<operation>` event per span, `usage.reported` per span with usage, and one
     `otel.rejected` event on the tenant stream when spans were rejected. Broadcasts after commit.
+    With `bound_agent` (the API key is bound to that agent) every span is recorded as that agent,
+    and a span naming another agent is rejected.
     """
     result = IngestResult()
     hints = _trace_hints(request)
@@ -584,7 +588,7 @@ def traces_ingest(*, tenant: Tenant, request: ExportTraceServiceRequest) -> Inge
                 with transaction.atomic():
                     _span_ingest(
                         tenant=tenant, span=span, resource=resource, hints=hints, cache=cache,
-                        agents=agents, result=result,
+                        agents=agents, result=result, bound_agent=bound_agent,
                     )  # fmt: skip
             except (DomainError, DataError) as exc:
                 # The savepoint rolled back: sessions and agents it created no longer exist. A
@@ -611,6 +615,7 @@ def _span_ingest(
     cache: dict[tuple[int, str], _Conversation],
     agents: dict[str, Agent],
     result: IngestResult,
+    bound_agent: str,
 ) -> None:
     trace_hex, span_hex = span.trace_id.hex(), span.span_id.hex()
     if len(span.trace_id) != 16 or len(span.span_id) != 8 or not any(span.trace_id) or not any(span.span_id):
@@ -623,13 +628,13 @@ def _span_ingest(
         result.duplicates += 1
         return
     hint = hints.get(trace_hex, {})
-    agent_name = _text(
-        attrs.get("gen_ai.agent.name")
-        or attrs.get("gen_ai.agent.id")
-        or hint.get("agent")
-        or resource.get("service.name")
-        or DEFAULT_AGENT
-    )
+    named = _text(attrs.get("gen_ai.agent.name") or attrs.get("gen_ai.agent.id") or hint.get("agent"))
+    if bound_agent and named and named != bound_agent:
+        raise AgentMismatch(
+            f"the API key is bound to agent {bound_agent!r}; this span names {named!r}",
+            details={"bound_agent": bound_agent, "requested_agent": named},
+        )
+    agent_name = bound_agent or named or _text(resource.get("service.name")) or DEFAULT_AGENT
     if agent_name not in agents:
         agents[agent_name] = sessions.agent_get_or_create(tenant=tenant, external_id=agent_name)
     agent = agents[agent_name]

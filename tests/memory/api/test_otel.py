@@ -382,3 +382,24 @@ def test_values_the_database_cannot_store_are_cleaned_or_ignored(api_a: APIClien
     contents = list(Message.objects.filter(tenant=tenant_a).order_by("seq").values_list("content", flat=True))
     assert contents == ["a\ufffdb", "ok ?"]
     assert not TokenUsageReport.objects.filter(tenant=tenant_a).exists()
+
+
+def test_a_key_bound_to_an_agent_records_only_as_that_agent(tenant_a: Tenant) -> None:
+    _, secret = api_key_create(tenant=tenant_a, name="bound", agent_external_id="support-desk-1")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    own = _span("0000000000000001", "chat", OPENLLMETRY_SPAN, start=1)  # names no agent
+    other = {
+        "traceId": "ab" * 16,
+        **{k: v for k, v in own.items() if k != "traceId"},
+        "spanId": "0000000000000002",
+    }
+    other["attributes"] = [*own["attributes"], _kv("gen_ai.agent.name", "billing-bot")]
+    response = _post_json(client, _body(own, other))
+    assert response.status_code == 200
+    partial = json.loads(response.content)["partialSuccess"]
+    assert partial["rejectedSpans"] == "1"
+    assert "bound to agent 'support-desk-1'" in partial["errorMessage"]
+    assert list(Session.objects.filter(tenant=tenant_a).values_list("agent__external_id", flat=True)) == [
+        "support-desk-1"
+    ]
