@@ -403,3 +403,20 @@ def test_a_key_bound_to_an_agent_records_only_as_that_agent(tenant_a: Tenant) ->
     assert list(Session.objects.filter(tenant=tenant_a).values_list("agent__external_id", flat=True)) == [
         "support-desk-1"
     ]
+
+
+def test_a_conversation_whose_session_ended_continues_in_a_new_session(
+    api_a: APIClient, tenant_a: Tenant
+) -> None:
+    assert (
+        _post_json(api_a, _body(_span("0000000000000001", "chat", OPENLLMETRY_SPAN, start=1))).status_code
+        == 200
+    )
+    first = Session.objects.get(tenant=tenant_a)
+    assert api_a.post(f"/api/v1/sessions/{first.public_id}/end").status_code == 200
+    later = {**OPENLLMETRY_SPAN, "gen_ai.prompt.0.content": "Any news on parcel 991?"}
+    assert _post_json(api_a, _body(_span("0000000000000002", "chat", later, start=9))).status_code == 200
+    second = Session.objects.filter(tenant=tenant_a).exclude(pk=first.pk).get()
+    assert second.metadata["otel"]["conversation_id"] == "ticket-7"
+    assert Message.objects.filter(session=second).first().content == "Any news on parcel 991?"
+    assert Message.objects.filter(session=first).count() == 2
