@@ -22,6 +22,7 @@ from rest_framework.test import APIClient
 
 from memory.models import Event, Message, OtelSpan, Session, Tenant, TokenUsageReport
 from memory.services import retention
+from memory.services.model_profiles import usage_correction
 from memory.services.tenancy import api_key_create
 from tests.conftest import worker_env
 from tests.dashboard.live_server import uvicorn_server
@@ -420,3 +421,11 @@ def test_a_conversation_whose_session_ended_continues_in_a_new_session(
     assert second.metadata["otel"]["conversation_id"] == "ticket-7"
     assert Message.objects.filter(session=second).first().content == "Any news on parcel 991?"
     assert Message.objects.filter(session=first).count() == 2
+
+
+def test_otel_usage_does_not_calibrate_token_estimates(api_a: APIClient, tenant_a: Tenant) -> None:
+    for index in range(1, 8):
+        attrs = {**OPENLLMETRY_SPAN, "gen_ai.usage.prompt_tokens": 50_000}  # far from any estimate
+        assert _post_json(api_a, _body(_span(f"{index:016x}", "chat", attrs, start=index))).status_code == 200
+    assert TokenUsageReport.objects.filter(tenant=tenant_a, model_name="gpt-4o-mini").count() == 7
+    assert usage_correction(tenant=tenant_a, model_name="gpt-4o-mini") == (1.0, 0)
