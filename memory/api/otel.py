@@ -26,6 +26,11 @@ class _RawBodyParser(BaseParser):
 class OtlpTracesApi(TenantApiView):
     parser_classes = [_RawBodyParser]
 
+    def _idempotent(self, request: Request, key: str, handler: Any, *args: Any, **kwargs: Any) -> Any:
+        # Span ids already make an export idempotent, and the OTLP response is protobuf or JSON
+        # bytes, not data to store: an Idempotency-Key header is accepted and not needed.
+        return handler(request, *args, **kwargs)
+
     @extend_schema(
         summary="OTLP/HTTP trace export (GenAI semantic conventions)",
         description=(

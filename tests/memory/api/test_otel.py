@@ -429,3 +429,12 @@ def test_otel_usage_does_not_calibrate_token_estimates(api_a: APIClient, tenant_
         assert _post_json(api_a, _body(_span(f"{index:016x}", "chat", attrs, start=index))).status_code == 200
     assert TokenUsageReport.objects.filter(tenant=tenant_a, model_name="gpt-4o-mini").count() == 7
     assert usage_correction(tenant=tenant_a, model_name="gpt-4o-mini") == (1.0, 0)
+
+
+def test_an_idempotency_key_is_accepted_and_span_ids_do_the_work(api_a: APIClient, tenant_a: Tenant) -> None:
+    body = _body(_span("0000000000000001", "chat", OPENLLMETRY_SPAN, start=1))
+    for _ in range(2):
+        response = _post_json(api_a, body, HTTP_IDEMPOTENCY_KEY="export-1")
+        assert response.status_code == 200
+        assert json.loads(response.content) == {}
+    assert Message.objects.filter(tenant=tenant_a).count() == 2
