@@ -144,7 +144,7 @@ def traces_request_decode(*, body: bytes, content_type: str) -> ExportTraceServi
     if media == "application/x-protobuf":
         try:
             request.ParseFromString(body)
-        except (DecodeError, ValueError) as exc:
+        except (DecodeError, ValueError, RecursionError) as exc:
             raise OtlpMalformed(
                 f"The body is not an OTLP ExportTraceServiceRequest (protobuf): {exc}."
             ) from None
@@ -153,7 +153,7 @@ def traces_request_decode(*, body: bytes, content_type: str) -> ExportTraceServi
         try:
             data = json.loads(body)
             json_format.ParseDict(_hex_ids_to_base64(data), request, ignore_unknown_fields=True)
-        except (ValueError, json_format.ParseError, TypeError, AttributeError) as exc:
+        except (ValueError, json_format.ParseError, TypeError, AttributeError, RecursionError) as exc:
             raise OtlpMalformed(f"The body is not an OTLP ExportTraceServiceRequest (JSON): {exc}.") from None
         return request
     raise OtlpUnsupportedMediaType(

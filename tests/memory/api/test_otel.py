@@ -438,3 +438,26 @@ def test_an_idempotency_key_is_accepted_and_span_ids_do_the_work(api_a: APIClien
         assert response.status_code == 200
         assert json.loads(response.content) == {}
     assert Message.objects.filter(tenant=tenant_a).count() == 2
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[]",
+        b"null",
+        b'"spans"',
+        b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "yy"}]}]}]}',
+        b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"startTimeUnixNano": "-1"}]}]}]}',
+        b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"attributes": [{"key": "a", "value": {"intValue": "x"}}]}]}]}]}',
+        b'{"resourceSpans": [{"resource": {"attributes": 5}}]}',
+        b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "\\u0000", "attributes": [{"key": "gen_ai.x"}]}]}]}]}',
+        b"[" * 5000 + b"]" * 5000,
+    ],
+)
+def test_hostile_json_is_a_4xx_or_a_partial_success_never_a_500(
+    api_a: APIClient, tenant_a: Tenant, body: bytes
+) -> None:
+    response = _post_json(api_a, body)
+    assert response.status_code in {200, 400}, response.content
+    if response.status_code == 200:
+        assert "partialSuccess" in json.loads(response.content) or json.loads(response.content) == {}
