@@ -206,3 +206,44 @@ def test_a_graph_that_failed_resumes_without_rerunning_what_succeeded(server: st
     result, calls = asyncio.run(run())
     assert result["steps"] == ["planned", "booked"]
     assert calls == {"plan": 1, "book": 2}  # plan ran once; only the failed node ran again
+
+
+def test_a_subgraph_interrupted_inside_resumes_with_its_namespace(server: str, alice_key: str) -> None:
+    calls: dict[str, int] = {}
+
+    def check(state: Trip) -> dict[str, Any]:
+        calls["check"] = calls.get("check", 0) + 1
+        return {"steps": ["checked"]}
+
+    def pay(state: Trip) -> dict[str, Any]:
+        calls["pay"] = calls.get("pay", 0) + 1
+        return {"steps": ["paid"]}
+
+    inner = StateGraph(Trip)
+    inner.add_node("check", check)
+    inner.add_node("pay", pay)
+    inner.add_edge(START, "check")
+    inner.add_edge("check", "pay")
+    inner.add_edge("pay", END)
+
+    def build(saver: CtxappSaver) -> Any:
+        outer = StateGraph(Trip)
+        outer.add_node("payment", inner.compile(interrupt_before=["pay"]))
+        outer.add_edge(START, "payment")
+        outer.add_edge("payment", END)
+        return outer.compile(checkpointer=saver)
+
+    config = {"configurable": {"thread_id": "trip-3"}}
+    build(CtxappSaver(Client(server, alice_key))).invoke({"steps": [], "brief": "b"}, config)
+    resumed = build(CtxappSaver(Client(server, alice_key)))
+    state = resumed.get_state(config, subgraphs=True)
+    assert state.next == ("payment",)
+    assert state.tasks[0].state.next == ("pay",)  # the subgraph's own checkpoint, from its namespace
+    done = resumed.invoke(None, config)
+    assert done["steps"] == ["checked", "paid"]
+    assert calls == {"check": 1, "pay": 1}
+    reasons = set(
+        Checkpoint.objects.filter(agent__external_id="langgraph-trip-3").values_list("reason", flat=True)
+    )
+    assert "langgraph" in reasons
+    assert any(reason.startswith("langgraph payment:") for reason in reasons)
