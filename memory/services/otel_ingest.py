@@ -16,6 +16,8 @@ Mapping (docs/integrations.md, "OpenTelemetry traces"):
   `gen_ai.tool.message`, `gen_ai.choice`); an `execute_tool` span becomes a tool message answering
   `gen_ai.tool.call.id`. Input messages are the whole history on every call, so an input message
   already recorded in the session is not recorded again (counted per role/content/tool call id);
+- OpenInference attributes (`openinference.span.kind`, `llm.input_messages.N.message.*`, …) are
+  read as their GenAI equivalents (_from_openinference);
 - usage: `gen_ai.usage.input_tokens` / `output_tokens` (or the older `prompt_tokens` /
   `completion_tokens`) → a TokenUsageReport (no context build: not used for calibration) and a
   `usage.reported` event;
@@ -219,6 +221,62 @@ def _clean_value(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
+
+
+OPENINFERENCE_OPERATIONS = {
+    "LLM": "chat",
+    "TOOL": "execute_tool",
+    "AGENT": "invoke_agent",
+    "EMBEDDING": "embeddings",
+    "RETRIEVER": "retrieve",
+    "RERANKER": "rerank",
+    "CHAIN": "chain",
+    "GUARDRAIL": "guardrail",
+    "EVALUATOR": "evaluate",
+}
+OPENINFERENCE_MESSAGE = re.compile(r"^llm\.(input|output)_messages\.(\d+)\.message\.(.+)$")
+OPENINFERENCE_CALL = re.compile(r"^tool_calls\.(\d+)\.tool_call\.(id|function\.name|function\.arguments)$")
+
+
+def _from_openinference(attrs: dict[str, Any]) -> dict[str, Any]:
+    """OpenInference's attributes (Arize Phoenix instrumentations) in GenAI terms: the span kind
+    as an operation, `llm.*_messages.N.message.*` as `gen_ai.prompt/completion.N.*`, token counts,
+    model, tool and agent. GenAI attributes the span also has win. Pure."""
+    kind = str(attrs.get("openinference.span.kind", "")).upper()
+    if not kind:
+        return attrs
+    mapped: dict[str, Any] = {"gen_ai.operation.name": OPENINFERENCE_OPERATIONS.get(kind, kind.lower())}
+    for key, value in attrs.items():
+        match = OPENINFERENCE_MESSAGE.match(key)
+        if not match:
+            continue
+        direction, index, rest = match.groups()
+        prefix = f"gen_ai.{'prompt' if direction == 'input' else 'completion'}.{index}."
+        call = OPENINFERENCE_CALL.match(rest)
+        if call:
+            field = {"id": "id", "function.name": "name", "function.arguments": "arguments"}[call.group(2)]
+            mapped[f"{prefix}tool_calls.{call.group(1)}.{field}"] = value
+        elif rest in {"role", "content", "tool_call_id"}:
+            mapped[prefix + rest] = value
+    renames = {
+        "llm.model_name": "gen_ai.request.model",
+        "llm.token_count.prompt": "gen_ai.usage.input_tokens",
+        "llm.token_count.completion": "gen_ai.usage.output_tokens",
+        "agent.name": "gen_ai.agent.name",
+        "tool.name": "gen_ai.tool.name",
+        "tool_call.id": "gen_ai.tool.call.id",
+    }
+    for source, target in renames.items():
+        if source in attrs:
+            mapped[target] = attrs[source]
+    if kind == "TOOL" and "output.value" in attrs:
+        mapped["gen_ai.tool.call.result"] = attrs["output.value"]
+    return {**mapped, **attrs}
+
+
+def span_attributes(span: Span) -> dict[str, Any]:
+    """A span's attributes as plain values, OpenInference's translated to GenAI names."""
+    return _from_openinference(attributes_dict(span.attributes))
 
 
 def _json(value: Any) -> Any:
@@ -524,7 +582,7 @@ def _trace_hints(request: ExportTraceServiceRequest) -> dict[str, dict[str, str]
     for resource_spans in request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                attrs = attributes_dict(span.attributes)
+                attrs = span_attributes(span)
                 hint = hints.setdefault(span.trace_id.hex(), {})
                 agent = attrs.get("gen_ai.agent.name") or attrs.get("gen_ai.agent.id")
                 conversation = attrs.get("gen_ai.conversation.id") or attrs.get("session.id")
@@ -620,7 +678,7 @@ def _span_ingest(
     trace_hex, span_hex = span.trace_id.hex(), span.span_id.hex()
     if len(span.trace_id) != 16 or len(span.span_id) != 8 or not any(span.trace_id) or not any(span.span_id):
         raise InvalidInput("a span needs a 16-byte trace id and an 8-byte span id")
-    attrs = attributes_dict(span.attributes)
+    attrs = span_attributes(span)
     if not _has_genai(attrs, span):
         raise InvalidInput(f"{span.name or 'span'!r} has no gen_ai.* attributes (not a GenAI span)")
     operation = _span_operation(attrs) or "unknown"

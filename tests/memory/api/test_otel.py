@@ -448,9 +448,11 @@ def test_an_idempotency_key_is_accepted_and_span_ids_do_the_work(api_a: APIClien
         b'"spans"',
         b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "yy"}]}]}]}',
         b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"startTimeUnixNano": "-1"}]}]}]}',
-        b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"attributes": [{"key": "a", "value": {"intValue": "x"}}]}]}]}]}',
+        b'{"resourceSpans": [{"scopeSpans": [{"spans": '
+        b'[{"attributes": [{"key": "a", "value": {"intValue": "x"}}]}]}]}]}',
         b'{"resourceSpans": [{"resource": {"attributes": 5}}]}',
-        b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "\\u0000", "attributes": [{"key": "gen_ai.x"}]}]}]}]}',
+        b'{"resourceSpans": [{"scopeSpans": [{"spans": '
+        b'[{"name": "\\u0000", "attributes": [{"key": "gen_ai.x"}]}]}]}]}',
         b"[" * 5000 + b"]" * 5000,
     ],
 )
@@ -461,3 +463,57 @@ def test_hostile_json_is_a_4xx_or_a_partial_success_never_a_500(
     assert response.status_code in {200, 400}, response.content
     if response.status_code == 200:
         assert "partialSuccess" in json.loads(response.content) or json.loads(response.content) == {}
+
+
+def test_openinference_spans_are_understood(api_a: APIClient, tenant_a: Tenant) -> None:
+    llm = {
+        "openinference.span.kind": "LLM",
+        "session.id": "phoenix-1",
+        "agent.name": "phoenix-bot",
+        "llm.model_name": "claude-sonnet",
+        "llm.input_messages.0.message.role": "system",
+        "llm.input_messages.0.message.content": "Be brief.",
+        "llm.input_messages.1.message.role": "user",
+        "llm.input_messages.1.message.content": "Weather in Oslo?",
+        "llm.output_messages.0.message.role": "assistant",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.id": "toolu_1",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.function.name": "weather",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments": '{"city": "Oslo"}',
+        "llm.token_count.prompt": 21,
+        "llm.token_count.completion": 9,
+    }
+    tool = {
+        "openinference.span.kind": "TOOL",
+        "session.id": "phoenix-1",
+        "tool.name": "weather",
+        "tool_call.id": "toolu_1",
+        "output.value": "-3 °C, snow",
+    }
+    response = _post_json(
+        api_a,
+        _body(
+            _span("0000000000000001", "llm", llm, start=1),
+            _span("0000000000000002", "tool", tool, start=5000),
+        ),
+    )
+    assert json.loads(response.content) == {}
+    session = Session.objects.get(tenant=tenant_a)
+    assert (session.agent.external_id, session.model_name) == ("phoenix-bot", "claude-sonnet")
+    rows = [(m.role, m.content, m.tool_call_id) for m in _messages(session)]
+    assert rows == [
+        ("system", "Be brief.", ""),
+        ("user", "Weather in Oslo?", ""),
+        ("assistant", "", ""),
+        ("tool", "-3 °C, snow", "toolu_1"),
+    ]
+    assert _messages(session)[2].tool_calls[0]["function"] == {
+        "name": "weather",
+        "arguments": '{"city": "Oslo"}',
+    }
+    assert TokenUsageReport.objects.get(session=session).input_tokens == 21
+    assert sorted(
+        Event.objects.filter(tenant=tenant_a, type__startswith="otel.").values_list("type", flat=True)
+    ) == [
+        "otel.chat",
+        "otel.execute_tool",
+    ]
