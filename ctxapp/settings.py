@@ -223,6 +223,8 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],
     "COMPONENT_SPLIT_REQUEST": True,
+    # Operation ids drop "/api" (v1_sessions_list); explicit since /v1/traces lives outside /api.
+    "SCHEMA_PATH_PREFIX": r"/api",
     "ENUM_NAME_OVERRIDES": {
         "TaskStatusEnum": "memory.models.sessions.TaskStatus",
         "ExperienceKindEnum": "memory.models.experiences.ExperienceKind",

@@ -17,5 +17,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("memory.api.urls")),
+    path("", include("memory.api.otel")),  # OTLP/HTTP exporters post to <endpoint>/v1/traces
     path("", include("dashboard.urls")),
 ]

@@ -150,7 +150,8 @@ def usage_correction(*, tenant: Tenant, model_name: str) -> tuple[float, int]:
     reports for this tenant's model, clamped to tokens.CALIBRATION_BOUNDS; 1.0 below
     CTXAPP_CALIBRATION_MIN_REPORTS reports. Read-only."""
     rows = list(
-        TokenUsageReport.objects.filter(tenant=tenant, model_name=model_name)
+        # Reports without an estimate (OpenTelemetry usage, no context build) cannot calibrate.
+        TokenUsageReport.objects.filter(tenant=tenant, model_name=model_name, estimated_input_tokens__gt=0)
         .order_by("-created_at")
         .values_list("input_tokens", "estimated_input_tokens")[:USAGE_WINDOW]
     )

@@ -21,6 +21,7 @@ from memory.models import (
     Agent,
     Event,
     IdempotencyRecord,
+    OtelSpan,
     Session,
     SessionRetentionPolicy,
     SessionStatus,
@@ -184,7 +185,7 @@ def events_purge(*, tenant: Tenant, now: datetime | None = None) -> int:
     """Delete the tenant's events older than the policy's event_retention_days (0 = keep forever).
 
     The only code that deletes events. Leaves one `retention.evicted` event (kind `events`) on
-    the tenant stream saying how many went and up to when.
+    the tenant stream saying how many went and up to when. Recorded OTLP span ids of that age go too.
     """
     now = now or timezone.now()
     days = SessionRetentionPolicy.for_tenant(tenant).event_retention_days
@@ -193,6 +194,8 @@ def events_purge(*, tenant: Tenant, now: datetime | None = None) -> int:
     cutoff = now - timedelta(days=days)
     with transaction.atomic():
         deleted, _ = Event.objects.filter(tenant=tenant, created_at__lt=cutoff).delete()
+        # The span ids that keep OTLP ingest idempotent live as long as the events they produced.
+        OtelSpan.objects.filter(tenant=tenant, created_at__lt=cutoff).delete()
         if deleted:
             recorder.event_append(
                 tenant=tenant,

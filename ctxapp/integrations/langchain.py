@@ -1,0 +1,283 @@
+"""LangChain adapters: a chat message history backed by a ctxapp session, and a retriever over
+ctxapp's memory search.
+
+    pip install 'ctxapp[langchain]'
+
+    from ctxapp.client import Client
+    from ctxapp.integrations.langchain import CtxappChatMessageHistory, CtxappRetriever
+
+    history = CtxappChatMessageHistory(Client(url, key), agent="support-bot", user_id="u-7")
+    history.add_messages([HumanMessage("My parcel is late"), AIMessage("Let me check.")])
+
+    retriever = CtxappRetriever(client=Client(url, key), k=5)
+    docs = retriever.invoke("parcel delayed at customs")
+
+Roles: HumanMessage ↔ user, AIMessage ↔ assistant (its `tool_calls` ↔ ctxapp tool calls, arguments
+as JSON text), ToolMessage ↔ tool (`tool_call_id`), SystemMessage ↔ system; a ChatMessage keeps
+its role when ctxapp knows it. A message's LangChain type, id and name, and content that is a list
+of parts (stored as JSON text), are kept in the ctxapp message's `metadata.langchain` so they come
+back as they went in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
+from langchain_core.chat_history import BaseChatMessageHistory
+from langchain_core.documents import Document
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.retrievers import BaseRetriever
+from pydantic import ConfigDict
+
+from ctxapp.client import AsyncClient, Client
+
+__all__ = ["CtxappChatMessageHistory", "CtxappRetriever", "message_from_ctxapp", "message_to_ctxapp"]
+
+ROLE_OF_TYPE = {"human": "user", "ai": "assistant", "tool": "tool", "system": "system"}
+CTXAPP_ROLES = {"user", "assistant", "tool", "system"}
+
+
+def message_to_ctxapp(message: BaseMessage) -> dict[str, Any]:
+    """One LangChain message as a ctxapp message body. Pure."""
+    kept: dict[str, Any] = {"type": message.type}
+    if message.id:
+        kept["id"] = message.id
+    if message.name:
+        kept["name"] = message.name
+    content = message.content
+    if not isinstance(content, str):
+        kept["content_parts"] = True
+        content = json.dumps(content, ensure_ascii=False)
+    role = ROLE_OF_TYPE.get(message.type)
+    if role is None and isinstance(message, ChatMessage):
+        role = message.role if message.role in CTXAPP_ROLES else "user"
+        kept["role"] = message.role
+    body: dict[str, Any] = {"role": role or "user", "content": content, "metadata": {"langchain": kept}}
+    if isinstance(message, AIMessage) and message.tool_calls:
+        body["tool_calls"] = [
+            {
+                "id": call.get("id") or f"call_{index}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": json.dumps(call["args"], ensure_ascii=False)},
+            }
+            for index, call in enumerate(message.tool_calls)
+        ]
+    if isinstance(message, ToolMessage):
+        body["tool_call_id"] = message.tool_call_id
+    return body
+
+
+def message_from_ctxapp(item: dict[str, Any]) -> BaseMessage:
+    """A ctxapp message (as the API returns it) as a LangChain message. Pure."""
+    kept = (item.get("metadata") or {}).get("langchain") or {}
+    content: Any = item.get("content") or ""
+    if kept.get("content_parts"):
+        content = json.loads(content)
+    extra: dict[str, Any] = {key: kept[key] for key in ("id", "name") if kept.get(key)}
+    role = item.get("role")
+    if kept.get("role"):
+        return ChatMessage(content=content, role=kept["role"], **extra)
+    if role == "assistant":
+        calls = [
+            {
+                "id": call["id"],
+                "name": call["function"]["name"],
+                "args": _arguments(call["function"].get("arguments")),
+                "type": "tool_call",
+            }
+            for call in item.get("tool_calls") or []
+        ]
+        return AIMessage(content=content, tool_calls=calls, **extra)
+    if role == "tool":
+        return ToolMessage(content=content, tool_call_id=item.get("tool_call_id") or "", **extra)
+    if role == "system":
+        return SystemMessage(content=content, **extra)
+    return HumanMessage(content=content, **extra)
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError:
+        return {"__raw__": raw}
+    return value if isinstance(value, dict) else {"__value__": value}
+
+
+class CtxappChatMessageHistory(BaseChatMessageHistory):
+    """A LangChain chat history that is a ctxapp session.
+
+    Give it `session_id` to continue a session, or `agent` (and optionally `user_id`, `model`)
+    to open a new one on the first write. `add_messages` appends its messages in ONE batch (all or
+    nothing, consecutive seqs). ctxapp messages are append-only, so `clear()` starts over: by
+    default it ENDS the session (its messages and events stay, for the dashboard and recall) and
+    the history continues in a new session of the same agent and user; with
+    `clear_mode="delete"` it deletes the session and its messages instead. `session_id` always
+    names the session the history writes to now.
+    """
+
+    def __init__(
+        self,
+        client: Client | None = None,
+        *,
+        async_client: AsyncClient | None = None,
+        session_id: str | None = None,
+        agent: str | None = None,
+        user_id: str | None = None,
+        model: str | None = None,
+        clear_mode: Literal["end", "delete"] = "end",
+    ) -> None:
+        if client is None and async_client is None:
+            raise ValueError("CtxappChatMessageHistory needs a ctxapp Client, an AsyncClient, or both.")
+        if session_id is None and agent is None:
+            raise ValueError("Pass session_id (an existing session) or agent (to open one).")
+        self.client = client
+        self.async_client = async_client
+        self.session_id = session_id
+        self.agent = agent
+        self.user_id = user_id
+        self.model = model
+        self.clear_mode = clear_mode
+
+    def _sync(self) -> Client:
+        if self.client is None:
+            raise RuntimeError("This history has only an AsyncClient: use the a… methods.")
+        return self.client
+
+    def _async(self) -> AsyncClient:
+        if self.async_client is None:
+            raise RuntimeError("This history has only a sync Client: use the sync methods.")
+        return self.async_client
+
+    def _remember_agent(self, session: dict[str, Any]) -> None:
+        self.agent = session.get("agent") or self.agent
+        self.user_id = session.get("user_id") or self.user_id
+
+    # --- sync ------------------------------------------------------------------------------------
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        if self.session_id is None:
+            return []
+        return [message_from_ctxapp(dict(item)) for item in self._sync().messages_iter(self.session_id)]
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        if not messages:
+            return
+        client = self._sync()
+        if self.session_id is None:
+            assert self.agent is not None
+            session = client.session_create(self.agent, user_id=self.user_id, model=self.model)
+            self.session_id = session["id"]
+        client.messages_append(self.session_id, [message_to_ctxapp(m) for m in messages])
+
+    def clear(self) -> None:
+        if self.session_id is None:
+            return
+        client = self._sync()
+        self._remember_agent(dict(client.session_get(self.session_id)))
+        if self.clear_mode == "delete":
+            client.session_delete(self.session_id)
+        else:
+            client.session_end(self.session_id)
+        self.session_id = None  # the next write opens a new session of the same agent and user
+
+    # --- async -----------------------------------------------------------------------------------
+    async def aget_messages(self) -> list[BaseMessage]:
+        if self.session_id is None:
+            return []
+        client = self._async()
+        return [message_from_ctxapp(dict(item)) async for item in client.messages_iter(self.session_id)]
+
+    async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
+        if not messages:
+            return
+        client = self._async()
+        if self.session_id is None:
+            assert self.agent is not None
+            session = await client.session_create(self.agent, user_id=self.user_id, model=self.model)
+            self.session_id = session["id"]
+        await client.messages_append(self.session_id, [message_to_ctxapp(m) for m in messages])
+
+    async def aclear(self) -> None:
+        if self.session_id is None:
+            return
+        client = self._async()
+        self._remember_agent(dict(await client.session_get(self.session_id)))
+        if self.clear_mode == "delete":
+            await client.session_delete(self.session_id)
+        else:
+            await client.session_end(self.session_id)
+        self.session_id = None
+
+
+class CtxappRetriever(BaseRetriever):
+    """A LangChain retriever over ctxapp's memory search.
+
+    Today it searches experiences (`POST /api/v1/experiences/search`, hybrid vector + text);
+    every call goes through `_search` / `_asearch`, the one place to switch to
+    `POST /api/v1/memory/search` when the client has it. Each Document's page_content is the
+    experience's text and its metadata carries id, kind, score, contributions and the source
+    session and task.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    client: Client | None = None
+    async_client: AsyncClient | None = None
+    k: int = 5
+    user_id: str | None = None
+    search_kwargs: dict[str, Any] = {}
+
+    def _search(self, query: str) -> list[dict[str, Any]]:
+        if self.client is None:
+            raise RuntimeError("This retriever has only an AsyncClient: use ainvoke.")
+        found = self.client.experiences_search(
+            query, user_id=self.user_id, limit=self.k, **self.search_kwargs
+        )
+        return list(found["results"])
+
+    async def _asearch(self, query: str) -> list[dict[str, Any]]:
+        if self.async_client is None:
+            raise RuntimeError("This retriever has only a sync Client: use invoke.")
+        found = await self.async_client.experiences_search(
+            query, user_id=self.user_id, limit=self.k, **self.search_kwargs
+        )
+        return list(found["results"])
+
+    @staticmethod
+    def _document(hit: dict[str, Any]) -> Document:
+        experience = hit["experience"]
+        return Document(
+            page_content=experience["text"],
+            metadata={
+                "id": experience["id"],
+                "kind": "experience",
+                "score": hit["score"],
+                "contributions": hit.get("contributions", {}),
+                "session": experience.get("source_session"),
+                "task": experience.get("source_task"),
+                "problem": experience["problem"],
+                "solution": experience["solution"],
+            },
+        )
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return [self._document(hit) for hit in self._search(query)]
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return [self._document(hit) for hit in await self._asearch(query)]

@@ -1,0 +1,157 @@
+"""CtxappChatMessageHistory and CtxappRetriever with the real langchain-core, against a live server."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+from langchain_core.runnables.history import RunnableWithMessageHistory
+
+from ctxapp.client import AsyncClient, Client, NotFound
+from ctxapp.integrations.langchain import CtxappChatMessageHistory, CtxappRetriever
+from memory.models import Message, Session, SessionStatus
+
+CONVERSATION = [
+    SystemMessage("You track parcels."),
+    HumanMessage("Where is parcel 991?", id="h1", name="dana"),
+    AIMessage(
+        "", tool_calls=[{"id": "call_1", "name": "track", "args": {"parcel": 991}, "type": "tool_call"}]
+    ),
+    ToolMessage("In Lyon, out for delivery.", tool_call_id="call_1"),
+    AIMessage([{"type": "text", "text": "It is out for delivery in Lyon."}]),
+    ChatMessage("note for the operator", role="operator"),
+]
+
+
+def _plain(messages: list[Any]) -> list[tuple[Any, ...]]:
+    return [
+        (
+            type(m).__name__,
+            m.content,
+            getattr(m, "tool_call_id", None),
+            getattr(m, "role", None),
+            m.id,
+            m.name,
+        )
+        for m in messages
+    ]
+
+
+def test_a_history_round_trips_every_message_type_in_one_batch(server: str, alice_key: str) -> None:
+    history = CtxappChatMessageHistory(Client(server, alice_key), agent="parcel-bot", user_id="dana")
+    history.add_messages(CONVERSATION)
+
+    again = CtxappChatMessageHistory(Client(server, alice_key), session_id=history.session_id)
+    loaded = again.messages
+    assert _plain(loaded) == _plain(CONVERSATION)
+    assert loaded[2].tool_calls == [
+        {"id": "call_1", "name": "track", "args": {"parcel": 991}, "type": "tool_call"}
+    ]
+
+    session = Session.objects.get(public_id=history.session_id)
+    assert (session.agent.external_id, session.user_id) == ("parcel-bot", "dana")
+    rows = list(Message.objects.filter(session=session).order_by("seq"))
+    assert [m.role for m in rows] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert rows[2].tool_calls[0]["function"] == {"name": "track", "arguments": '{"parcel": 991}'}
+    assert rows[3].tool_call_id == "call_1"
+    assert len({m.created_at for m in rows}) == 1  # one batch append: one write
+
+
+def test_clear_ends_the_session_and_continues_in_a_new_one(server: str, alice_key: str) -> None:
+    history = CtxappChatMessageHistory(Client(server, alice_key), agent="parcel-bot", user_id="dana")
+    history.add_messages(CONVERSATION[:2])
+    first = history.session_id
+    history.clear()
+    assert history.messages == []
+    assert Session.objects.get(public_id=first).status == SessionStatus.ENDED
+    assert Message.objects.filter(session__public_id=first).count() == 2  # kept for the record
+    history.add_user_message("A new question")
+    assert history.session_id != first
+    second = Session.objects.get(public_id=history.session_id)
+    assert (second.agent.external_id, second.user_id) == ("parcel-bot", "dana")
+    assert [m.content for m in history.messages] == ["A new question"]
+
+    deleting = CtxappChatMessageHistory(Client(server, alice_key), agent="parcel-bot", clear_mode="delete")
+    deleting.add_messages(CONVERSATION[:1])
+    gone = deleting.session_id
+    deleting.clear()
+    assert not Session.objects.filter(public_id=gone).exists()
+
+
+def test_the_async_history(server: str, alice_key: str) -> None:
+    async def run() -> tuple[list[Any], str | None]:
+        async with AsyncClient(server, alice_key) as client:
+            history = CtxappChatMessageHistory(async_client=client, agent="parcel-bot")
+            await history.aadd_messages(CONVERSATION)
+            loaded = await history.aget_messages()
+            session_id = history.session_id
+            await history.aclear()
+            return loaded, session_id
+
+    loaded, session_id = asyncio.run(run())
+    assert _plain(loaded) == _plain(CONVERSATION)
+    assert Session.objects.get(public_id=session_id).status == SessionStatus.ENDED
+
+
+def test_another_tenant_cannot_read_or_write_the_history(server: str, alice_key: str, bob_key: str) -> None:
+    alice = CtxappChatMessageHistory(Client(server, alice_key, retries=0), agent="parcel-bot")
+    alice.add_messages(CONVERSATION[:2])
+    bob = CtxappChatMessageHistory(Client(server, bob_key, retries=0), session_id=alice.session_id)
+    with pytest.raises(NotFound):
+        _ = bob.messages
+    with pytest.raises(NotFound):
+        bob.add_messages([HumanMessage("let me in")])
+    assert Message.objects.filter(session__public_id=alice.session_id).count() == 2
+
+
+def test_a_chain_with_message_history_remembers_through_ctxapp(server: str, alice_key: str) -> None:
+    model = GenericFakeChatModel(messages=iter([AIMessage("Hello Dana."), AIMessage("Your name is Dana.")]))
+    prompt = ChatPromptTemplate.from_messages([MessagesPlaceholder("history"), ("human", "{question}")])
+    histories: dict[str, CtxappChatMessageHistory] = {}
+
+    def history_for(session_key: str) -> CtxappChatMessageHistory:
+        if session_key not in histories:
+            histories[session_key] = CtxappChatMessageHistory(Client(server, alice_key), agent="greeter")
+        return histories[session_key]
+
+    chain = RunnableWithMessageHistory(
+        prompt | model, history_for, input_messages_key="question", history_messages_key="history"
+    )
+    config = {"configurable": {"session_id": "dana"}}
+    chain.invoke({"question": "I am Dana."}, config)
+    chain.invoke({"question": "What is my name?"}, config)
+    session = Session.objects.get(public_id=histories["dana"].session_id)
+    assert [(m.role, m.content) for m in Message.objects.filter(session=session).order_by("seq")] == [
+        ("user", "I am Dana."),
+        ("assistant", "Hello Dana."),
+        ("user", "What is my name?"),
+        ("assistant", "Your name is Dana."),
+    ]
+
+
+def test_the_retriever_finds_experiences_and_only_the_callers(
+    server: str, alice_key: str, bob_key: str
+) -> None:
+    alice = Client(server, alice_key)
+    alice.experience_create(
+        "Parcel stuck at customs for more than 3 days",
+        solution="Ask the customer for the commercial invoice.",
+    )
+    alice.experience_create("Printer out of toner", solution="Order cartridge TN-2420.")
+    retriever = CtxappRetriever(client=alice, k=2)
+    docs = retriever.invoke("parcel held at customs")
+    assert docs, "the text signal finds it even before the embedding job ran"
+    assert "commercial invoice" in docs[0].page_content
+    assert docs[0].metadata["kind"] == "experience"
+    assert docs[0].metadata["score"] > 0
+
+    async def arun() -> list[Any]:
+        async with AsyncClient(server, alice_key) as client:
+            return await CtxappRetriever(async_client=client, k=2).ainvoke("parcel held at customs")
+
+    assert [d.metadata["id"] for d in asyncio.run(arun())][:1] == [docs[0].metadata["id"]]
+    assert CtxappRetriever(client=Client(server, bob_key), k=2).invoke("parcel held at customs") == []

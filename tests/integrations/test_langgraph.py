@@ -1,0 +1,249 @@
+"""CtxappSaver: LangGraph's own conformance suite, the sync API, and real compiled graphs that are
+interrupted and resume from ctxapp, all against a live server."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.graph import END, START, StateGraph
+
+from ctxapp.client import AsyncClient, Client
+from ctxapp.integrations.langgraph import CtxappSaver
+from memory.models import Checkpoint, Event
+
+WHEN = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
+BASE_CAPABILITIES = {"put", "put_writes", "get_tuple", "list"}
+
+
+def _checkpoint(cid: str | None = None, **values: Any) -> Any:
+    checkpoint = empty_checkpoint()
+    if cid:
+        checkpoint["id"] = cid
+    checkpoint["channel_values"] = values
+    checkpoint["channel_versions"] = {key: 1 for key in values}
+    return checkpoint
+
+
+def test_langgraphs_conformance_suite_passes(server: str, alice_key: str) -> None:
+    async def run() -> Any:
+        @checkpointer_test(name="CtxappSaver")
+        async def factory() -> Any:
+            async with AsyncClient(server, alice_key) as client:
+                yield CtxappSaver(async_client=client)
+
+        return await validate(factory, capabilities=BASE_CAPABILITIES)
+
+    report = asyncio.run(run())
+    for capability in BASE_CAPABILITIES:
+        result = report.results[capability]
+        assert result.detected, capability
+        assert result.tests_passed > 0, capability
+        assert result.passed is True, (capability, result.failures)
+
+
+def test_put_get_list_and_writes_through_the_sync_client(server: str, alice_key: str) -> None:
+    saver = CtxappSaver(Client(server, alice_key))
+    thread = {"configurable": {"thread_id": "t-1", "checkpoint_ns": ""}}
+    first = saver.put(thread, _checkpoint(messages=["hi"], n=1), {"source": "input", "step": -1}, {})
+    second = saver.put(
+        first,
+        _checkpoint(messages=["hi", HumanMessage("ok", id="m1")], n=2, at=WHEN),
+        {"source": "loop", "step": 0},
+        {},
+    )
+    child_cfg = {"configurable": {"thread_id": "t-1", "checkpoint_ns": "child:abc"}}
+    child = saver.put(child_cfg, _checkpoint(inner=True), {"source": "loop", "step": 0, "parents": {}}, {})
+    saver.put_writes(second, [("messages", "w1"), ("n", 3)], task_id="task-1", task_path="~0")
+    saver.put_writes(second, [("messages", "again")], task_id="task-1")  # same (task, idx 0): kept once
+    saver.put_writes(second, [("__error__", "boom")], task_id="task-2")
+    saver.put_writes(second, [("__error__", "boom 2")], task_id="task-2")  # special: replaced
+
+    latest = saver.get_tuple({"configurable": {"thread_id": "t-1"}})
+    assert latest is not None
+    assert latest.config["configurable"]["checkpoint_id"] == second["configurable"]["checkpoint_id"]
+    # Non-JSON values (a message, a datetime) go through LangGraph's serde and come back typed.
+    assert latest.checkpoint["channel_values"] == {
+        "messages": ["hi", HumanMessage("ok", id="m1")],
+        "n": 2,
+        "at": WHEN,
+    }
+    assert latest.checkpoint["channel_versions"] == {"messages": 1, "n": 1, "at": 1}
+    assert latest.parent_config == {
+        "configurable": {
+            "thread_id": "t-1",
+            "checkpoint_ns": "",
+            "checkpoint_id": first["configurable"]["checkpoint_id"],
+        }
+    }
+    assert sorted(latest.pending_writes or []) == sorted(
+        [("task-1", "messages", "w1"), ("task-1", "n", 3), ("task-2", "__error__", "boom 2")]
+    )
+    older = saver.get_tuple(first)
+    assert older is not None and older.checkpoint["channel_values"]["n"] == 1 and older.parent_config is None
+    inner = saver.get_tuple(child)
+    assert inner is not None and inner.checkpoint["channel_values"] == {"inner": True}
+
+    everything = list(saver.list({"configurable": {"thread_id": "t-1"}}))
+    assert len(everything) == 3
+    root = list(saver.list({"configurable": {"thread_id": "t-1", "checkpoint_ns": ""}}))
+    assert [t.checkpoint["channel_values"]["n"] for t in root] == [2, 1]
+    assert [t.metadata["source"] for t in saver.list(thread, filter={"source": "input"})] == ["input"]
+    assert len(list(saver.list(thread, before=second))) == 1
+    assert len(list(saver.list({"configurable": {"thread_id": "t-1"}}, limit=1))) == 1
+    assert saver.get_tuple({"configurable": {"thread_id": "nobody"}}) is None
+    with pytest.raises(ValueError, match="thread_id"):
+        list(saver.list(None))
+
+    # Stored as ctxapp checkpoints of the thread's agent, the checkpoint id as their producer.
+    stored = list(Checkpoint.objects.filter(agent__external_id="langgraph-t-1").order_by("seq"))
+    assert [c.produced_by for c in stored[:2]] == [
+        first["configurable"]["checkpoint_id"],
+        second["configurable"]["checkpoint_id"],
+    ]
+    assert (
+        Event.objects.filter(agent__external_id="langgraph-t-1", type="agent.langgraph.writes").count() == 4
+    )
+
+
+def test_another_tenant_does_not_see_the_thread(server: str, alice_key: str, bob_key: str) -> None:
+    alice = CtxappSaver(Client(server, alice_key))
+    bob = CtxappSaver(Client(server, bob_key))
+    config = {"configurable": {"thread_id": "shared-name", "checkpoint_ns": ""}}
+    alice.put(config, _checkpoint(secret="alice's"), {"source": "input", "step": -1}, {})
+    assert bob.get_tuple(config) is None
+    assert list(bob.list(config)) == []
+    bob.put(config, _checkpoint(secret="bob's"), {"source": "input", "step": -1}, {})
+    found = alice.get_tuple(config)
+    assert found is not None and found.checkpoint["channel_values"] == {"secret": "alice's"}
+
+
+def test_a_thread_id_that_is_not_url_safe_round_trips(server: str, alice_key: str) -> None:
+    saver = CtxappSaver(Client(server, alice_key))
+    config = {"configurable": {"thread_id": "user/42 #ünïcode?", "checkpoint_ns": ""}}
+    saver.put(config, _checkpoint(x=1), {"source": "input", "step": -1}, {})
+    found = saver.get_tuple(config)
+    assert found is not None
+    assert found.config["configurable"]["thread_id"] == "user/42 #ünïcode?"
+
+
+# --- real graphs -------------------------------------------------------------------------------
+
+
+class Trip(TypedDict):
+    steps: Annotated[list[str], operator.add]
+    brief: str
+
+
+BRIEF = "Lyon, two adults, window seats. " * 200  # ~6 KB that no step changes
+
+
+def _graph(saver: CtxappSaver, calls: dict[str, int], *, fail_once: bool = False) -> Any:
+    def plan(state: Trip) -> dict[str, Any]:
+        calls["plan"] = calls.get("plan", 0) + 1
+        return {"steps": ["planned"]}
+
+    def book(state: Trip) -> dict[str, Any]:
+        calls["book"] = calls.get("book", 0) + 1
+        if fail_once and calls["book"] == 1:
+            raise RuntimeError("the booking API timed out")
+        return {"steps": ["booked"]}
+
+    builder = StateGraph(Trip)
+    builder.add_node("plan", plan)
+    builder.add_node("book", book)
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "book")
+    builder.add_edge("book", END)
+    return builder.compile(checkpointer=saver, interrupt_before=[] if fail_once else ["book"])
+
+
+def test_a_compiled_graph_interrupted_before_a_node_resumes_from_ctxapp(server: str, alice_key: str) -> None:
+    config = {"configurable": {"thread_id": "trip-1"}}
+    calls: dict[str, int] = {}
+    first = _graph(CtxappSaver(Client(server, alice_key)), calls)
+    paused = first.invoke({"steps": [], "brief": BRIEF}, config)
+    assert paused["steps"] == ["planned"]
+    assert first.get_state(config).next == ("book",)
+
+    # A new process: a fresh saver and client, nothing in memory. It resumes where the first stopped.
+    resumed_graph = _graph(CtxappSaver(Client(server, alice_key)), calls)
+    assert resumed_graph.get_state(config).next == ("book",)
+    done = resumed_graph.invoke(None, config)
+    assert done["steps"] == ["planned", "booked"]
+    assert calls == {"plan": 1, "book": 1}
+    history = list(resumed_graph.get_state_history(config))
+    assert len(history) >= 4
+    assert history[0].next == ()
+    assert history[0].values["brief"] == BRIEF
+    # ctxapp stored the steps as deltas of the unchanged ~6 KB brief, not as full copies.
+    stored = list(Checkpoint.objects.filter(agent__external_id="langgraph-trip-1").order_by("seq"))
+    assert len(stored) == len(history)
+    # (the first checkpoint holds only the input; the second is the first with the brief)
+    assert [c.storage for c in stored[2:]] == ["delta"] * (len(stored) - 2)
+    assert all(len(c.payload) < len(BRIEF) / 2 for c in stored[2:])
+
+
+def test_a_graph_that_failed_resumes_without_rerunning_what_succeeded(server: str, alice_key: str) -> None:
+    async def run() -> tuple[Any, dict[str, int]]:
+        config = {"configurable": {"thread_id": "trip-2"}}
+        calls: dict[str, int] = {}
+        async with AsyncClient(server, alice_key) as client:
+            graph = _graph(CtxappSaver(async_client=client), calls, fail_once=True)
+            with pytest.raises(RuntimeError, match="timed out"):
+                await graph.ainvoke({"steps": [], "brief": BRIEF}, config)
+            state = await graph.aget_state(config)
+            assert state.next == ("book",)
+            result = await graph.ainvoke(None, config)
+        return result, calls
+
+    result, calls = asyncio.run(run())
+    assert result["steps"] == ["planned", "booked"]
+    assert calls == {"plan": 1, "book": 2}  # plan ran once; only the failed node ran again
+
+
+def test_a_subgraph_interrupted_inside_resumes_with_its_namespace(server: str, alice_key: str) -> None:
+    calls: dict[str, int] = {}
+
+    def check(state: Trip) -> dict[str, Any]:
+        calls["check"] = calls.get("check", 0) + 1
+        return {"steps": ["checked"]}
+
+    def pay(state: Trip) -> dict[str, Any]:
+        calls["pay"] = calls.get("pay", 0) + 1
+        return {"steps": ["paid"]}
+
+    inner = StateGraph(Trip)
+    inner.add_node("check", check)
+    inner.add_node("pay", pay)
+    inner.add_edge(START, "check")
+    inner.add_edge("check", "pay")
+    inner.add_edge("pay", END)
+
+    def build(saver: CtxappSaver) -> Any:
+        outer = StateGraph(Trip)
+        outer.add_node("payment", inner.compile(interrupt_before=["pay"]))
+        outer.add_edge(START, "payment")
+        outer.add_edge("payment", END)
+        return outer.compile(checkpointer=saver)
+
+    config = {"configurable": {"thread_id": "trip-3"}}
+    build(CtxappSaver(Client(server, alice_key))).invoke({"steps": [], "brief": "b"}, config)
+    resumed = build(CtxappSaver(Client(server, alice_key)))
+    state = resumed.get_state(config, subgraphs=True)
+    assert state.next == ("payment",)
+    assert state.tasks[0].state.next == ("pay",)  # the subgraph's own checkpoint, from its namespace
+    done = resumed.invoke(None, config)
+    assert done["steps"] == ["checked", "paid"]
+    assert calls == {"check": 1, "pay": 1}
+    reasons = set(
+        Checkpoint.objects.filter(agent__external_id="langgraph-trip-3").values_list("reason", flat=True)
+    )
+    assert "langgraph" in reasons
+    assert any(reason.startswith("langgraph payment:") for reason in reasons)
