@@ -1,0 +1,293 @@
+"""Ranking of memory search candidates: BM25, normalised fusion, neighbour smoothing. Pure.
+
+No ORM, no I/O: the caller (memory search, context recall, the offline bench) gathers the
+candidates and the corpus statistics; `rank` scores and orders them. The same function runs in
+`bench/bench_recall_offline.py`, where the defaults of `Plan` were chosen by cross-validation.
+
+WHAT THE CALLER MUST SUPPLY (so results match the offline evaluation):
+
+- Candidates, one per searchable row of the scope (a conversation, a user's sessions, ...):
+    * the top `POOL_DENSE` (100) rows by cosine to the query embedding (pgvector, HNSW);
+    * the top `POOL_LEXICAL` (100) rows by full text (an OR of the query's terms, GIN);
+    * for message hits of either list, the turns within ±`Plan.neighbour_radius` positions in
+      the same session (same `group`), taken around the best `POOL_NEIGHBOUR_SEEDS` (30) hits of
+      each list. Every candidate gets its `dense` cosine if the row has a vector (None if not).
+  The union is what `rank` sees; duplicates (same `key`) must be removed by the caller.
+- `Candidate.text`: for messages, `index_text(content=..., speaker=..., occurred_at=...)` — the
+  same string that was embedded; for summaries, facts and experiences their stored text.
+- `CorpusStats` over the searched scope (not over the pool): `n_docs` rows, `avg_len` the mean
+  number of `tokenize` tokens per row, and `df[t]` the number of rows whose tokens contain `t`,
+  for each `t` in `tokenize(query)`. A term missing from `df` is counted within the pool instead.
+- The query embedding: the plain query text, embedded as is (`embed_query(query)`).
+
+`rank` returns every candidate, best first, with each signal's contribution; the caller cuts
+to its limit. Use `DEFAULT_PLAN` for conversational memory (messages, summaries, facts) and
+`EXPERIENCE_PLAN` for distilled experiences (problem/solution texts: dense-led).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+POOL_DENSE = 100
+POOL_LEXICAL = 100
+POOL_NEIGHBOUR_SEEDS = 30
+
+# English function words plus the question words of chat queries ("what", "when", "did", ...).
+_STOPWORD_TEXT = """
+a about above after again against all am an and any are as at be because been before being below
+between both but by can could did do does doing down during each few for from further had has have
+having he her here hers herself him himself his how i if in into is it its itself just me more most
+my myself no nor not now of off on once only or other our ours ourselves out over own same she should
+so some such than that the their theirs them themselves then there these they this those through to
+too under until up very was we were what when where which while who whom why will with would you
+your yours yourself yourselves s t d ll m re ve don didn doesn isn wasn weren won wouldn couldn
+shouldn hasn haven hadn aren also get got really yeah oh ok okay like much many
+"""
+STOPWORDS: frozenset[str] = frozenset(_STOPWORD_TEXT.split())
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+FUSIONS = ("zscore", "minmax", "rrf")
+
+
+def _stem(token: str) -> str:
+    """A light English suffix stripper (plural, -ing, -ed), enough to match 'dogs' with 'dog'."""
+    if len(token) <= 3 or token.isdigit():
+        return token
+    if token.endswith("ies") and len(token) > 4:
+        return token[:-3] + "y"
+    if token.endswith("sses"):
+        return token[:-2]
+    if token.endswith("s") and not token.endswith(("ss", "us", "is")):
+        return token[:-1]
+    return token
+
+
+def tokenize(text: str) -> list[str]:
+    """Lowercase `[a-z0-9]+` tokens, stopwords removed, lightly stemmed. Used for BM25 and df."""
+    return list(_tokens(text))
+
+
+@lru_cache(maxsize=65536)
+def _tokens(text: str) -> tuple[str, ...]:
+    return tuple(_stem(t) for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS)
+
+
+@lru_cache(maxsize=65536)
+def _term_counts(text: str) -> Counter[str]:
+    return Counter(_tokens(text))
+
+
+def index_text(*, content: str, speaker: str | None, occurred_at: datetime | None) -> str:
+    """The text embedded and searched for a message: '(8 May 2023) Caroline: content'."""
+    prefix = ""
+    if occurred_at is not None:
+        prefix = f"({occurred_at.day} {occurred_at.strftime('%B %Y')}) "
+    if speaker:
+        prefix += f"{speaker}: "
+    return f"{prefix}{content}"
+
+
+@dataclass
+class Candidate:
+    key: str  # unique in the pool, e.g. "message:123"
+    kind: str  # "message" | "summary" | "fact" | "experience"
+    text: str  # the searchable text (index_text for messages)
+    group: str | None  # session public id, for neighbour smoothing (None: no neighbours)
+    position: int | None  # seq inside the group
+    occurred_at: datetime | None
+    dense: float | None  # cosine query↔candidate; None when the row has no vector
+
+
+@dataclass
+class CorpusStats:
+    n_docs: int
+    avg_len: float
+    df: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every knob of the ranking. Defaults: the cross-validated choice for conversational memory."""
+
+    dense_weight: float = 0.6
+    lexical_weight: float = 0.4
+    fusion: str = "zscore"  # zscore | minmax | rrf (normalised per query)
+    rrf_k: float = 60.0
+    k1: float = 1.2
+    b: float = 0.75
+    neighbour_weight: float = 0.75  # adds w * the best fused score within ±radius in the group
+    neighbour_radius: int = 2
+    recency_weight: float = 0.0  # adds w * 2^(-age / half-life)
+    recency_half_life_days: float = 30.0
+
+    _RANGES = {
+        "dense_weight": (0.0, 10.0),
+        "lexical_weight": (0.0, 10.0),
+        "rrf_k": (1.0, 1000.0),
+        "k1": (0.0, 5.0),
+        "b": (0.0, 1.0),
+        "neighbour_weight": (0.0, 5.0),
+        "neighbour_radius": (0, 20),
+        "recency_weight": (0.0, 5.0),
+        "recency_half_life_days": (0.001, 36500.0),
+    }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Plan:
+        """Defaults overridden by `data`. Raises ValueError naming an unknown or out-of-range field."""
+        if not data:
+            return cls()
+        names = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for name, value in data.items():
+            if name not in names:
+                raise ValueError(f"{name}: unknown plan field (known: {', '.join(sorted(names))}).")
+            if name == "fusion":
+                if value not in FUSIONS:
+                    raise ValueError(f"fusion: must be one of {', '.join(FUSIONS)}, not {value!r}.")
+                values[name] = value
+                continue
+            low, high = cls._RANGES[name]
+            is_int = isinstance(low, int)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name}: must be a number.")
+            if is_int and not float(value).is_integer():
+                raise ValueError(f"{name}: must be an integer.")
+            if not (low <= value <= high) or (isinstance(value, float) and math.isnan(value)):
+                raise ValueError(f"{name}: must be between {low} and {high}, not {value}.")
+            values[name] = int(value) if is_int else float(value)
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+DEFAULT_PLAN = Plan()
+EXPERIENCE_PLAN = Plan(dense_weight=0.8, lexical_weight=0.2, neighbour_weight=0.0)
+
+
+@dataclass
+class Ranked:
+    candidate: Candidate
+    score: float
+    contributions: dict[str, float]
+
+
+def bm25_scores(*, query: str, texts: list[str], stats: CorpusStats, k1: float, b: float) -> np.ndarray:
+    """Okapi BM25 of each text for the query terms, idf from the scope's statistics."""
+    terms = Counter(tokenize(query))
+    docs = [_term_counts(t) for t in texts]  # shared, read-only
+    scores = np.zeros(len(texts), dtype=np.float64)
+    if not terms or not docs:
+        return scores
+    n_docs = max(stats.n_docs, len(texts), 1)
+    avg_len = stats.avg_len if stats.avg_len > 0 else max(1.0, sum(sum(d.values()) for d in docs) / len(docs))
+    lengths = np.array([sum(d.values()) for d in docs], dtype=np.float64)
+    norm = k1 * (1.0 - b + b * lengths / avg_len)
+    for term, query_tf in terms.items():
+        df = stats.df.get(term)
+        if df is None:
+            df = sum(1 for d in docs if term in d)
+        df = min(max(df, 0), n_docs)
+        idf = math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
+        tf = np.array([d.get(term, 0) for d in docs], dtype=np.float64)
+        scores += query_tf * idf * tf * (k1 + 1.0) / (tf + norm)
+    return scores
+
+
+def _normalise(values: np.ndarray, fusion: str, rrf_k: float) -> np.ndarray:
+    if len(values) == 0:
+        return values
+    if fusion == "rrf":
+        order = np.argsort(-values, kind="stable")
+        ranks = np.empty(len(values))
+        ranks[order] = np.arange(1, len(values) + 1)
+        return 1.0 / (rrf_k + ranks)
+    if fusion == "minmax":
+        low, high = values.min(), values.max()
+        return (values - low) / (high - low) if high > low else np.zeros_like(values)
+    std = values.std()
+    return (values - values.mean()) / std if std > 0 else np.zeros_like(values)
+
+
+def rank(
+    *,
+    query: str,
+    candidates: list[Candidate],
+    stats: CorpusStats,
+    plan: Plan,
+    now: datetime | None = None,
+) -> list[Ranked]:
+    """Score every candidate for `query` under `plan`; best first (ties: pool order).
+
+    score = dense_weight · norm(cosine) + lexical_weight · norm(BM25)         (the fused score)
+            + neighbour_weight · max(0, best fused score of the other candidates of the same
+              group within ±neighbour_radius positions)
+            + recency_weight · 2^(-age_days / recency_half_life_days)     (needs `now`)
+    norm is per query over the pool: z-score, min-max or reciprocal rank. A candidate without a
+    vector takes the pool's lowest cosine. `contributions` holds each term; they add up to score.
+    """
+    if not candidates:
+        return []
+    dense_raw = [c.dense for c in candidates]
+    known = [d for d in dense_raw if d is not None]
+    floor = min(known) if known else 0.0
+    dense = np.array([floor if d is None else d for d in dense_raw], dtype=np.float64)
+    lexical = bm25_scores(query=query, texts=[c.text for c in candidates], stats=stats, k1=plan.k1, b=plan.b)
+    dense_part = np.zeros(len(dense))
+    if known:
+        dense_part = plan.dense_weight * _normalise(dense, plan.fusion, plan.rrf_k)
+    lexical_part = plan.lexical_weight * _normalise(lexical, plan.fusion, plan.rrf_k)
+    fused = dense_part + lexical_part
+
+    neighbour_part = np.zeros(len(candidates))
+    if plan.neighbour_weight > 0 and plan.neighbour_radius > 0:
+        by_group: dict[str, list[tuple[int, int]]] = {}
+        for i, c in enumerate(candidates):
+            if c.group is not None and c.position is not None:
+                by_group.setdefault(c.group, []).append((c.position, i))
+        for members in by_group.values():
+            members.sort()
+            positions = [p for p, _ in members]
+            for j, (pos, i) in enumerate(members):
+                best = 0.0
+                lo = j
+                while lo > 0 and pos - positions[lo - 1] <= plan.neighbour_radius:
+                    lo -= 1
+                hi = j
+                while hi + 1 < len(members) and positions[hi + 1] - pos <= plan.neighbour_radius:
+                    hi += 1
+                for k in range(lo, hi + 1):
+                    if k != j:
+                        best = max(best, fused[members[k][1]])
+                neighbour_part[i] = plan.neighbour_weight * best
+
+    recency_part = np.zeros(len(candidates))
+    if plan.recency_weight > 0 and now is not None:
+        for i, c in enumerate(candidates):
+            if c.occurred_at is not None:
+                age_days = max(0.0, (now - c.occurred_at).total_seconds() / 86400.0)
+                recency_part[i] = plan.recency_weight * 2.0 ** (-age_days / plan.recency_half_life_days)
+
+    results: list[Ranked] = []
+    for i, c in enumerate(candidates):
+        contributions = {
+            "dense": round(float(dense_part[i]), 6),
+            "lexical": round(float(lexical_part[i]), 6),
+            "neighbour": round(float(neighbour_part[i]), 6),
+            "recency": round(float(recency_part[i]), 6),
+        }
+        score = round(sum(contributions.values()), 6)
+        results.append(Ranked(candidate=c, score=score, contributions=contributions))
+    order = sorted(range(len(results)), key=lambda i: -results[i].score)
+    return [results[i] for i in order]
