@@ -9,4 +9,5 @@ urlpatterns = [
     path("", include("memory.api.experiences")),
     path("", include("memory.api.cognition")),
     path("", include("memory.api.decay")),
+    path("", include("memory.api.memory")),
 ]

@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import numpy as np
 from django.conf import settings
@@ -46,6 +46,7 @@ from memory.models import (
     Tenant,
 )
 from memory.services.embedding import EmbedderError, EmbedderUnavailable, embedder_get, text_hash
+from memory.services.ranking import index_text
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +90,12 @@ def message_index_fields(*, tenant: Tenant) -> dict[str, str]:
     }
 
 
-def embedding_text(*, name: str, content: str) -> str:
-    """What is embedded for a message: the speaker's name, then the content."""
-    return f"{name}: {content}" if name else content
+def embedding_text(*, name: str, content: str, occurred_at: datetime | None) -> str:
+    """What is embedded for a message: ranking.index_text — '(8 May 2023) Caroline: content'.
+
+    Memory search hands rank() the same string, so dense and lexical signals see one text.
+    """
+    return index_text(content=content, speaker=name or None, occurred_at=occurred_at)
 
 
 # --- dispatch -------------------------------------------------------------------------------------
@@ -128,7 +132,8 @@ def memory_index_dispatch(*, force: bool = False) -> bool:
         with connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {table} (id, drain_scheduled, scheduled_at) VALUES (1, true, %s) "
-                f"ON CONFLICT (id) DO UPDATE SET drain_scheduled = true, scheduled_at = EXCLUDED.scheduled_at "
+                "ON CONFLICT (id) DO UPDATE SET drain_scheduled = true, "
+                "scheduled_at = EXCLUDED.scheduled_at "
                 f"WHERE {table}.drain_scheduled = false OR %s RETURNING id",
                 [now, force],
             )
@@ -200,7 +205,7 @@ def messages_embed_batch(*, batch_size: int | None = None) -> tuple[int, int, in
             Message.objects.select_for_update(skip_locked=True)
             .filter(embedding_status=MessageEmbeddingStatus.PENDING)
             .order_by("created_at")
-            .only("pk", "tenant_id", "name", "content", "embedding_attempts")[:size]
+            .only("pk", "tenant_id", "name", "content", "occurred_at", "embedding_attempts")[:size]
         )
         if not rows:
             return 0, 0, 0
@@ -216,7 +221,9 @@ def messages_embed_batch(*, batch_size: int | None = None) -> tuple[int, int, in
             )
         if not todo:
             return 0, 0, len(skip)
-        texts = {r.pk: embedding_text(name=r.name, content=r.content) for r in todo}
+        texts = {
+            r.pk: embedding_text(name=r.name, content=r.content, occurred_at=r.occurred_at) for r in todo
+        }
         try:
             model_name, vectors = _vectors_for({text_hash(t): t for t in texts.values()})
         except EmbedderUnavailable as exc:
@@ -312,9 +319,7 @@ def messages_reembed(
         queryset = queryset.filter(tenant=tenant)
     if only_failed:
         queryset = queryset.filter(embedding_status=MessageEmbeddingStatus.FAILED)
-    queryset.update(
-        embedding_status=MessageEmbeddingStatus.PENDING, embedding_attempts=0, embedding_error=""
-    )
+    queryset.update(embedding_status=MessageEmbeddingStatus.PENDING, embedding_attempts=0, embedding_error="")
     return memory_index_drain(time_budget=float("inf"), batch_size=batch_size)
 
 
