@@ -365,7 +365,7 @@ def _other_candidates(
 
             _configure_hnsw()
             for row in experiences.exclude(embedding=None).order_by(
-                CosineDistance("embedding", _vector_literal(vector))
+                CosineDistance("embedding", vector)
             )[:OTHER_KIND_POOL]:
                 found[row.pk] = row
         or_query = _or_query(query)
