@@ -229,6 +229,46 @@ class MessageOut(TypedDict, total=False):
     artifact_refs: list[Any]
     metadata: dict[str, Any]
     created_at: str
+    name: str
+    occurred_at: str
+
+
+class MemoryScope(TypedDict, total=False):
+    """Where a memory search looks: an agent, a user, a session; `sessions` "current" | "all"."""
+
+    agent: str
+    user_id: str
+    session: str
+    sessions: str
+
+
+class MemoryNeighbour(TypedDict):
+    seq: int
+    role: str
+    speaker: str
+    text: str
+    occurred_at: str | None
+
+
+class MemoryHit(TypedDict, total=False):
+    kind: str  # message | summary | fact | experience
+    id: str  # messages: "<session id>:<seq>"
+    session: str | None
+    seq: int | None
+    occurred_at: str | None
+    speaker: str
+    text: str
+    score: float
+    contributions: dict[str, float]  # dense, lexical, neighbour, recency
+    neighbours: list[MemoryNeighbour]  # only when asked
+
+
+class MemorySearchOut(TypedDict):
+    query: str
+    results: list[MemoryHit]
+    plan: dict[str, Any]
+    warnings: list[str]
+    candidates: int
 
 
 class AppendOut(TypedDict):
@@ -504,6 +544,33 @@ class Client(_Base):
             if page["next_after"] is None:
                 return
             after = page["next_after"]
+
+    # --- memory search ----------------------------------------------------------------------
+    def memory_search(
+        self,
+        query: str,
+        *,
+        scope: MemoryScope | Mapping[str, Any] | None = None,
+        kinds: list[str] | None = None,
+        limit: int | None = None,
+        time_range: Mapping[str, str] | None = None,
+        plan: Mapping[str, Any] | None = None,
+        neighbours: int | None = None,
+    ) -> MemorySearchOut:
+        """Search conversational memory (messages, summaries, facts, experiences) of a scope.
+
+        scope: {agent, user_id, session, sessions: "current" | "all"}; time_range: {from, to} (ISO).
+        """
+        body = _drop_none(
+            {"query": query, "scope": dict(scope) if scope is not None else None, "kinds": kinds,
+             "limit": limit, "time_range": dict(time_range) if time_range is not None else None,
+             "plan": dict(plan) if plan is not None else None, "neighbours": neighbours}
+        )  # fmt: skip
+        return self.request("POST", "/memory/search", json=body)
+
+    def memory_index_status(self) -> dict[str, int]:
+        """The tenant's messages per embedding status: {pending, completed, failed, skipped}."""
+        return self.request("GET", "/memory/index")
 
     # --- tasks ------------------------------------------------------------------------------
     def task_create(
@@ -1210,6 +1277,33 @@ class AsyncClient(_Base):
             if page["next_after"] is None:
                 return
             after = page["next_after"]
+
+    # --- memory search ----------------------------------------------------------------------
+    async def memory_search(
+        self,
+        query: str,
+        *,
+        scope: MemoryScope | Mapping[str, Any] | None = None,
+        kinds: list[str] | None = None,
+        limit: int | None = None,
+        time_range: Mapping[str, str] | None = None,
+        plan: Mapping[str, Any] | None = None,
+        neighbours: int | None = None,
+    ) -> MemorySearchOut:
+        """Search conversational memory (messages, summaries, facts, experiences) of a scope.
+
+        scope: {agent, user_id, session, sessions: "current" | "all"}; time_range: {from, to} (ISO).
+        """
+        body = _drop_none(
+            {"query": query, "scope": dict(scope) if scope is not None else None, "kinds": kinds,
+             "limit": limit, "time_range": dict(time_range) if time_range is not None else None,
+             "plan": dict(plan) if plan is not None else None, "neighbours": neighbours}
+        )  # fmt: skip
+        return await self.request("POST", "/memory/search", json=body)
+
+    async def memory_index_status(self) -> dict[str, int]:
+        """The tenant's messages per embedding status: {pending, completed, failed, skipped}."""
+        return await self.request("GET", "/memory/index")
 
     # --- tasks ------------------------------------------------------------------------------
     async def task_create(
