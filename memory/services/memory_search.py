@@ -17,6 +17,8 @@ plus the scope user's own.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -198,6 +200,137 @@ def _corpus_stats(*, where: _Sql, terms: list[str], config: str) -> ranking.Corp
     return ranking.CorpusStats(n_docs=int(row[0]), avg_len=float(row[1]), df=df)
 
 
+SCOPE_CORPUS_MAX = 20_000  # scopes up to this many messages get exact BM25 statistics (cached)
+SCOPE_CORPUS_CACHE = 64  # scopes kept per process
+
+
+@dataclass
+class _ScopeCorpus:
+    """The scope's messages, tokenised once: exact BM25 statistics and lexical pool (ranking's contract)."""
+
+    ids: list[int]
+    rows: dict[int, tuple[str, int, str, str, datetime]]  # id → (session, seq, name, content, occurred_at)
+    texts: list[str]  # ranking.index_text of each row
+    tokens: list[frozenset[str]]
+    df: Counter[str]
+    avg_len: float
+    by_position: dict[tuple[str, int], int]  # (session, seq) → index
+
+
+_corpora: OrderedDict[tuple[Any, ...], tuple[tuple[int, int], _ScopeCorpus]] = OrderedDict()
+_corpora_lock = threading.Lock()
+
+
+def _scope_corpus(where: _Sql) -> _ScopeCorpus | None:
+    """The cached corpus of the scope, refreshed when its messages changed; None if too large."""
+    table = Message._meta.db_table
+    count, max_id = _fetch(
+        f"SELECT count(*), coalesce(max(m.id), 0) FROM {table} m WHERE {where.where}", where.params
+    )[0]
+    if count > SCOPE_CORPUS_MAX:
+        return None
+    key = (where.where, *[tuple(p) if isinstance(p, list) else p for p in where.params])
+    version = (int(count), int(max_id))
+    with _corpora_lock:
+        cached = _corpora.get(key)
+        if cached is not None and cached[0] == version:
+            _corpora.move_to_end(key)
+            return cached[1]
+    sessions_table = Session._meta.db_table
+    rows = _fetch(
+        f"SELECT m.id, s.public_id, m.seq, m.name, m.content, m.occurred_at FROM {table} m "
+        f"JOIN {sessions_table} s ON s.id = m.session_id WHERE {where.where} ORDER BY m.id",
+        where.params,
+    )
+    ids = [r[0] for r in rows]
+    texts = [ranking.index_text(content=r[4], speaker=r[3] or None, occurred_at=r[5]) for r in rows]
+    token_lists = [ranking.tokenize(t) for t in texts]
+    tokens = [frozenset(t) for t in token_lists]
+    df: Counter[str] = Counter()
+    for toks in tokens:
+        df.update(toks)
+    corpus = _ScopeCorpus(
+        ids=ids,
+        rows={r[0]: (r[1], int(r[2]), r[3], r[4], r[5]) for r in rows},
+        texts=texts,
+        tokens=tokens,
+        df=df,
+        avg_len=sum(len(t) for t in token_lists) / max(1, len(token_lists)),
+        by_position={(r[1], int(r[2])): i for i, r in enumerate(rows)},
+    )
+    with _corpora_lock:
+        _corpora[key] = (version, corpus)
+        while len(_corpora) > SCOPE_CORPUS_CACHE:
+            _corpora.popitem(last=False)
+    return corpus
+
+
+def _dense_ids(*, where: _Sql, vector: np.ndarray | None) -> list[int]:
+    if vector is None:
+        return []
+    _configure_hnsw()
+    table = Message._meta.db_table
+    return [
+        r[0]
+        for r in _fetch(
+            f"SELECT m.id FROM {table} m WHERE {where.where} AND m.embedding IS NOT NULL "
+            f"ORDER BY m.embedding <=> %s::vector LIMIT %s",
+            [*where.params, _vector_literal(vector), ranking.POOL_DENSE],
+        )
+    ]
+
+
+def _exact_message_candidates(
+    *, corpus: _ScopeCorpus, where: _Sql, query: str, vector: np.ndarray | None, plan: ranking.Plan
+) -> tuple[list[ranking.Candidate], ranking.CorpusStats]:
+    """Pool and statistics exactly as ranking.py's contract (and the offline bench) define them."""
+    terms = set(ranking.tokenize(query))
+    stats = ranking.CorpusStats(
+        n_docs=len(corpus.ids), avg_len=corpus.avg_len, df={t: corpus.df.get(t, 0) for t in terms}
+    )
+    index_of = {pk: i for i, pk in enumerate(corpus.ids)}
+    dense_top = [index_of[pk] for pk in _dense_ids(where=where, vector=vector) if pk in index_of]
+    matching = [i for i, toks in enumerate(corpus.tokens) if terms & toks]
+    lexical_top: list[int] = []
+    if matching:
+        scores = ranking.bm25_scores(
+            query=query, texts=[corpus.texts[i] for i in matching], stats=stats, k1=plan.k1, b=plan.b
+        )
+        lexical_top = [matching[j] for j in np.argsort(-scores, kind="stable")[: ranking.POOL_LEXICAL]]
+    chosen = dict.fromkeys(dense_top + lexical_top)
+    radius = plan.neighbour_radius if plan.neighbour_weight > 0 else 0
+    seeds = dense_top[: ranking.POOL_NEIGHBOUR_SEEDS] + lexical_top[: ranking.POOL_NEIGHBOUR_SEEDS]
+    for seed in seeds if radius else []:
+        session, seq, *_ = corpus.rows[corpus.ids[seed]]
+        for offset in range(-radius, radius + 1):
+            j = corpus.by_position.get((session, seq + offset))
+            if j is not None:
+                chosen.setdefault(j)
+    cosines: dict[int, float] = {}
+    if vector is not None and chosen:
+        table = Message._meta.db_table
+        cosines = dict(
+            _fetch(
+                f"SELECT m.id, 1 - (m.embedding <=> %s::vector) FROM {table} m "
+                "WHERE m.id = ANY(%s) AND m.embedding IS NOT NULL",
+                [_vector_literal(vector), [corpus.ids[i] for i in chosen]],
+            )
+        )
+    candidates: list[ranking.Candidate] = []
+    for i in chosen:
+        pk = corpus.ids[i]
+        session, seq, name, content, occurred_at = corpus.rows[pk]
+        cos = cosines.get(pk)
+        candidates.append(
+            _MessageCandidate(
+                key=f"message:{pk}", kind="message", text=corpus.texts[i], group=session, position=seq,
+                occurred_at=occurred_at, dense=None if cos is None else float(cos), speaker=name,
+                content=content,
+            )
+        )  # fmt: skip
+    return candidates, stats
+
+
 def _message_candidates(
     *,
     where: _Sql,
@@ -364,9 +497,9 @@ def _other_candidates(
             from pgvector.django import CosineDistance
 
             _configure_hnsw()
-            for row in experiences.exclude(embedding=None).order_by(
-                CosineDistance("embedding", vector)
-            )[:OTHER_KIND_POOL]:
+            for row in experiences.exclude(embedding=None).order_by(CosineDistance("embedding", vector))[
+                :OTHER_KIND_POOL
+            ]:
                 found[row.pk] = row
         or_query = _or_query(query)
         if or_query:
@@ -441,8 +574,19 @@ def memory_search(
         kind_set -= {"message", "summary", "fact"}
     where = _Sql(tenant=tenant, session_pks=session_pks, time_from=time_from, time_to=time_to)
     if "message" in kind_set:
-        candidates += _message_candidates(where=where, query=query, vector=vector, config=config, plan=plan)
-        stats = _corpus_stats(where=where, terms=list(dict.fromkeys(ranking.tokenize(query))), config=config)
+        corpus = _scope_corpus(where)
+        if corpus is not None:
+            found, stats = _exact_message_candidates(
+                corpus=corpus, where=where, query=query, vector=vector, plan=plan
+            )
+            candidates += found
+        else:  # a very large scope: PostgreSQL's full text approximates the pool and statistics
+            candidates += _message_candidates(
+                where=where, query=query, vector=vector, config=config, plan=plan
+            )
+            stats = _corpus_stats(
+                where=where, terms=list(dict.fromkeys(ranking.tokenize(query))), config=config
+            )
     candidates += _other_candidates(
         tenant=tenant, kinds=kind_set, session_pks=session_pks, scope=scope, query=query,
         vector=vector, config=config, time_from=time_from, time_to=time_to,

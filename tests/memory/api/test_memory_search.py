@@ -86,7 +86,7 @@ def test_it_finds_an_old_message_by_meaning_across_the_users_sessions(api_a, his
     assert top["speaker"] == "Caroline"
     assert top["occurred_at"].startswith("2023-05-08T13:56")
     assert "golden retriever" in top["text"]
-    assert set(top["contributions"]) == {"dense", "lexical", "neighbour", "recency"}
+    assert {"dense", "lexical", "neighbour", "recency"} <= set(top["contributions"])
     assert abs(sum(top["contributions"].values()) - top["score"]) < 1e-4
     assert all(hit["session"] != history["other_user"] for hit in body["results"])
 
