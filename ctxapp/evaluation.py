@@ -12,8 +12,9 @@ every question through POST /memory/search (kinds: message; scope: that user, al
 limit 10). It reports turn recall R@1/5/10 — the fraction of a question's evidence turns among
 the top k, averaged over the questions that have evidence — overall and by category, the
 ingest time, query p50/p95 (client-side, HTTP included), and plain BM25 over the same turns
-(computed locally with ranking.tokenize) for comparison. With --json the last stdout line is one
-JSON object; --cleanup deletes the sessions it created (and with them their messages).
+(over `speaker: text`, computed locally with ranking.tokenize) for comparison. With --json the
+last stdout line is one JSON object; --cleanup deletes the sessions it created (and with them
+their messages).
 """
 
 from __future__ import annotations
@@ -219,7 +220,10 @@ def run_recall(
                             for offset, turn in enumerate(turns[start : start + len(chunk)]):
                                 dia = str(turn.get("dia_id") or "")
                                 dia_of[(session["id"], out["first_seq"] + offset)] = dia
-                                turns_text.append((dia, str(turn.get("text") or "")))
+                                # BM25 sees what the server indexes for words: speaker + text.
+                                speaker = str(turn.get("speaker") or "")
+                                text = str(turn.get("text") or "")
+                                turns_text.append((dia, f"{speaker}: {text}" if speaker else text))
                             bar.update(len(chunk))
                         report.sessions += 1
                     scopes.append((conv, scope_id, dia_of, turns_text))
@@ -250,7 +254,7 @@ def run_recall(
                             continue
                         report.with_evidence += 1
                         ranked = [
-                            dia_of.get((hit["session"], hit["seq"]), "")
+                            dia_of.get((str(hit["session"]), int(hit["seq"] or 0)), "")
                             for hit in found["results"]
                             if hit["kind"] == "message"
                         ]

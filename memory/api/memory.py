@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.urls import path
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 
@@ -73,9 +73,17 @@ class SearchOutputSerializer(serializers.Serializer):
     candidates = serializers.IntegerField(help_text="Candidates ranked before the cut to `limit`.")
 
 
+class IndexStatusSerializer(serializers.Serializer):
+    pending = serializers.IntegerField()
+    completed = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    skipped = serializers.IntegerField()
+
+
 class MemorySearchApi(TenantApiView):
     required_scope = "read"  # a POST that only reads
 
+    @extend_schema_serializer(component_name="MemorySearchInput")
     class InputSerializer(serializers.Serializer):
         query = serializers.CharField(max_length=4000, help_text="What to look for (non-empty).")
         scope = ScopeSerializer(required=False)
@@ -145,7 +153,7 @@ class MemorySearchApi(TenantApiView):
 
 class MemoryIndexStatusApi(TenantApiView):
     @extend_schema(
-        responses={200: serializers.DictField(child=serializers.IntegerField())},
+        responses=IndexStatusSerializer,
         summary="The tenant's messages per embedding status (pending, completed, failed, skipped)",
     )
     def get(self, request: Any) -> Response:

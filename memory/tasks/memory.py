@@ -15,7 +15,7 @@ MAX_BACKOFF_SECONDS = 600.0
 
 
 @shared_task(bind=True, acks_late=True, max_retries=None, name="memory.index.drain")
-def memory_index_drain_task(self) -> int:  # type: ignore[no-untyped-def]
+def memory_index_drain_task(self) -> int:
     """Embed pending messages in batches. A transient embedder error retries with exponential
     backoff (the rows count the attempt and fail for good after CTXAPP_EMBEDDING_MAX_RETRIES)."""
     from memory.services.memory_index import memory_index_drain
