@@ -339,3 +339,15 @@ class ExperienceAdmin(admin.ModelAdmin):
         "provenance", "use_count", "last_used_at", "helpful_count", "unhelpful_count", "merge_count",
     ]  # fmt: skip
     raw_id_fields = ["source_task", "source_session"]
+
+
+# --- conversational memory (memory index, search, recall) -----------------------------------------
+
+from memory.models import MemoryPolicy  # noqa: E402
+
+
+class MemoryPolicyInline(PolicyInline):
+    model = MemoryPolicy
+
+
+POLICY_INLINES.append(MemoryPolicyInline)

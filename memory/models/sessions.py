@@ -295,6 +295,20 @@ class MemoryPolicy(TenantPolicyBase):
         verbose_name = "memory policy"
         verbose_name_plural = "memory policy"
 
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_ts_config WHERE cfgname = %s", [self.text_search_config])
+            if cursor.fetchone() is None:
+                raise ValidationError(
+                    {
+                        "text_search_config": "PostgreSQL has no text-search configuration "
+                        f"{self.text_search_config!r} (see: SELECT cfgname FROM pg_ts_config)."
+                    }
+                )
+
     def __str__(self) -> str:
         return f"memory policy of {self.tenant_id}"
 

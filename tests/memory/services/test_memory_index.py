@@ -159,3 +159,13 @@ def test_a_failed_dispatch_is_logged_not_raised_and_leaves_the_sweep_a_way_back(
     assert "could not queue a drain job" in caplog.text
     assert not MemoryIndexState.objects.get(pk=1).drain_scheduled  # the next commit or the sweep retries
     assert statuses(session) == [MessageEmbeddingStatus.PENDING]
+
+
+def test_an_unknown_text_search_configuration_is_refused_by_the_policy(tenant_a):
+    from django.core.exceptions import ValidationError
+
+    policy = MemoryPolicy(tenant=tenant_a, text_search_config="klingon")
+    with pytest.raises(ValidationError) as refused:
+        policy.full_clean()
+    assert "klingon" in str(refused.value)
+    MemoryPolicy(tenant=tenant_a, text_search_config="german").full_clean()
