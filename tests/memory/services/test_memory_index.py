@@ -169,3 +169,22 @@ def test_an_unknown_text_search_configuration_is_refused_by_the_policy(tenant_a)
         policy.full_clean()
     assert "klingon" in str(refused.value)
     MemoryPolicy(tenant=tenant_a, text_search_config="german").full_clean()
+
+
+def test_reembed_messages_rewrites_every_vector_with_the_configured_model(tenant_a):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    session = session_create(tenant=tenant_a, agent_external_id="bot")
+    messages_append(
+        tenant=tenant_a, session=session, items=[MessageInput(role="user", content=f"t{i}") for i in range(3)]
+    )
+    memory_index.memory_index_drain()
+    Message.objects.filter(session=session).update(embedding_model="old-model", embedding_status="failed")
+    out = StringIO()
+    call_command("reembed", "--messages", "--tenant", tenant_a.slug, stdout=out)
+    assert "re-embedded 3 messages in 1 batches" in out.getvalue()
+    rows = Message.objects.filter(session=session)
+    assert {r.embedding_model for r in rows} == {embedder_get().model_name}
+    assert {r.embedding_status for r in rows} == {MessageEmbeddingStatus.COMPLETED}
