@@ -12,17 +12,26 @@ WHAT THE CALLER MUST SUPPLY (so results match the offline evaluation):
     * for message hits of either list, the turns within ±`Plan.neighbour_radius` positions in
       the same session (same `group`), taken around the best `POOL_NEIGHBOUR_SEEDS` (30) hits of
       each list. Every candidate gets its `dense` cosine if the row has a vector (None if not).
-  The union is what `rank` sees; duplicates (same `key`) must be removed by the caller.
+  The union is what `rank` sees; duplicates (same `key`) must be removed by the caller. (On the
+  dev set, pools of 20 to 100 per list gave the same recall: smaller pools are fine for latency.)
 - `Candidate.text`: for messages, `index_text(content=..., speaker=..., occurred_at=...)` — the
   same string that was embedded; for summaries, facts and experiences their stored text.
 - `CorpusStats` over the searched scope (not over the pool): `n_docs` rows, `avg_len` the mean
   number of `tokenize` tokens per row, and `df[t]` the number of rows whose tokens contain `t`,
-  for each `t` in `tokenize(query)`. A term missing from `df` is counted within the pool instead.
+  for each `t` in `tokenize(query)`. PostgreSQL may approximate them: `df[t]` = rows whose
+  tsvector matches the term (GIN, one count per query term), `avg_len` = mean tsvector length
+  (`length(search_vector)`, cacheable per scope); small differences from `tokenize` only shift
+  idf a little. A term missing from `df` takes its idf within the pool instead.
+- `occurred_at` for dated rows (the current-state cue compares candidates with the newest one;
+  `now` is only needed when `Plan.recency_weight` > 0).
 - The query embedding: the plain query text, embedded as is (`embed_query(query)`).
 
-`rank` returns every candidate, best first, with each signal's contribution; the caller cuts
-to its limit. Use `DEFAULT_PLAN` for conversational memory (messages, summaries, facts) and
-`EXPERIENCE_PLAN` for distilled experiences (problem/solution texts: dense-led).
+`rank` returns every candidate, best first, with each signal's contribution (dense, lexical,
+neighbour, session, recency; they add up to the score); the caller cuts to its limit. Use
+`DEFAULT_PLAN` for conversational memory (messages, summaries, facts) and `EXPERIENCE_PLAN` for
+distilled experiences (problem/solution texts: dense-led); rank the two kinds in separate pools
+and merge by rank if one search returns both. Figures and what was tried: docs/experiences.md,
+"Ranking: what we tried".
 """
 
 from __future__ import annotations
@@ -56,12 +65,17 @@ shouldn hasn haven hadn aren also get got really yeah oh ok okay like much many
 STOPWORDS: frozenset[str] = frozenset(_STOPWORD_TEXT.split())
 
 _TOKEN = re.compile(r"[a-z0-9]+")
+_CURRENT_CUE = re.compile(
+    r"\b(now|nowadays|current|currently|latest|still|anymore|these days|most recent|recently)\b",
+    re.IGNORECASE,
+)
 FUSIONS = ("zscore", "minmax", "rrf")
 
 
 _VOWELS = frozenset("aeiouy")
 
 
+@lru_cache(maxsize=131072)
 def _stem(token: str) -> str:
     """A light English stemmer: plurals, -ing, -ed, a final e ('rescued', 'rescue' → 'rescu').
 
@@ -102,6 +116,11 @@ def _term_counts(text: str) -> Counter[str]:
     return Counter(_tokens(text))
 
 
+def asks_current_state(query: str) -> bool:
+    """Whether the query asks how things stand now ('now', 'currently', 'still', 'latest', ...)."""
+    return _CURRENT_CUE.search(query) is not None
+
+
 def index_text(*, content: str, speaker: str | None, occurred_at: datetime | None) -> str:
     """The text embedded and searched for a message: '(8 May 2023) Caroline: content'."""
     prefix = ""
@@ -134,21 +153,24 @@ class CorpusStats:
 class Plan:
     """Every knob of the ranking. Defaults: the cross-validated choice for conversational memory."""
 
-    dense_weight: float = 0.6
-    lexical_weight: float = 0.4
-    fusion: str = "zscore"  # zscore | minmax | rrf (normalised per query)
+    dense_weight: float = 0.7
+    lexical_weight: float = 0.3
+    fusion: str = "minmax"  # zscore | minmax | rrf (normalised per query, over the pool)
     rrf_k: float = 60.0
     k1: float = 1.2
     b: float = 0.75
     neighbour_weight: float = 0.75  # adds w * the best fused score within ±radius in the group
-    neighbour_radius: int = 2
+    neighbour_radius: int = 3
     neighbour_decay: float = 1.0  # a neighbour d positions away counts decay^(d-1)
     session_weight: float = 0.0  # adds w * the best fused score of any candidate in the group
     prf_docs: int = 0  # pseudo-relevance feedback: expand the lexical query from the best hits
     prf_terms: int = 10
     prf_weight: float = 0.3
-    recency_weight: float = 0.0  # adds w * 2^(-age / half-life)
-    recency_half_life_days: float = 30.0
+    recency_weight: float = 0.0  # adds w * 2^(-age / half-life), age from `now`
+    # When the query asks for the current state ("where does she live now?"), adds
+    # w * 2^(-age / half-life) with age from the newest candidate (imported history works alike).
+    current_cue_weight: float = 0.2
+    recency_half_life_days: float = 90.0
 
     _RANGES = {
         "dense_weight": (0.0, 10.0),
@@ -164,6 +186,7 @@ class Plan:
         "prf_terms": (1, 100),
         "prf_weight": (0.0, 5.0),
         "recency_weight": (0.0, 5.0),
+        "current_cue_weight": (0.0, 5.0),
         "recency_half_life_days": (0.001, 36500.0),
     }
 
@@ -198,7 +221,9 @@ class Plan:
 
 
 DEFAULT_PLAN = Plan()
-EXPERIENCE_PLAN = Plan(dense_weight=0.8, lexical_weight=0.2, neighbour_weight=0.0)
+# Distilled experiences (problem/solution texts): dense-led; the small lexical share keeps rows
+# without a vector (pending) and exact error strings findable. 5-fold CV on retrieval_dev.jsonl.
+EXPERIENCE_PLAN = Plan(fusion="zscore", dense_weight=0.95, lexical_weight=0.05, neighbour_weight=0.0)
 
 
 @dataclass
@@ -283,6 +308,8 @@ def rank(
             + neighbour_weight · max(0, best fused score of the other candidates of the same
               group within ±neighbour_radius positions)
             + recency_weight · 2^(-age_days / recency_half_life_days)     (needs `now`)
+            + current_cue_weight · 2^(-days before the newest candidate / half-life)
+              only when the query asks for the current state (`asks_current_state`)
     norm is per query over the pool: z-score, min-max or reciprocal rank. A candidate without a
     vector takes the pool's lowest cosine. `contributions` holds each term; they add up to score.
     """
@@ -347,11 +374,18 @@ def rank(
                 session_part[i] = plan.session_weight * best_in_group[c.group]
 
     recency_part = np.zeros(len(candidates))
+    dated = [c.occurred_at for c in candidates if c.occurred_at is not None]
+    if plan.current_cue_weight > 0 and dated and asks_current_state(query):
+        newest = max(dated)
+        for i, c in enumerate(candidates):
+            if c.occurred_at is not None:
+                age_days = max(0.0, (newest - c.occurred_at).total_seconds() / 86400.0)
+                recency_part[i] += plan.current_cue_weight * 2.0 ** (-age_days / plan.recency_half_life_days)
     if plan.recency_weight > 0 and now is not None:
         for i, c in enumerate(candidates):
             if c.occurred_at is not None:
                 age_days = max(0.0, (now - c.occurred_at).total_seconds() / 86400.0)
-                recency_part[i] = plan.recency_weight * 2.0 ** (-age_days / plan.recency_half_life_days)
+                recency_part[i] += plan.recency_weight * 2.0 ** (-age_days / plan.recency_half_life_days)
 
     results: list[Ranked] = []
     for i, c in enumerate(candidates):

@@ -146,7 +146,7 @@ def test_neighbour_smoothing_lifts_the_reply_next_to_a_strong_hit():
     query = "rescue dog adopt"
     stats = stats_for(query, [c.text for c in candidates])
     without = rank(query=query, candidates=candidates, stats=stats, plan=Plan(neighbour_weight=0.0))
-    with_smoothing = rank(query=query, candidates=candidates, stats=stats, plan=Plan(neighbour_weight=0.75))
+    with_smoothing = rank(query=query, candidates=candidates, stats=stats, plan=Plan(neighbour_radius=1))
     position = {
         name: [r.candidate.key for r in result].index("m:1")
         for name, result in (("without", without), ("with", with_smoothing))
@@ -192,6 +192,24 @@ def test_contributions_add_up_to_the_score_and_results_are_sorted():
         assert set(r.contributions) >= {"dense", "lexical", "neighbour", "recency"}
     assert [r.score for r in ranked] == sorted((r.score for r in ranked), reverse=True)
     assert rank(query="x", candidates=[], stats=CorpusStats(0, 0.0, {}), plan=plan) == []
+
+
+def test_a_question_about_the_current_state_prefers_the_newest_of_two_equal_matches():
+    old = datetime(2023, 6, 1, tzinfo=UTC)
+    texts = ["Amara: I live in a shared house in La Jolla", "Amara: I live in a studio in Ocean Beach"]
+    candidates = [
+        message("m:old", texts[0], dense=0.5, group="s1", position=1, occurred_at=old),
+        message("m:new", texts[1], dense=0.5, group="s9", position=1, occurred_at=old + timedelta(days=200)),
+    ]
+    query = "Where does Amara live now?"
+    assert ranking.asks_current_state(query) and not ranking.asks_current_state("Where did Amara live?")
+    ranked = rank(query=query, candidates=candidates, stats=stats_for(query, texts), plan=DEFAULT_PLAN)
+    assert ranked[0].candidate.key == "m:new" and ranked[0].contributions["recency"] > 0
+    # Without the cue the two stay tied on every signal (no recency at all).
+    ranked = rank(
+        query="Where did Amara live?", candidates=candidates, stats=stats_for(query, texts), plan=DEFAULT_PLAN
+    )
+    assert all(r.contributions["recency"] == 0 for r in ranked)
 
 
 def test_plan_from_dict_rejects_unknown_and_out_of_range_fields_by_name():
@@ -247,9 +265,9 @@ def test_quality_floor_locomo_turn_recall_with_the_default_plan(offline):
     scopes, questions = offline.load_locomo(embedder, shared_data() / "conversations_dev.locomo.json")
     assert len(questions) == 200
     measured = offline.evaluate(scopes, questions, DEFAULT_PLAN)
-    # Measured 60.4 / 74.7 (docs/experiences.md); floors a few points below guard regressions.
-    assert measured["R@5"] >= 57.0, measured
-    assert measured["R@10"] >= 71.0, measured
+    # Measured 63.6 / 76.1 (docs/experiences.md); floors a few points below guard regressions.
+    assert measured["R@5"] >= 59.0, measured
+    assert measured["R@10"] >= 73.0, measured
 
 
 @pytest.mark.quality
