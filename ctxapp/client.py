@@ -684,10 +684,14 @@ class Client(_Base):
         next_actions: list[str] | None = None,
         budget: Mapping[str, Any] | None = None,
         mode: str | None = None,
+        recall: Mapping[str, Any] | None = None,
+        query: str | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """The next prompt for the session: messages, tools, manifest, budget, warnings, forecast.
 
+        `recall` overrides the recall policy for this build (enabled, top_k, min_score, position,
+        budget_share); `query` is what to recall for (default: the input).
         Raises PromptTooLong (its `details` carry the numbers) when even the minimal context does not fit."""
         body = _drop_none(
             {
@@ -699,6 +703,8 @@ class Client(_Base):
                 "next_actions": next_actions,
                 "budget": dict(budget) if budget else None,
                 "mode": mode,
+                "recall": dict(recall) if recall is not None else None,
+                "query": query,
             }
         )
         return self.request(
@@ -1420,10 +1426,14 @@ class AsyncClient(_Base):
         next_actions: list[str] | None = None,
         budget: Mapping[str, Any] | None = None,
         mode: str | None = None,
+        recall: Mapping[str, Any] | None = None,
+        query: str | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """The next prompt for the session: messages, tools, manifest, budget, warnings, forecast.
 
+        `recall` overrides the recall policy for this build (enabled, top_k, min_score, position,
+        budget_share); `query` is what to recall for (default: the input).
         Raises PromptTooLong (its `details` carry the numbers) when even the minimal context does not fit."""
         body = _drop_none(
             {
@@ -1435,6 +1445,8 @@ class AsyncClient(_Base):
                 "next_actions": next_actions,
                 "budget": dict(budget) if budget else None,
                 "mode": mode,
+                "recall": dict(recall) if recall is not None else None,
+                "query": query,
             }
         )
         return await self.request(

@@ -57,6 +57,9 @@ class HitSerializer(serializers.Serializer):
     speaker = serializers.CharField()
     text = serializers.CharField()
     score = serializers.FloatField()
+    similarity = serializers.FloatField(
+        allow_null=True, help_text="Raw cosine to the query (null: no vector)."
+    )
     contributions = serializers.DictField(
         child=serializers.FloatField(), help_text="Each signal's share: dense, lexical, neighbour, recency."
     )

@@ -279,7 +279,11 @@ class MemoryPolicy(TenantPolicyBase):
     )
     recall_top_k = models.PositiveIntegerField(default=5, help_text="Most items a context build recalls.")
     recall_min_score = models.FloatField(
-        default=0.3, help_text="Recalled items scoring below this (0..1) are left out."
+        default=0.3,
+        help_text="Fused ranking score (z-score units of the candidate pool) an item needs to be recalled…",
+    )
+    recall_min_similarity = models.FloatField(
+        default=0.45, help_text="…or this cosine to the query (absolute; what a small pool needs)."
     )
     recall_position = models.CharField(
         max_length=8,

@@ -65,6 +65,7 @@ class SearchHit:
     contributions: dict[str, float]
     speaker: str = ""
     neighbours: list[dict[str, Any]] | None = None
+    similarity: float | None = None  # raw cosine to the query (None: no vector)
 
     def as_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -76,6 +77,7 @@ class SearchHit:
             "speaker": self.speaker,
             "text": self.text,
             "score": self.score,
+            "similarity": None if self.similarity is None else round(self.similarity, 4),
             "contributions": self.contributions,
         }
         if self.neighbours is not None:
@@ -616,11 +618,11 @@ def _hit(item: ranking.Ranked) -> SearchHit:
         return SearchHit(
             kind="message", id=message_id(c.group, c.position), session=c.group, seq=c.position,
             occurred_at=c.occurred_at, text=c.content, speaker=c.speaker, score=item.score,
-            contributions=item.contributions,
+            contributions=item.contributions, similarity=c.dense,
         )  # fmt: skip
     return SearchHit(
         kind=kind, id=ident, session=None, seq=None, occurred_at=c.occurred_at, text=c.text,
-        score=item.score, contributions=item.contributions,
+        score=item.score, contributions=item.contributions, similarity=c.dense,
     )  # fmt: skip
 
 

@@ -4,7 +4,8 @@
 earlier sessions with the same agent (or the agent's, when the session has no user), their
 summaries and tracked facts, and the tenant's (and user's) experiences; it leaves out what the
 prompt already carries (window messages, the current summary, pinned facts, retrieved
-memories), keeps hits scoring at least `min_score`, at most `top_k` of them, within
+memories), keeps hits scoring at least `min_score` (relative to the pool) or with a cosine of at least
+`min_similarity` (absolute), at most `top_k` of them, within
 `budget_share` of the token budget. The context builder places them at the start or the end.
 """
 
@@ -25,6 +26,7 @@ RECALL_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
     "enabled": (bool, None, None),
     "top_k": (int, 0, 50),
     "min_score": (float, -10.0, 10.0),
+    "min_similarity": (float, -1.0, 1.0),
     "position": (str, None, None),
     "budget_share": (float, 0.0, 1.0),
     "query": (str, None, None),
@@ -36,6 +38,7 @@ class RecallPolicy:
     enabled: bool
     top_k: int
     min_score: float
+    min_similarity: float
     position: str
     budget_share: float
     query: str = ""  # an explicit search query (default: the next input)
@@ -45,6 +48,7 @@ class RecallPolicy:
             "enabled": self.enabled,
             "top_k": self.top_k,
             "min_score": self.min_score,
+            "min_similarity": self.min_similarity,
             "position": self.position,
             "budget_share": self.budget_share,
         }
@@ -70,6 +74,7 @@ def recall_policy_effective(*, tenant: Tenant, overrides: Any = None) -> RecallP
         enabled=base.recall_enabled,
         top_k=base.recall_top_k,
         min_score=base.recall_min_score,
+        min_similarity=base.recall_min_similarity,
         position=base.recall_position,
         budget_share=base.recall_budget_share,
     )
@@ -164,8 +169,13 @@ def context_recall(
     used = 0
     items: list[RecalledItem] = []
     for hit in result.results:
-        if len(items) >= policy.top_k or hit.score < policy.min_score:
+        if len(items) >= policy.top_k:
             break
+        relevant = hit.score >= policy.min_score or (
+            hit.similarity is not None and hit.similarity >= policy.min_similarity
+        )
+        if not relevant:
+            continue
         if hit.kind != "message" and hit.id in exclude_ids:
             continue
         text = _prompt_text(hit)

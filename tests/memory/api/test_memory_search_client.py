@@ -60,3 +60,17 @@ def test_the_async_client_searches(live_server: Any, tenant_a: Any) -> None:
     found = asyncio.run(scenario())
     assert found["results"][0]["text"] == "I keep bees on the roof."
     assert found["results"][0]["kind"] == "message" and found["warnings"] == []
+
+
+@pytest.mark.django_db
+def test_the_client_builds_a_context_with_recall_overrides(alice):
+    old = alice.session_create("bot", user_id="u1")
+    alice.messages_append(old["id"], [{"role": "user", "content": "My locker code is 4512."}])
+    memory_index.memory_index_drain()
+    now = alice.session_create("bot", user_id="u1")
+    built = alice.context_build(now["id"], "hello", query="locker code", recall={"top_k": 1})
+    recalled = [i for i in built["manifest"]["items"] if i["kind"] == "recall"]
+    assert [(i["session"], i["seq"]) for i in recalled] == [(old["id"], 1)]
+    assert built["policy"]["recall"]["top_k"] == 1
+    off = alice.context_build(now["id"], "locker code?", recall={"enabled": False})
+    assert not [i for i in off["manifest"]["items"] if i["kind"] == "recall"]

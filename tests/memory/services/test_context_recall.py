@@ -88,7 +88,14 @@ def test_position_end_budget_share_and_disabling_per_request(tenant_a, months_ag
     memory_index.memory_index_drain()
     question = "What was the name of my dog again?"
     end = context_build(tenant=tenant_a, session=now, next_input=question, recall={"position": "end"})
-    assert "Biscuit" in end.messages[-2]["content"] and end.messages[-1]["content"] == question
+    count = len(recall_items(end))
+    assert end.messages[-1]["content"] == question
+    placed = end.messages[-1 - count : -1]  # right before the input, best first
+    assert (
+        count
+        and all(m["content"].startswith("Recalled") for m in placed)
+        and "Biscuit" in placed[0]["content"]
+    )
     assert (
         recall_items(
             context_build(tenant=tenant_a, session=now, next_input=question, recall={"enabled": False})
