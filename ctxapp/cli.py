@@ -503,6 +503,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return int(demo.main(args))
 
 
+def cmd_eval_recall(args: argparse.Namespace) -> int:
+    from ctxapp import evaluation
+
+    return evaluation.main_recall(
+        file=args.file, url=args.url, api_key=args.api_key, as_json=args.json, cleanup=args.cleanup
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctxapp", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -529,6 +537,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--url", default="http://127.0.0.1:8000")
     demo.add_argument("--api-key", default=os.environ.get("CTXAPP_API_KEY"))
     demo.set_defaults(func=cmd_demo)
+    evaluate = sub.add_parser("eval", help="evaluate a running ctxapp on a benchmark file")
+    evaluations = evaluate.add_subparsers(dest="evaluation", required=True)
+    recall = evaluations.add_parser(
+        "recall", help="turn recall of POST /memory/search on a LoCoMo-format file (R@1/5/10, BM25)"
+    )
+    recall.add_argument("file", help="LoCoMo-format JSON: [{conversation, qa}, ...]")
+    recall.add_argument("--url", default="http://127.0.0.1:8000")
+    recall.add_argument("--api-key", default=os.environ.get("CTXAPP_API_KEY"))
+    recall.add_argument("--json", action="store_true", help="last stdout line: one JSON object of figures")
+    recall.add_argument("--cleanup", action="store_true", help="delete the sessions it created")
+    recall.set_defaults(func=cmd_eval_recall)
     return parser
 
 

@@ -229,6 +229,46 @@ class MessageOut(TypedDict, total=False):
     artifact_refs: list[Any]
     metadata: dict[str, Any]
     created_at: str
+    name: str
+    occurred_at: str
+
+
+class MemoryScope(TypedDict, total=False):
+    """Where a memory search looks: an agent, a user, a session; `sessions` "current" | "all"."""
+
+    agent: str
+    user_id: str
+    session: str
+    sessions: str
+
+
+class MemoryNeighbour(TypedDict):
+    seq: int
+    role: str
+    speaker: str
+    text: str
+    occurred_at: str | None
+
+
+class MemoryHit(TypedDict, total=False):
+    kind: str  # message | summary | fact | experience
+    id: str  # messages: "<session id>:<seq>"
+    session: str | None
+    seq: int | None
+    occurred_at: str | None
+    speaker: str
+    text: str
+    score: float
+    contributions: dict[str, float]  # dense, lexical, neighbour, recency
+    neighbours: list[MemoryNeighbour]  # only when asked
+
+
+class MemorySearchOut(TypedDict):
+    query: str
+    results: list[MemoryHit]
+    plan: dict[str, Any]
+    warnings: list[str]
+    candidates: int
 
 
 class AppendOut(TypedDict):
@@ -552,6 +592,33 @@ class Client(_Base):
                 return
             after = page["next_after"]
 
+    # --- memory search ----------------------------------------------------------------------
+    def memory_search(
+        self,
+        query: str,
+        *,
+        scope: MemoryScope | Mapping[str, Any] | None = None,
+        kinds: list[str] | None = None,
+        limit: int | None = None,
+        time_range: Mapping[str, str] | None = None,
+        plan: Mapping[str, Any] | None = None,
+        neighbours: int | None = None,
+    ) -> MemorySearchOut:
+        """Search conversational memory (messages, summaries, facts, experiences) of a scope.
+
+        scope: {agent, user_id, session, sessions: "current" | "all"}; time_range: {from, to} (ISO).
+        """
+        body = _drop_none(
+            {"query": query, "scope": dict(scope) if scope is not None else None, "kinds": kinds,
+             "limit": limit, "time_range": dict(time_range) if time_range is not None else None,
+             "plan": dict(plan) if plan is not None else None, "neighbours": neighbours}
+        )  # fmt: skip
+        return self.request("POST", "/memory/search", json=body)
+
+    def memory_index_status(self) -> dict[str, int]:
+        """The tenant's messages per embedding status: {pending, completed, failed, skipped}."""
+        return self.request("GET", "/memory/index")
+
     # --- tasks ------------------------------------------------------------------------------
     def task_create(
         self,
@@ -664,10 +731,14 @@ class Client(_Base):
         next_actions: list[str] | None = None,
         budget: Mapping[str, Any] | None = None,
         mode: str | None = None,
+        recall: Mapping[str, Any] | None = None,
+        query: str | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """The next prompt for the session: messages, tools, manifest, budget, warnings, forecast.
 
+        `recall` overrides the recall policy for this build (enabled, top_k, min_score, position,
+        budget_share); `query` is what to recall for (default: the input).
         Raises PromptTooLong (its `details` carry the numbers) when even the minimal context does not fit."""
         body = _drop_none(
             {
@@ -679,6 +750,8 @@ class Client(_Base):
                 "next_actions": next_actions,
                 "budget": dict(budget) if budget else None,
                 "mode": mode,
+                "recall": dict(recall) if recall is not None else None,
+                "query": query,
             }
         )
         return self.request(
@@ -1300,6 +1373,33 @@ class AsyncClient(_Base):
                 return
             after = page["next_after"]
 
+    # --- memory search ----------------------------------------------------------------------
+    async def memory_search(
+        self,
+        query: str,
+        *,
+        scope: MemoryScope | Mapping[str, Any] | None = None,
+        kinds: list[str] | None = None,
+        limit: int | None = None,
+        time_range: Mapping[str, str] | None = None,
+        plan: Mapping[str, Any] | None = None,
+        neighbours: int | None = None,
+    ) -> MemorySearchOut:
+        """Search conversational memory (messages, summaries, facts, experiences) of a scope.
+
+        scope: {agent, user_id, session, sessions: "current" | "all"}; time_range: {from, to} (ISO).
+        """
+        body = _drop_none(
+            {"query": query, "scope": dict(scope) if scope is not None else None, "kinds": kinds,
+             "limit": limit, "time_range": dict(time_range) if time_range is not None else None,
+             "plan": dict(plan) if plan is not None else None, "neighbours": neighbours}
+        )  # fmt: skip
+        return await self.request("POST", "/memory/search", json=body)
+
+    async def memory_index_status(self) -> dict[str, int]:
+        """The tenant's messages per embedding status: {pending, completed, failed, skipped}."""
+        return await self.request("GET", "/memory/index")
+
     # --- tasks ------------------------------------------------------------------------------
     async def task_create(
         self,
@@ -1415,10 +1515,14 @@ class AsyncClient(_Base):
         next_actions: list[str] | None = None,
         budget: Mapping[str, Any] | None = None,
         mode: str | None = None,
+        recall: Mapping[str, Any] | None = None,
+        query: str | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """The next prompt for the session: messages, tools, manifest, budget, warnings, forecast.
 
+        `recall` overrides the recall policy for this build (enabled, top_k, min_score, position,
+        budget_share); `query` is what to recall for (default: the input).
         Raises PromptTooLong (its `details` carry the numbers) when even the minimal context does not fit."""
         body = _drop_none(
             {
@@ -1430,6 +1534,8 @@ class AsyncClient(_Base):
                 "next_actions": next_actions,
                 "budget": dict(budget) if budget else None,
                 "mode": mode,
+                "recall": dict(recall) if recall is not None else None,
+                "query": query,
             }
         )
         return await self.request(

@@ -347,6 +347,27 @@ SETTINGS: list[Setting] = [
         group="experiences",
     ),
     Setting(
+        "CTXAPP_MEMORY_EMBED_BATCH",
+        parse_positive_int,
+        64,
+        "Pending messages, summaries and facts one embedding batch of the memory index embeds.",
+        group="memory",
+    ),
+    Setting(
+        "CTXAPP_MEMORY_DRAIN_SECONDS",
+        parse_float,
+        20.0,
+        "A memory-index drain job embeds batches for about this long, then hands over to a new job.",
+        group="memory",
+    ),
+    Setting(
+        "CTXAPP_MEMORY_INDEX_STALE_SECONDS",
+        parse_positive_int,
+        120,
+        "The memory-index sweep (every minute) re-dispatches messages pending for longer than this.",
+        group="memory",
+    ),
+    Setting(
         "CTXAPP_DISTILL_LLM",
         parse_bool,
         True,

@@ -23,6 +23,7 @@ urlpatterns = [
     ),
     path("agents/<str:external_id>/diff", views.agent_diff, name="agent-diff"),
     path("experiences/", views.experiences, name="experiences"),
+    path("memory/search", views.memory_search, name="memory-search"),
     path("jobs/", views.jobs_page, name="jobs"),
     path("jobs/running", views.jobs_running, name="jobs-running"),
     path("jobs/<str:event_id>/retry", views.job_retry, name="job-retry"),

@@ -223,6 +223,36 @@ def experiences(request: TenantRequest) -> HttpResponse:
 
 
 @access.tenant_view
+def memory_search(request: TenantRequest) -> HttpResponse:
+    """The memory search box of the session and agent pages (htmx partial)."""
+    from memory.exceptions import DomainError
+    from memory.services.memory_search import SearchScope
+    from memory.services.memory_search import memory_search as search
+
+    query = request.GET.get("q", "").strip()
+    session_id = request.GET.get("session", "").strip()
+    agent_id = request.GET.get("agent", "").strip()
+    if session_id:
+        _session_or_404(request, session_id)
+    elif agent_id:
+        _agent_or_404(request, agent_id)
+    context: dict[str, Any] = {"query": query}
+    if not query:
+        context["error"] = "Type what to look for."
+    else:
+        try:
+            context["result"] = search(
+                tenant=request.tenant,
+                query=query,
+                scope=SearchScope(session=session_id or None, agent=agent_id or None, sessions="all"),
+                limit=20,
+            )
+        except DomainError as exc:
+            context["error"] = str(exc)
+    return render(request, "dashboard/partials/_memory_results.html", context)
+
+
+@access.tenant_view
 def jobs_page(request: TenantRequest) -> HttpResponse:
     return _page(
         request, "dashboard/jobs.html", "jobs", {"tenant": request.tenant}, {"ws_query": "page=jobs"}

@@ -354,3 +354,15 @@ class SessionDigestAdmin(admin.ModelAdmin):
     list_select_related = ["session"]
     readonly_fields = [f.name for f in SessionDigest._meta.fields if f.name != "search_vector"]
     exclude = ["search_vector"]
+
+
+# --- conversational memory (memory index, search, recall) -----------------------------------------
+
+from memory.models import MemoryPolicy  # noqa: E402
+
+
+class MemoryPolicyInline(PolicyInline):
+    model = MemoryPolicy
+
+
+POLICY_INLINES.append(MemoryPolicyInline)

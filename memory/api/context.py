@@ -210,6 +210,14 @@ class SessionContextApi(TenantApiView):
         next_actions = serializers.ListField(child=serializers.CharField(), required=False)
         budget = serializers.DictField(required=False, help_text="Policy overrides for this build only.")
         mode = serializers.ChoiceField(choices=["agent", "ask", "plan"], required=False)
+        recall = serializers.DictField(
+            required=False,
+            help_text="Recall overrides for this build: enabled, top_k, min_score, position (start|end), "
+            "budget_share, query (default: the input).",
+        )
+        query = serializers.CharField(
+            required=False, allow_blank=True, help_text="What to recall for (default: the input)."
+        )
 
         def to_internal_value(self, data: Any) -> Any:
             # system_parts may also be given as {"core": "...", "tools": "..."}
@@ -241,6 +249,8 @@ class SessionContextApi(TenantApiView):
             open_questions=data.get("open_questions"),
             next_actions=data.get("next_actions"),
             overrides=overrides,
+            recall={**(data.get("recall") or {}), **({"query": data["query"]} if data.get("query") else {})}
+            or None,
         )
         return Response(built.as_dict())
 

@@ -62,6 +62,8 @@ def message_out(message: Message) -> dict[str, Any]:
         "artifact_refs": message.artifact_refs,
         "metadata": message.metadata,
         "created_at": _iso(message.created_at),
+        "name": message.name,
+        "occurred_at": _iso(message.occurred_at),
     }
 
 
@@ -126,6 +128,8 @@ class MessageOutputSerializer(serializers.Serializer):
     artifact_refs = serializers.ListField()
     metadata = serializers.DictField()
     created_at = serializers.DateTimeField()
+    name = serializers.CharField(help_text="The speaker (indexed for search with the content).")
+    occurred_at = serializers.DateTimeField(help_text="When it was said (client-supplied, else append time).")
 
 
 class MessageInputSerializer(serializers.Serializer):
@@ -146,6 +150,10 @@ class MessageInputSerializer(serializers.Serializer):
     parent_seq = serializers.IntegerField(required=False, allow_null=True, min_value=1)
     artifact_refs = serializers.ListField(required=False)
     metadata = serializers.DictField(required=False)
+    name = serializers.CharField(required=False, max_length=200, help_text="The speaker; searchable.")
+    occurred_at = serializers.DateTimeField(
+        required=False, help_text="When it was said (ISO 8601 with a time zone; default: now). For imports."
+    )
 
 
 class TaskOutputSerializer(serializers.Serializer):

@@ -10,4 +10,5 @@ urlpatterns = [
     path("", include("memory.api.cognition")),
     path("", include("memory.api.decay")),
     path("", include("memory.api.digest")),
+    path("", include("memory.api.memory")),
 ]

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
+from django.db.models import F, Q
 from django.utils import timezone
+from pgvector.django import HnswIndex, VectorField
 
 from memory.ids import new_sess_id, new_task_id
 from memory.models.tenancy import Tenant, TenantPolicyBase
 
 __all__ = [
     "Agent",
+    "MemoryIndexState",
+    "MemoryPolicy",
     "Message",
+    "MessageEmbeddingStatus",
     "MessageRole",
     "Session",
     "SessionRetentionPolicy",
@@ -91,6 +98,30 @@ class MessageRole(models.TextChoices):
     TOOL = "tool"
 
 
+MESSAGE_EMBEDDING_DIMENSIONS = 384
+
+
+class RegConfigField(models.CharField):
+    """A PostgreSQL `regconfig` (a text-search configuration such as `english` or `simple`).
+
+    A generated tsvector may only use immutable expressions: `to_tsvector(regconfig_column, text)`
+    is one, `to_tsvector(text_column::regconfig, text)` is not; hence a real regconfig column.
+    """
+
+    def db_type(self, connection: object) -> str:
+        return "regconfig"
+
+    def from_db_value(self, value: object, expression: object, connection: object) -> str | None:
+        return None if value is None else str(value)
+
+
+class MessageEmbeddingStatus(models.TextChoices):
+    PENDING = "pending"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # the tenant's MemoryPolicy turns message embedding off
+
+
 class Message(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages")
@@ -106,10 +137,47 @@ class Message(models.Model):
     artifact_refs = models.JSONField(default=list, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Who spoke (OpenAI's message `name`); indexed with the content, so "what did Ana say" finds it.
+    name = models.CharField(max_length=200, blank=True, default="")
+    # When it was said: the client's clock (history imports), else the append time.
+    occurred_at = models.DateTimeField(default=timezone.now)
+    # The tenant's MemoryPolicy.text_search_config at write time (see RegConfigField).
+    search_config = RegConfigField(max_length=64, default="english")
+    search_vector = models.GeneratedField(
+        expression=SearchVector("name", weight="B", config=F("search_config"))
+        + SearchVector("content", weight="A", config=F("search_config")),
+        output_field=SearchVectorField(),
+        db_persist=True,
+    )
+    # Semantic index, filled asynchronously in coalesced batches (memory/services/memory_index.py).
+    embedding = VectorField(dimensions=MESSAGE_EMBEDDING_DIMENSIONS, null=True, blank=True)
+    embedding_status = models.CharField(
+        max_length=16, choices=MessageEmbeddingStatus.choices, default=MessageEmbeddingStatus.PENDING
+    )
+    embedding_model = models.CharField(max_length=200, blank=True, default="")
+    embedding_attempts = models.PositiveSmallIntegerField(default=0)
+    embedding_error = models.CharField(max_length=2000, blank=True, default="")
 
     class Meta:
         constraints: ClassVar = [
             models.UniqueConstraint(fields=["session", "seq"], name="message_session_seq_unique")
+        ]
+        indexes: ClassVar = [
+            GinIndex(fields=["search_vector"], name="message_search_gin"),
+            HnswIndex(
+                name="message_embedding_hnsw",
+                fields=["embedding"],
+                m=16,
+                ef_construction=64,
+                opclasses=["vector_cosine_ops"],
+            ),
+            # The embedding drain's queue: only pending rows, oldest first.
+            models.Index(
+                fields=["created_at"],
+                name="message_embedding_pending",
+                condition=Q(embedding_status="pending"),
+            ),
+            models.Index(fields=["tenant", "occurred_at"], name="message_tenant_occurred"),
         ]
 
     def __str__(self) -> str:
@@ -191,3 +259,74 @@ class SessionRetentionPolicy(TenantPolicyBase):
 
     def __str__(self) -> str:
         return f"retention of {self.tenant_id}"
+
+
+class MemoryPolicy(TenantPolicyBase):
+    """How a tenant's conversational memory is indexed and recalled (docs/memory.md)."""
+
+    text_search_config = models.CharField(
+        max_length=64,
+        default="english",
+        help_text="PostgreSQL text-search configuration of new messages (english, german, french, …; "
+        "`simple` for languages without one: no stemming, no stop words).",
+    )
+    embed_messages = models.BooleanField(
+        default=True,
+        help_text="Embed messages for search by meaning. Off: messages are `skipped`, still found by words.",
+    )
+    recall_enabled = models.BooleanField(
+        default=True, help_text="Context builds recall relevant items from outside the window."
+    )
+    recall_top_k = models.PositiveIntegerField(default=5, help_text="Most items a context build recalls.")
+    recall_min_score = models.FloatField(
+        default=0.3,
+        help_text="Fused ranking score (z-score units of the candidate pool) an item needs to be recalled…",
+    )
+    recall_min_similarity = models.FloatField(
+        default=0.45, help_text="…or this cosine to the query (absolute; what a small pool needs)."
+    )
+    recall_position = models.CharField(
+        max_length=8,
+        choices=[("start", "start"), ("end", "end")],
+        default="start",
+        help_text="Where recalled items go: at the start (after system parts) or just before the input.",
+    )
+    recall_budget_share = models.FloatField(
+        default=0.15, help_text="Largest share of the input budget recalled items may take."
+    )
+
+    class Meta:
+        verbose_name = "memory policy"
+        verbose_name_plural = "memory policy"
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_ts_config WHERE cfgname = %s", [self.text_search_config])
+            if cursor.fetchone() is None:
+                raise ValidationError(
+                    {
+                        "text_search_config": "PostgreSQL has no text-search configuration "
+                        f"{self.text_search_config!r} (see: SELECT cfgname FROM pg_ts_config)."
+                    }
+                )
+
+    def __str__(self) -> str:
+        return f"memory policy of {self.tenant_id}"
+
+
+class MemoryIndexState(models.Model):
+    """One row (pk 1): whether a drain job of the memory index is queued and not yet started.
+
+    Coalesces dispatches: a commit that adds pending rows queues a drain job only when none is
+    waiting (a conditional UPDATE flips the flag), and the job clears the flag before it claims
+    rows, so rows committed after that find the flag clear and queue the next job.
+    """
+
+    drain_scheduled = models.BooleanField(default=False)
+    scheduled_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"memory index (drain scheduled: {self.drain_scheduled})"

@@ -37,6 +37,7 @@ from memory.models import (
     TokenUsageReport,
 )
 from memory.services import decay, model_profiles, recorder, retrieval, tokens
+from memory.services.recall import RecallPolicy, context_recall, recall_policy_effective
 
 REQUEUE_AFTER = timedelta(seconds=60)
 WINDOW_MARGIN = 64  # extra rows read past the window so a tool-call group at its edge is seen whole
@@ -45,6 +46,7 @@ COMPONENTS = (
     "tools",
     "pinned_facts",
     "memories",
+    "recall",
     "summary",
     "history",
     "open_questions",
@@ -340,8 +342,12 @@ def context_build(
     open_questions: list[str] | None = None,
     next_actions: list[str] | None = None,
     overrides: dict[str, Any] | None = None,
+    recall: dict[str, Any] | None = None,
 ) -> BuiltContext:
     """Assemble the next prompt for `session` within its model's budget.
+
+    `recall` overrides the tenant's recall policy for this build (enabled, top_k, min_score,
+    position, budget_share, query): see `_recall_step` and memory/services/recall.py.
 
     Not read-only: records a BudgetSample and a `context.built` event (one transaction), tells
     decay and retrieval what the prompt carried, and — when the prompt reaches the summarisation
@@ -455,7 +461,9 @@ def context_build(
     covered = summary.covers_up_to_seq if summary else 0
     rows = _window_rows(session=session, after_seq=covered, window=policy.history_window)
     input_from_history = False
+    input_seq: int | None = None
     if next_input and rows and rows[-1]["role"] == MessageRole.USER and rows[-1]["content"] == next_input:
+        input_seq = rows[-1]["seq"]
         rows.pop()  # the agent appended the input before building: send it once, as the input
         input_from_history = True
 
@@ -550,6 +558,21 @@ def context_build(
         history_units.append(unit)
         items.extend(unit)
 
+    recall_policy = recall_policy_effective(tenant=tenant, overrides=recall)
+    items.extend(
+        _recall_step(
+            tenant=tenant,
+            session=session,
+            policy=recall_policy,
+            query=query,
+            window_seqs={row["seq"] for group in selected for row in group}
+            | ({input_seq} if input_seq is not None else set()),
+            exclude_ids={i.id for i in items if i.kind in ("pinned_fact", "memory", "summary")},
+            budget_tokens=budget,
+            counter=counter,
+        )
+    )
+
     questions_text = []
     if open_questions:
         questions_text.append("Open questions:\n" + "\n".join(f"- {q}" for q in open_questions))
@@ -618,6 +641,10 @@ def context_build(
         (unit, "over budget: oldest history dropped first") for unit in history_units
     ]
     drop_order += [
+        ([i], "over budget: weakest recalled item dropped")
+        for i in sorted((i for i in considered if i.kind == "recall"), key=lambda i: i.score or 0)
+    ]
+    drop_order += [
         ([i], "over budget: weakest memory dropped")
         for i in sorted((i for i in considered if i.kind == "memory"), key=lambda i: i.score or 0)
     ]
@@ -642,6 +669,7 @@ def context_build(
             history_dropped += len(unit)
 
     order = ["system_part", "pinned_fact", "memory", "summary", "history", "open_questions", "input"]
+    order.insert(1 if recall_policy.position == "start" else order.index("input"), "recall")
     placed = sorted((i for i in items if i.included and i.messages), key=lambda i: order.index(i.kind))
     messages: list[dict[str, Any]] = []
     components = dict.fromkeys(COMPONENTS, 0)
@@ -825,8 +853,52 @@ def context_build(
             "threshold": policy.summarise_threshold,
             "covered_up_to_seq": covered,
         },
-        policy={**policy.as_dict(), "mode": mode},
+        policy={**policy.as_dict(), "mode": mode, "recall": recall_policy.as_dict()},
     )
+
+
+def _recall_step(
+    *,
+    tenant: Tenant,
+    session: Session,
+    policy: RecallPolicy,
+    query: str,
+    window_seqs: set[int],
+    exclude_ids: set[str],
+    budget_tokens: int,
+    counter: tokens.TokenCounter,
+) -> list[_Item]:
+    """The `recall` component: items from outside the window relevant to the query (manifest
+    entries carry their score and why they were chosen). Read-only."""
+    recalled = context_recall(
+        tenant=tenant,
+        session=session,
+        policy=policy,
+        query=query,
+        window_seqs=window_seqs,
+        exclude_ids=exclude_ids,
+        budget_tokens=budget_tokens,
+        count_tokens=lambda text: counter.message_tokens({"role": "system", "content": text}),
+    )
+    return [
+        _Item(
+            "recall",
+            "recall",
+            f"recall:{item.kind}:{item.id}",
+            [{"role": "system", "content": item.text}],
+            score=round(item.score, 4),
+            reason=item.reason,
+            extra={
+                "source": item.kind,
+                "source_id": item.id,
+                "session": item.session,
+                "seq": item.seq,
+                "occurred_at": item.occurred_at,
+                "contributions": item.contributions,
+            },
+        )
+        for item in recalled
+    ]
 
 
 def _forecast(

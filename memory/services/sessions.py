@@ -267,6 +267,8 @@ class MessageInput:
     parent_seq: int | None = None
     artifact_refs: list[Any] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    name: str = ""  # the speaker (indexed with the content)
+    occurred_at: datetime | None = None  # when it was said (history imports); default: now
 
 
 def message_token_count(item: MessageInput) -> int:
@@ -292,6 +294,9 @@ def messages_append(*, tenant: Tenant, session: Session, items: list[MessageInpu
         return []
     counts = [message_token_count(item) for item in items]  # outside the lock: the slow part
     now = timezone.now()
+    from memory.services import memory_index
+
+    index_fields = memory_index.message_index_fields(tenant=tenant)
     # savepoint=False: no SAVEPOINT/RELEASE round trips inside the caller's transaction. Safe
     # because nothing here raises after a write except a database error, which aborts the
     # whole PostgreSQL transaction anyway; SessionEnded is raised after the block, unwritten.
@@ -324,6 +329,9 @@ def messages_append(*, tenant: Tenant, session: Session, items: list[MessageInpu
                     artifact_refs=item.artifact_refs,
                     metadata=item.metadata,
                     created_at=now,
+                    name=item.name,
+                    occurred_at=item.occurred_at or now,
+                    **index_fields,
                 )
                 for index, (item, count) in enumerate(zip(items, counts, strict=True))
             ]
@@ -346,6 +354,8 @@ def messages_append(*, tenant: Tenant, session: Session, items: list[MessageInpu
             from memory.services import decay
 
             decay.facts_observe_messages(tenant=tenant, session=session, messages=messages)
+            if index_fields["embedding_status"] == "pending":
+                memory_index.memory_index_dispatch_on_commit()
     if row is None:
         raise SessionEnded(details={"session": session.public_id})
     return messages
@@ -364,10 +374,31 @@ MESSAGE_FIELDS = frozenset(
         "parent_seq",
         "artifact_refs",
         "metadata",
+        "name",
+        "occurred_at",
     }
 )
 ROLES = frozenset(MessageRole.values)
-STRING_LIMITS = {"turn_id": 200, "tool_call_id": 200, "event_kind": 64}
+STRING_LIMITS = {"turn_id": 200, "tool_call_id": 200, "event_kind": 64, "name": 200}
+# A client-supplied occurred_at may lie at most this far ahead of the server's clock.
+OCCURRED_AT_MAX_FUTURE = timedelta(days=1)
+
+
+def occurred_at_parse(value: Any) -> tuple[datetime | None, str | None]:
+    """An ISO 8601 timestamp with a time zone (or None) → (aware datetime, None) or (None, error)."""
+    if value is None:
+        return None, None
+    if not isinstance(value, str):
+        return None, "Must be an ISO 8601 date-time string with a time zone, e.g. 2023-05-08T13:56:00Z."
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
+    except ValueError:
+        return None, f"Not an ISO 8601 date-time: {value[:40]!r}."
+    if parsed.tzinfo is None:
+        return None, "Must carry a time zone (Z or +hh:mm)."
+    if parsed > timezone.now() + OCCURRED_AT_MAX_FUTURE:
+        return None, "Must not lie more than a day in the future."
+    return parsed, None
 
 
 def _tool_calls_errors(value: Any) -> list[str]:
@@ -458,6 +489,9 @@ def message_input_parse(data: Any, *, prefix: str = "") -> tuple[MessageInput | 
         metadata = {}
     if not isinstance(metadata, dict):
         fail("metadata", "Must be an object.")
+    occurred_at, occurred_error = occurred_at_parse(data.get("occurred_at"))
+    if occurred_error:
+        fail("occurred_at", occurred_error)
     if errors:
         return None, errors
     return (
@@ -471,6 +505,8 @@ def message_input_parse(data: Any, *, prefix: str = "") -> tuple[MessageInput | 
             parent_seq=parent_seq,
             artifact_refs=artifact_refs,
             metadata=metadata,
+            name=strings["name"],
+            occurred_at=occurred_at,
         ),
         {},
     )

@@ -4,6 +4,7 @@ python manage.py reembed                 # every experience, in batches, with a 
 python manage.py reembed --failed        # only those whose embedding failed
 python manage.py reembed --failed --queue  # hand them to the Celery workers instead
 python manage.py reembed --tenant alice  # one tenant (slug)
+python manage.py reembed --messages      # messages (the memory index) instead of experiences
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", help="Only this tenant (slug).")
         parser.add_argument("--batch-size", type=int, default=None, help="Texts per batch.")
         parser.add_argument(
+            "--messages",
+            action="store_true",
+            help="Re-embed messages (the memory index) instead of experiences.",
+        )
+        parser.add_argument(
             "--queue",
             action="store_true",
             help="Queue Celery jobs (workers embed) instead of embedding here.",
@@ -36,6 +42,19 @@ class Command(BaseCommand):
             tenant = Tenant.objects.filter(slug=options["tenant"]).first()
             if tenant is None:
                 raise CommandError(f"No tenant with slug {options['tenant']!r}.")
+        if options["messages"]:
+            from memory.services.memory_index import messages_reembed
+
+            result = messages_reembed(
+                tenant=tenant, only_failed=options["failed"], batch_size=options["batch_size"]
+            )
+            self.stdout.write(
+                f"re-embedded {result.completed} messages in {len(result.batches)} batches, "
+                f"{result.failed} failed, {result.skipped} skipped"
+            )
+            if result.failed:
+                raise CommandError(f"{result.failed} messages failed to embed; see their embedding error.")
+            return
         if options["queue"]:
             if not options["failed"]:
                 raise CommandError(

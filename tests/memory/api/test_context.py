@@ -53,6 +53,7 @@ def test_build_returns_messages_manifest_budget_and_records_the_sample(api_a, te
         "tools",
         "pinned_facts",
         "memories",
+        "recall",
         "summary",
         "history",
         "open_questions",

@@ -1,0 +1,161 @@
+"""Memory search latency and context build with recall, at 100 and at N messages in a tenant.
+
+    python bench/bench_memory.py --messages 100000 --queries 40
+
+Synthetic tenant: N messages in sessions of 100 messages, 10 sessions per user, all of one agent.
+Texts are the 998 turns of conversations_dev.locomo.json (with a row number), vectors mixtures
+of their real MiniLM vectors (a + b/2 + noise, re-normalised), inserted with COPY; the tsvector is
+PostgreSQL's own. Latencies are in-process service calls, the query embedding included (the
+per-process query cache is cleared before every call):
+
+- memory_search, scope = one user (1,000 messages in 10 sessions), and scope = the whole tenant;
+- context_build with recall on, for a session of that user, vs the same in a tenant holding only
+  100 messages (one session).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_retrieval_quality import setup_django
+
+ROOT = Path(__file__).resolve().parent.parent
+# The repository sits beside shared/ (CI); a worktree under /work/wt/<name> has it two levels up.
+DATA = (
+    next(
+        (p for p in (ROOT.parent / "shared" / "data", ROOT.parent.parent / "shared" / "data") if p.is_dir()),
+        ROOT.parent / "shared" / "data",
+    )
+    / "conversations_dev.locomo.json"
+)
+COLUMNS = (
+    "tenant_id, session_id, seq, role, content, token_count, turn_id, tool_call_id, tool_calls, event_kind, "
+    "artifact_refs, metadata, created_at, name, occurred_at, search_config, embedding, embedding_status, "
+    "embedding_model, embedding_attempts, embedding_error"
+)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=40)
+    parser.add_argument("--data", default=str(DATA))
+    args = parser.parse_args()
+    setup_django()
+    import numpy as np
+    from django.db import connection
+
+    from memory.models import Message, Session, Tenant
+    from memory.services import embedding, memory_index
+    from memory.services.context import context_build
+    from memory.services.memory_search import SearchScope, memory_search
+    from memory.services.sessions import MessageInput, messages_append, session_create
+
+    samples = json.loads(Path(args.data).read_text())
+    turns = [
+        (t["speaker"], t["text"])
+        for s in samples
+        for key, value in s["conversation"].items()
+        if key.startswith("session_") and isinstance(value, list)
+        for t in value
+    ]
+    questions = [q["question"] for s in samples for q in s["qa"]][: args.queries]
+    embedder = embedding.embedder_get()
+    base = embedder.embed([f"{speaker}: {text}" for speaker, text in turns])
+    rng = np.random.default_rng(7)
+
+    def timed(fn) -> list[float]:  # type: ignore[no-untyped-def]
+        out = []
+        for q in questions:
+            embedding._query_cache.clear()
+            t0 = time.perf_counter()
+            fn(q)
+            out.append((time.perf_counter() - t0) * 1000)
+        return out
+
+    # --- small tenant: 100 messages in one session ------------------------------------------------
+    small = Tenant.objects.create(name="small", slug="small")
+    small_session = session_create(tenant=small, agent_external_id="bot", user_id="u0")
+    messages_append(
+        tenant=small,
+        session=small_session,
+        items=[MessageInput(role="user", name=s, content=t) for s, t in turns[:100]],
+    )
+    memory_index.memory_index_drain()
+    for q in questions[:3]:  # warm-up: model, caches
+        context_build(tenant=small, session=small_session, next_input=q)
+    small_build = timed(lambda q: context_build(tenant=small, session=small_session, next_input=q))
+
+    # --- big tenant ---------------------------------------------------------------------------------
+    big = Tenant.objects.create(name="big", slug="big")
+    per_session, per_user = 100, 10
+    sessions = []
+    for i in range(max(1, args.messages // per_session)):
+        sessions.append(session_create(tenant=big, agent_external_id="bot", user_id=f"u{i // per_user}"))
+    started = time.perf_counter()
+    table = Message._meta.db_table
+    when = datetime(2025, 1, 1, tzinfo=UTC)
+    with connection.cursor() as cursor:
+        cursor.execute("SET maintenance_work_mem = '512MB'")
+        cursor.execute("DROP INDEX IF EXISTS message_embedding_hnsw")
+        with cursor.cursor.copy(f"COPY {table} ({COLUMNS}) FROM STDIN") as copy:
+            n = 0
+            for session in sessions:
+                for seq in range(1, per_session + 1):
+                    a, b = rng.integers(0, len(turns), 2)
+                    vector = base[a] + 0.5 * base[b] + rng.normal(0.0, 0.02, size=384)
+                    vector /= np.linalg.norm(vector)
+                    speaker, text = turns[a]
+                    copy.write_row(
+                        (
+                            big.pk, session.pk, seq, "user", f"{text} #{n}", 20, "", "", "[]", "", "[]", "{}",
+                            when.isoformat(), speaker, (when + timedelta(minutes=n)).isoformat(), "english",
+                            "[" + ",".join(f"{x:.5f}" for x in vector) + "]", "completed",
+                            embedder.model_name, 1, "",
+                        )
+                    )  # fmt: skip
+                    n += 1
+        Session.objects.filter(pk__in=[s.pk for s in sessions]).update(
+            message_seq=per_session, message_count=per_session
+        )
+        cursor.execute(
+            "CREATE INDEX message_embedding_hnsw ON memory_message USING hnsw (embedding vector_cosine_ops) "
+            "WITH (m = 16, ef_construction = 64)"
+        )
+        cursor.execute("ANALYZE memory_message")
+    print(f"inserted {n} messages + HNSW in {time.perf_counter() - started:.0f} s", flush=True)
+    target = sessions[-1]
+    target.refresh_from_db()
+    user_scope = SearchScope(user_id=target.user_id)
+    memory_search(tenant=big, query=questions[0], scope=user_scope)  # warm the scope cache
+    user_search = timed(lambda q: memory_search(tenant=big, query=q, scope=user_scope, kinds=["message"]))
+    tenant_search = timed(lambda q: memory_search(tenant=big, query=q, kinds=["message"]))
+    for q in questions[:3]:
+        context_build(tenant=big, session=target, next_input=q)
+    big_build = timed(lambda q: context_build(tenant=big, session=target, next_input=q))
+
+    def row(name: str, values: list[float]) -> str:
+        return f"{name:<58} p50 {statistics.median(values):7.1f} ms   p95 {pct(values, 0.95):7.1f} ms"
+
+    print(f"\n{n} messages in the big tenant; {len(questions)} queries each; query embedding included")
+    print(row("memory_search, scope one user (1,000 messages)", user_search))
+    print(row(f"memory_search, scope whole tenant ({n} messages)", tenant_search))
+    print(row("context_build + recall, tenant of 100 messages", small_build))
+    print(row(f"context_build + recall, user of the {n}-message tenant", big_build))
+    print(f"ratio of build p50s: {statistics.median(big_build) / statistics.median(small_build):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Memory search API.
+
+Routes (under /api/v1):
+    POST /memory/search      messages, summaries, facts and experiences of a scope, ranked for a query
+    GET  /memory/index       the tenant's messages per embedding status (is indexing done?)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.urls import path
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
+from rest_framework import serializers
+from rest_framework.response import Response
+
+from memory.api.base import TenantApiView
+from memory.exceptions import AgentMismatch
+from memory.services import memory_index, memory_search
+
+
+class ScopeSerializer(serializers.Serializer):
+    agent = serializers.CharField(required=False, help_text="Only this agent's sessions (404 if unknown).")
+    user_id = serializers.CharField(required=False, allow_blank=True, help_text="Only this user's sessions.")
+    session = serializers.CharField(required=False, help_text="A session id (404 if unknown).")
+    sessions = serializers.ChoiceField(
+        choices=memory_search.SESSIONS_CHOICES,
+        default="all",
+        help_text="`current`: only `session`; `all`: every session of its user (or agent), or of the scope.",
+    )
+
+
+class TimeRangeSerializer(serializers.Serializer):
+    # `from` is a Python keyword: declared below.
+    to = serializers.DateTimeField(required=False, help_text="Occurred at or before (inclusive).")
+
+
+TimeRangeSerializer._declared_fields["from"] = serializers.DateTimeField(
+    required=False, help_text="Occurred at or after (inclusive)."
+)
+
+
+class NeighbourSerializer(serializers.Serializer):
+    seq = serializers.IntegerField()
+    role = serializers.CharField()
+    speaker = serializers.CharField()
+    text = serializers.CharField()
+    occurred_at = serializers.DateTimeField(allow_null=True)
+
+
+class HitSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=memory_search.KINDS)
+    id = serializers.CharField(help_text="Messages: `<session id>:<seq>`; others: their public id.")
+    session = serializers.CharField(allow_null=True)
+    seq = serializers.IntegerField(allow_null=True)
+    occurred_at = serializers.DateTimeField(allow_null=True)
+    speaker = serializers.CharField()
+    text = serializers.CharField()
+    score = serializers.FloatField()
+    similarity = serializers.FloatField(
+        allow_null=True, help_text="Raw cosine to the query (null: no vector)."
+    )
+    contributions = serializers.DictField(
+        child=serializers.FloatField(), help_text="Each signal's share: dense, lexical, neighbour, recency."
+    )
+    neighbours = NeighbourSerializer(
+        many=True, required=False, help_text="Only when asked (`neighbours` > 0)."
+    )
+
+
+class SearchOutputSerializer(serializers.Serializer):
+    query = serializers.CharField()
+    results = HitSerializer(many=True)
+    plan = serializers.DictField(help_text="The ranking plan used (memory/services/ranking.py).")
+    warnings = serializers.ListField(child=serializers.CharField())
+    candidates = serializers.IntegerField(help_text="Candidates ranked before the cut to `limit`.")
+
+
+class IndexStatusSerializer(serializers.Serializer):
+    pending = serializers.IntegerField()
+    completed = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    skipped = serializers.IntegerField()
+
+
+class MemorySearchApi(TenantApiView):
+    required_scope = "read"  # a POST that only reads
+
+    @extend_schema_serializer(component_name="MemorySearchInput")
+    class InputSerializer(serializers.Serializer):
+        query = serializers.CharField(max_length=4000, help_text="What to look for (non-empty).")
+        scope = ScopeSerializer(required=False)
+        kinds = serializers.ListField(
+            child=serializers.CharField(), required=False, allow_empty=False,
+            help_text="Any of message, summary, fact, experience (default: all).",
+        )  # fmt: skip
+        limit = serializers.IntegerField(
+            required=False, default=10, min_value=1, max_value=memory_search.MAX_LIMIT
+        )
+        time_range = TimeRangeSerializer(required=False)
+        plan = serializers.DictField(
+            required=False, help_text="Ranking plan fields (ranking.Plan); unknown → 422."
+        )
+        neighbours = serializers.IntegerField(
+            required=False, default=0, min_value=0, max_value=memory_search.MAX_NEIGHBOURS,
+            help_text="Include this many turns either side of each message hit.",
+        )  # fmt: skip
+
+    @extend_schema(
+        request=InputSerializer,
+        responses=SearchOutputSerializer,
+        summary="Search conversational memory (messages, summaries, facts, experiences)",
+        description="Hybrid ranking (BM25 + embedding cosine, normalised fusion, neighbour smoothing). "
+        "Empty query, unknown kind or plan field, limit outside 1..100 → 422 naming the field; "
+        "an unknown or another tenant's session or agent in the scope → 404.",
+    )
+    def post(self, request: Any) -> Response:
+        data = self.validate(self.InputSerializer)
+        scope = dict(data.get("scope") or {})
+        bound = self.request.auth.agent_external_id  # type: ignore[union-attr]
+        if bound:
+            # A key bound to an agent searches only that agent's memory.
+            if scope.get("agent") and scope["agent"] != bound:
+                raise AgentMismatch(
+                    f"This API key is bound to agent {bound!r}; it cannot search {scope['agent']!r}.",
+                    details={"bound_agent": bound, "requested_agent": scope["agent"]},
+                )
+            scope["agent"] = bound
+        time_range = data.get("time_range") or {}
+        result = memory_search.memory_search(
+            tenant=self.tenant,
+            query=data["query"],
+            scope=memory_search.SearchScope(
+                agent=scope.get("agent") or None,
+                user_id=scope.get("user_id"),
+                session=scope.get("session") or None,
+                sessions=scope.get("sessions", "all"),
+            ),
+            kinds=data.get("kinds"),
+            limit=data["limit"],
+            time_from=time_range.get("from"),
+            time_to=time_range.get("to"),
+            plan=memory_search.plan_parse(data.get("plan")),
+            neighbours=data["neighbours"],
+        )
+        return Response(
+            {
+                "query": result.query,
+                "results": [hit.as_dict() for hit in result.results],
+                "plan": result.plan,
+                "warnings": result.warnings,
+                "candidates": result.candidates,
+            }
+        )
+
+
+class MemoryIndexStatusApi(TenantApiView):
+    @extend_schema(
+        responses=IndexStatusSerializer,
+        summary="The tenant's messages per embedding status (pending, completed, failed, skipped)",
+    )
+    def get(self, request: Any) -> Response:
+        return Response(memory_index.memory_index_status(tenant=self.tenant))
+
+
+urlpatterns = [
+    path("memory/search", MemorySearchApi.as_view(), name="memory-search"),
+    path("memory/index", MemoryIndexStatusApi.as_view(), name="memory-index"),
+]

@@ -1,0 +1,333 @@
+"""The memory index: every message searchable by its words at once and by its meaning soon after.
+
+Full text: PostgreSQL computes `Message.search_vector` (a generated tsvector of the speaker name
+and the content, in the tenant's text-search configuration) inside the INSERT itself.
+
+Meaning: messages are written `pending`; after the commit, one *drain* job (not one per row, not
+one per append) claims up to CTXAPP_MEMORY_EMBED_BATCH pending rows with `FOR UPDATE SKIP
+LOCKED`, embeds them with the configured embedder (through the shared EmbeddingCache), writes
+the vectors, and repeats while full batches remain (for about CTXAPP_MEMORY_DRAIN_SECONDS, then
+it hands over to a fresh job). Dispatches coalesce through `MemoryIndexState.drain_scheduled`:
+while a queued job has not started, further commits queue nothing.
+
+Failures: a transient embedder error (EmbedderUnavailable) counts an attempt on the claimed
+rows and the job retries with exponential backoff; after CTXAPP_EMBEDDING_MAX_RETRIES attempts,
+or at once on a permanent error, the rows become `failed` with the reason. A dispatch that fails
+after the commit (broker down) is logged, never raised: the beat sweep (`memory_index_sweep`,
+every minute) re-dispatches whenever rows have been pending longer than
+CTXAPP_MEMORY_INDEX_STALE_SECONDS, so a broker hiccup or a killed worker never loses indexing.
+
+A tenant whose MemoryPolicy has `embed_messages` off gets its messages `skipped` (still found by
+words).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import numpy as np
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+from django.db.models.signals import post_save
+from django.dispatch import receiver
+from django.utils import timezone
+
+from memory.models import (
+    EmbeddingCache,
+    MemoryIndexState,
+    MemoryPolicy,
+    Message,
+    MessageEmbeddingStatus,
+    Tenant,
+)
+from memory.services.embedding import EmbedderError, EmbedderUnavailable, embedder_get, text_hash
+from memory.services.ranking import index_text
+
+logger = logging.getLogger(__name__)
+
+# --- the tenant's policy, cached briefly (read on every append) ----------------------------------
+
+POLICY_CACHE_SECONDS = 10.0
+_policy_cache: dict[int, tuple[float, MemoryPolicy]] = {}
+_policy_lock = threading.Lock()
+
+
+def memory_policy_get(*, tenant: Tenant) -> MemoryPolicy:
+    """The tenant's MemoryPolicy (created on first use), cached in this process for up to 10 s.
+
+    Saving a policy clears this process's copy at once; other processes see it within 10 s.
+    """
+    now = time.monotonic()
+    with _policy_lock:
+        cached = _policy_cache.get(tenant.pk)
+    if cached is not None and now - cached[0] < POLICY_CACHE_SECONDS:
+        return cached[1]
+    policy = MemoryPolicy.for_tenant(tenant)
+    with _policy_lock:
+        _policy_cache[tenant.pk] = (now, policy)
+    return policy
+
+
+@receiver(post_save, sender=MemoryPolicy)
+def _policy_saved(sender: type[MemoryPolicy], instance: MemoryPolicy, **kwargs: object) -> None:
+    with _policy_lock:
+        _policy_cache.pop(instance.tenant_id, None)
+
+
+def message_index_fields(*, tenant: Tenant) -> dict[str, str]:
+    """The index fields a new message of `tenant` is written with (search config, embedding status)."""
+    policy = memory_policy_get(tenant=tenant)
+    return {
+        "search_config": policy.text_search_config or "english",
+        "embedding_status": (
+            MessageEmbeddingStatus.PENDING if policy.embed_messages else MessageEmbeddingStatus.SKIPPED
+        ),
+    }
+
+
+def embedding_text(*, name: str, content: str, occurred_at: datetime | None) -> str:
+    """What is embedded for a message: ranking.index_text — '(8 May 2023) Caroline: content'.
+
+    Memory search hands rank() the same string, so dense and lexical signals see one text.
+    """
+    return index_text(content=content, speaker=name or None, occurred_at=occurred_at)
+
+
+# --- dispatch -------------------------------------------------------------------------------------
+
+_local = threading.local()
+
+
+def memory_index_dispatch_on_commit() -> None:
+    """Ask for a drain job once the current transaction commits (at most once per transaction).
+
+    Outside a transaction it dispatches now. Never raises: a failed dispatch is logged and the
+    sweep recovers the rows.
+    """
+    conn = transaction.get_connection()
+    if not conn.in_atomic_block:
+        memory_index_dispatch()
+        return
+    # After a rollback our callback is gone from the connection: register it again.
+    if any(entry[1] is memory_index_dispatch for entry in conn.run_on_commit):
+        return
+    transaction.on_commit(memory_index_dispatch)
+
+
+def memory_index_dispatch(*, force: bool = False) -> bool:
+    """Queue a drain job unless one is queued and not yet started (or `force`). Never raises.
+
+    Returns whether a job was queued.
+    """
+    from memory.tasks.memory import memory_index_drain_task
+
+    now = timezone.now()
+    table = MemoryIndexState._meta.db_table
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (id, drain_scheduled, scheduled_at) VALUES (1, true, %s) "
+                "ON CONFLICT (id) DO UPDATE SET drain_scheduled = true, "
+                "scheduled_at = EXCLUDED.scheduled_at "
+                f"WHERE {table}.drain_scheduled = false OR %s RETURNING id",
+                [now, force],
+            )
+            claimed = cursor.fetchone() is not None
+    except Exception:
+        logger.exception("memory index: could not record a drain dispatch; the sweep will retry")
+        return False
+    if not claimed:
+        return False
+    try:
+        memory_index_drain_task.delay()
+    except Exception:
+        logger.exception("memory index: could not queue a drain job; the sweep will retry")
+        MemoryIndexState.objects.filter(pk=1).update(drain_scheduled=False)
+        return False
+    return True
+
+
+# --- the drain ------------------------------------------------------------------------------------
+
+
+@dataclass
+class DrainResult:
+    batches: list[int] = field(default_factory=list)  # rows completed per batch
+    failed: int = 0
+    skipped: int = 0
+    handed_over: bool = False
+
+    @property
+    def completed(self) -> int:
+        return sum(self.batches)
+
+
+def _vectors_for(texts_by_hash: dict[str, str]) -> tuple[str, dict[str, np.ndarray]]:
+    """Vectors per text hash: from the (model, text hash) cache, the rest embedded in one call."""
+    embedder = embedder_get()
+    found = {
+        row.text_hash: np.asarray(row.vector, dtype=np.float32)
+        for row in EmbeddingCache.objects.filter(model=embedder.model_name, text_hash__in=list(texts_by_hash))
+    }
+    missing = [h for h in texts_by_hash if h not in found]
+    if missing:
+        vectors = embedder.embed([texts_by_hash[h] for h in missing])
+        EmbeddingCache.objects.bulk_create(
+            [
+                EmbeddingCache(model=embedder.model_name, text_hash=h, dimensions=len(v), vector=v)
+                for h, v in zip(missing, vectors, strict=True)
+            ],
+            ignore_conflicts=True,
+        )
+        found.update(zip(missing, vectors, strict=True))
+    return embedder.model_name, found
+
+
+def messages_embed_batch(*, batch_size: int | None = None) -> tuple[int, int, int]:
+    """Claim up to `batch_size` pending messages and embed them: (completed, failed, skipped).
+
+    One transaction: rows are claimed `FOR UPDATE SKIP LOCKED` (concurrent drains never take the
+    same row; a redelivered job finds them done). Rows of tenants whose policy turned embedding
+    off become `skipped`; empty messages `skipped`. Raises EmbedderUnavailable after counting
+    the attempt on the claimed rows (they stay pending, or become `failed` after
+    CTXAPP_EMBEDDING_MAX_RETRIES attempts). A permanent EmbedderError marks them `failed`.
+    """
+    size = batch_size or int(settings.CTXAPP["CTXAPP_MEMORY_EMBED_BATCH"])
+    max_attempts = int(settings.CTXAPP["CTXAPP_EMBEDDING_MAX_RETRIES"]) + 1
+    transient: EmbedderUnavailable | None = None
+    with transaction.atomic():
+        rows = list(
+            Message.objects.select_for_update(skip_locked=True)
+            .filter(embedding_status=MessageEmbeddingStatus.PENDING)
+            .order_by("created_at")
+            .only("pk", "tenant_id", "name", "content", "occurred_at", "embedding_attempts")[:size]
+        )
+        if not rows:
+            return 0, 0, 0
+        policies = {
+            p.tenant_id: p.embed_messages
+            for p in MemoryPolicy.objects.filter(tenant_id__in={r.tenant_id for r in rows})
+        }
+        skip = [r for r in rows if not policies.get(r.tenant_id, True) or not r.content.strip()]
+        todo = [r for r in rows if r not in skip]
+        if skip:
+            Message.objects.filter(pk__in=[r.pk for r in skip]).update(
+                embedding_status=MessageEmbeddingStatus.SKIPPED
+            )
+        if not todo:
+            return 0, 0, len(skip)
+        texts = {
+            r.pk: embedding_text(name=r.name, content=r.content, occurred_at=r.occurred_at) for r in todo
+        }
+        try:
+            model_name, vectors = _vectors_for({text_hash(t): t for t in texts.values()})
+        except EmbedderUnavailable as exc:
+            reason = f"{type(exc).__name__}: {exc}"[:2000]
+            give_up = [r.pk for r in todo if r.embedding_attempts + 1 >= max_attempts]
+            retry = [r.pk for r in todo if r.embedding_attempts + 1 < max_attempts]
+            Message.objects.filter(pk__in=give_up).update(
+                embedding_status=MessageEmbeddingStatus.FAILED,
+                embedding_attempts=max_attempts,
+                embedding_error=f"gave up after {max_attempts} attempts: {reason}"[:2000],
+            )
+            Message.objects.filter(pk__in=retry).update(
+                embedding_error=reason, embedding_attempts=F("embedding_attempts") + 1
+            )
+            if retry:
+                transient = exc
+            failed = len(give_up)
+        except EmbedderError as exc:
+            reason = f"{type(exc).__name__}: {exc}"[:2000]
+            failed = Message.objects.filter(pk__in=[r.pk for r in todo]).update(
+                embedding_status=MessageEmbeddingStatus.FAILED, embedding_error=reason
+            )
+            logger.warning("memory index: %d messages failed to embed: %s", failed, reason)
+            return 0, failed, len(skip)
+        else:
+            for row in todo:
+                row.embedding = vectors[text_hash(texts[row.pk])]
+                row.embedding_status = MessageEmbeddingStatus.COMPLETED
+                row.embedding_model = model_name
+                row.embedding_attempts += 1
+                row.embedding_error = ""
+            Message.objects.bulk_update(
+                todo,
+                ["embedding", "embedding_status", "embedding_model", "embedding_attempts", "embedding_error"],
+            )
+            return len(todo), 0, len(skip)
+    if transient is not None:
+        raise transient
+    return 0, failed, len(skip)
+
+
+def memory_index_drain(*, time_budget: float | None = None, batch_size: int | None = None) -> DrainResult:
+    """The drain job's body: embed pending messages batch by batch while full batches remain.
+
+    Clears the dispatch flag first (so commits from now on queue the next job). Stops after
+    `time_budget` seconds (CTXAPP_MEMORY_DRAIN_SECONDS) and then queues a successor if rows
+    remain. Idempotent; safe to run concurrently. Raises EmbedderUnavailable (the task retries).
+    """
+    MemoryIndexState.objects.filter(pk=1).update(drain_scheduled=False)
+    budget = time_budget if time_budget is not None else float(settings.CTXAPP["CTXAPP_MEMORY_DRAIN_SECONDS"])
+    size = batch_size or int(settings.CTXAPP["CTXAPP_MEMORY_EMBED_BATCH"])
+    result = DrainResult()
+    started = time.monotonic()
+    while True:
+        completed, failed, skipped = messages_embed_batch(batch_size=size)
+        if completed:
+            result.batches.append(completed)
+        result.failed += failed
+        result.skipped += skipped
+        if completed + failed + skipped < size:
+            return result
+        if time.monotonic() - started >= budget:
+            result.handed_over = memory_index_dispatch(force=True)
+            return result
+
+
+def memory_index_sweep(*, older_than: timedelta | None = None) -> int:
+    """Re-dispatch a drain job if messages have been pending longer than `older_than`.
+
+    The recovery path for a dispatch lost after a commit or a job lost with its worker. Returns
+    how many stale rows there were. Never raises on a dispatch failure (it logs).
+    """
+    seconds = int(settings.CTXAPP["CTXAPP_MEMORY_INDEX_STALE_SECONDS"])
+    cutoff = timezone.now() - (older_than if older_than is not None else timedelta(seconds=seconds))
+    stale = Message.objects.filter(embedding_status=MessageEmbeddingStatus.PENDING, created_at__lt=cutoff)
+    count = stale.count()
+    if count:
+        logger.info("memory index sweep: %d messages pending too long; dispatching a drain", count)
+        memory_index_dispatch(force=True)
+    return count
+
+
+def messages_reembed(
+    *, tenant: Tenant | None = None, only_failed: bool = False, batch_size: int | None = None
+) -> DrainResult:
+    """Put messages (of `tenant`, or all; all or only failed) back to pending and embed them here.
+
+    Used by `manage.py reembed --messages` after a model change. Rows of tenants with
+    embedding off stay skipped.
+    """
+    queryset = Message.objects.exclude(embedding_status=MessageEmbeddingStatus.SKIPPED)
+    if tenant is not None:
+        queryset = queryset.filter(tenant=tenant)
+    if only_failed:
+        queryset = queryset.filter(embedding_status=MessageEmbeddingStatus.FAILED)
+    queryset.update(embedding_status=MessageEmbeddingStatus.PENDING, embedding_attempts=0, embedding_error="")
+    return memory_index_drain(time_budget=float("inf"), batch_size=batch_size)
+
+
+def memory_index_status(*, tenant: Tenant) -> dict[str, int]:
+    """Messages of the tenant per embedding status. Read-only."""
+    from django.db.models import Count
+
+    counts = dict.fromkeys(MessageEmbeddingStatus.values, 0)
+    for row in Message.objects.filter(tenant=tenant).values("embedding_status").annotate(n=Count("pk")):
+        counts[row["embedding_status"]] = row["n"]
+    return counts

@@ -1,0 +1,42 @@
+"""Celery tasks of the memory index (memory/services/memory_index.py). Thin: one service call."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+
+from memory.services.embedding import EmbedderUnavailable
+
+logger = logging.getLogger(__name__)
+
+MAX_BACKOFF_SECONDS = 600.0
+
+
+@shared_task(bind=True, acks_late=True, max_retries=None, name="memory.index.drain")
+def memory_index_drain_task(self) -> int:
+    """Embed pending messages in batches. A transient embedder error retries with exponential
+    backoff (the rows count the attempt and fail for good after CTXAPP_EMBEDDING_MAX_RETRIES)."""
+    from memory.services.memory_index import memory_index_drain
+
+    try:
+        return memory_index_drain().completed
+    except EmbedderUnavailable as exc:
+        backoff = settings.CTXAPP["CTXAPP_EMBEDDING_RETRY_BACKOFF"]
+        countdown = min(MAX_BACKOFF_SECONDS, backoff * 2 ** min(self.request.retries, 20))
+        logger.info("memory index drain retry %d in %.1fs: %s", self.request.retries + 1, countdown, exc)
+        raise self.retry(exc=exc, countdown=countdown) from exc
+
+
+@shared_task(acks_late=True, name="memory.index.sweep")
+def memory_index_sweep_task() -> int:
+    """Re-dispatch the drain when messages have waited too long (a lost dispatch or job)."""
+    from memory.services.memory_index import memory_index_sweep
+
+    return memory_index_sweep()
+
+
+SCHEDULE: dict = {
+    "memory-index-sweep": {"task": "memory.index.sweep", "schedule": 60.0},
+}
