@@ -8,6 +8,8 @@ ctxapp manage …  Django's management commands (migrate, createsuperuser, creat
 ctxapp web | worker | beat
                  one process each, for production (see docker-compose.yml)
 ctxapp demo      a simulated agent that drives every dashboard panel
+ctxapp mcp       the MCP server over stdio (CTXAPP_URL, CTXAPP_API_KEY) for MCP clients
+ctxapp ctx …     context operations from the command line (decay, compress, enhance, …)
 """
 
 from __future__ import annotations
@@ -503,7 +505,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return int(demo.main(args))
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from ctxapp import ctx_cli, mcp_server
+
+    try:
+        url, key = ctx_cli.target(args)
+    except ctx_cli.CtxError as exc:
+        raise CliError(str(exc)) from None
+    mcp_server.run_stdio(url=url, api_key=key)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from ctxapp import ctx_cli
+
     parser = argparse.ArgumentParser(
         prog="ctxapp", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -529,6 +544,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--url", default="http://127.0.0.1:8000")
     demo.add_argument("--api-key", default=os.environ.get("CTXAPP_API_KEY"))
     demo.set_defaults(func=cmd_demo)
+    mcp = sub.add_parser(
+        "mcp",
+        help="the MCP server over stdio, for MCP clients (tools call the REST API)",
+        description="Serve ctxapp's memory tools over stdio to an MCP client. The server URL and API key "
+        "come from --url/--api-key, CTXAPP_URL/CTXAPP_API_KEY, or the config file.",
+    )
+    ctx_cli.add_target_arguments(mcp)
+    mcp.set_defaults(func=cmd_mcp)
+    ctx_cli.add_parser(sub)
     return parser
 
 

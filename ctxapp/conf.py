@@ -436,6 +436,39 @@ SETTINGS: list[Setting] = [
         "Live dashboard: events are coalesced and each page is re-rendered at most once per this many ms.",
         group="dashboard",
     ),
+    # --- metrics ---
+    Setting(
+        "CTXAPP_METRICS_TOKEN",
+        parse_str,
+        "",
+        "Bearer token that may read GET /metrics from any address. Unset: only CTXAPP_METRICS_ALLOW.",
+        secret=True,
+        group="metrics",
+    ),
+    Setting(
+        "CTXAPP_METRICS_ALLOW",
+        parse_list,
+        ["127.0.0.1/32", "::1/128"],
+        "Client networks (CIDR) that may read GET /metrics without the token. Empty: token only.",
+        group="metrics",
+    ),
+    # --- client (`ctxapp ctx`, `ctxapp mcp`, `ctxapp demo`) ---
+    Setting(
+        "CTXAPP_URL",
+        parse_str,
+        "",
+        "Base URL the command-line clients call. Unset: the config file, then the server `ctxapp up` "
+        "runs from this data directory, then http://127.0.0.1:CTXAPP_PORT.",
+        group="client",
+    ),
+    Setting(
+        "CTXAPP_API_KEY",
+        parse_str,
+        "",
+        "API key the command-line clients send. Unset: api_key in ~/.config/ctxapp/config.toml.",
+        secret=True,
+        group="client",
+    ),
 ]
 
 
