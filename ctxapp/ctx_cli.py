@@ -96,7 +96,8 @@ def target(args: argparse.Namespace, *, need_key: bool = True) -> tuple[str, str
 def _console() -> Any:
     from rich.console import Console
 
-    return Console(soft_wrap=False)
+    # Piped output (a file, `less`, a test) gets wide tables rather than rich's 80-column default.
+    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 
 
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Any:
@@ -135,13 +136,18 @@ def do_decay(client: Any, args: argparse.Namespace) -> Result:
 
 def do_compress(client: Any, args: argparse.Namespace) -> Result:
     result = client.session_compress(args.session, target_ratio=args.ratio)
-    rows = [[m.get("seq"), m.get("role"), m.get("category"), m.get("action"), m.get("tokens")]
-            for m in result.get("messages", [])]  # fmt: skip
+    rows = [[m["seq"], m["role"], m["category"], m["priority"], f"{m['tokens']}/{m['original_tokens']}",
+             "truncated" if m["truncated"] else "kept"] for m in result["messages"]]  # fmt: skip
+    rows += [[m["seq"], m["role"], m["category"], m["priority"], f"0/{m['tokens']}", "dropped"]
+             for m in result["dropped"]]  # fmt: skip
+    rows.sort(key=lambda row: row[0])
     summary = (
-        f"ratio {result.get('ratio')} (target {args.ratio}): {result.get('original_tokens')} → "
-        f"{result.get('compressed_tokens')} tokens, {len(result.get('dropped', []))} messages dropped"
+        f"ratio {result['ratio']:.2f} (target {result['target_ratio']}, "
+        f"{'met' if result['target_met'] else 'NOT met'}): {result['tokens_before']} → "
+        f"{result['tokens_after']} tokens, {len(result['dropped'])} messages dropped"
     )
-    return result, [summary, _table("Kept messages", ["seq", "role", "category", "action", "tokens"], rows)]
+    table = _table("History by priority", ["seq", "role", "category", "priority", "tokens", "action"], rows)
+    return result, [summary, table]
 
 
 def do_enhance(client: Any, args: argparse.Namespace) -> Result:
@@ -237,12 +243,12 @@ def do_sync(client: Any, args: argparse.Namespace) -> Result:
 def do_summarize(client: Any, args: argparse.Namespace) -> Result:
     queued = client.summarise_now(args.session)
     summaries = client.summaries_list(args.session)
-    rows = [[s.get("id"), s.get("covers_to_seq") or s.get("to_seq"), s.get("token_count"),
-             _short(s.get("text"))] for s in summaries[:5]]  # fmt: skip
-    document = {"queued": queued, "summaries": summaries}
+    rows = [[x["id"], "yes" if x["is_current"] else "", x["covers_up_to_seq"], x["tokens"], x["method"],
+             _short(x["text"])] for x in summaries[:5]]  # fmt: skip
+    document = {"queued": bool(queued.get("queued")), "session": args.session, "summaries": summaries}
     return document, [
-        f"Summarisation queued ({queued.get('status', 'queued')}).",
-        _table("Latest summaries", ["id", "up to seq", "tokens", "text"], rows),
+        "Summarisation queued; the worker folds the oldest history into the rolling summary.",
+        _table("Latest summaries", ["id", "current", "up to seq", "tokens", "method", "text"], rows),
     ]
 
 
