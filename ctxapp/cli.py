@@ -378,6 +378,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "ctxapp.settings")
     env["PYTHONUNBUFFERED"] = "1"
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(_metrics_dir(data_dir))
     # `up` is the one-command developer mode: Celery's "running as root" warning (a container or
     # a CI machine) is noise there; `ctxapp worker` (production) keeps it.
     env["PYTHONWARNINGS"] = "ignore::UserWarning:platformdirs,ignore:You're running the worker with superuser"
@@ -400,6 +401,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             f"{local}/readyz", children, lambda: stop["signal"] is not None, READY_TIMEOUT_SECONDS
         )
         _print_banner(local, report, first_run, data_dir, {**values, "CTXAPP_HOST": host})
+        _server_file_write(data_dir, local)
         while stop["signal"] is None:
             for name, proc in children.items():
                 if proc.poll() is not None:
@@ -420,8 +422,34 @@ def cmd_up(args: argparse.Namespace) -> int:
             print("ctxapp: stopping the embedded PostgreSQL …", flush=True)
             _stop_embedded()
         print("ctxapp: stopped.", flush=True)
+        _server_file_remove(data_dir)
         data_dir_lock.release()
     return exit_code
+
+
+def _metrics_dir(data_dir: Path) -> Path:
+    """A fresh directory for the web processes' Prometheus samples (multiprocess mode)."""
+    import shutil
+
+    path = data_dir / "prometheus"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def _server_file_write(data_dir: Path, url: str) -> None:
+    """Tell `ctxapp demo` / `ctxapp ctx` / `ctxapp mcp` on this machine where the server runs."""
+    from ctxapp.ctx_cli import SERVER_FILE
+
+    with contextlib.suppress(OSError):
+        (data_dir / SERVER_FILE).write_text(json.dumps({"url": url, "pid": os.getpid()}))
+
+
+def _server_file_remove(data_dir: Path) -> None:
+    from ctxapp.ctx_cli import SERVER_FILE
+
+    with contextlib.suppress(OSError):
+        (data_dir / SERVER_FILE).unlink()
 
 
 def _stop_embedded() -> None:
@@ -484,6 +512,8 @@ def _exec(argv: list[str]) -> int:
 def cmd_web(args: argparse.Namespace) -> int:
     values = _settings()
     _prepare_database(values)
+    if values["CTXAPP_WEB_WORKERS"] > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_metrics_dir(_data_dir(values)))
     return _exec(web_argv(values, args.host or values["CTXAPP_HOST"], args.port or values["CTXAPP_PORT"]))
 
 

@@ -57,10 +57,25 @@ def running_server_url(values: dict[str, Any]) -> str | None:
     """The URL of the `ctxapp up` running from this data directory, if its file is there."""
     file = Path(values["CTXAPP_DATA_DIR"]).expanduser() / SERVER_FILE
     try:
-        url = json.loads(file.read_text()).get("url")
+        record = json.loads(file.read_text())
+        url, pid = record.get("url"), record.get("pid")
     except (OSError, ValueError, AttributeError):
         return None
+    if isinstance(pid, int) and not _alive(pid):
+        return None  # left behind by a `ctxapp up` that was killed
     return url if isinstance(url, str) and url else None
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def default_url(values: dict[str, Any]) -> str:

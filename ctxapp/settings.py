@@ -62,6 +62,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "ctxapp.metrics.RequestMetricsMiddleware",  # outermost: latency includes every other layer
     "ctxapp.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
