@@ -94,3 +94,16 @@ def test_the_token_opens_it_from_anywhere_and_a_wrong_one_does_not(settings: obj
     assert good.status_code == 200 and b"ctxapp_context_build_tokens" in good.content
     bad = client.get("/metrics", REMOTE_ADDR="127.0.0.1", HTTP_AUTHORIZATION="Bearer nope")
     assert bad.status_code == 403
+
+
+def test_the_grafana_dashboard_only_charts_series_we_export(api_a: APIClient) -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    api_a.get("/api/v1/sessions")  # a request, so the latency series has a sample
+    dashboard = json.loads((Path(__file__).parent.parent / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {re.sub(r"_(bucket|count|sum|total)$", "", m) for e in exprs for m in re.findall(r"ctxapp_\w+", e)}
+    exported = {re.sub(r"_(bucket|count|sum|total|created)$", "", name) for name, _ in scrape()}
+    assert used and used <= exported, used - exported
