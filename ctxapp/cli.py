@@ -478,6 +478,7 @@ def _print_banner(
 
     default_dir = next(s.default for s in SETTINGS if s.env == "CTXAPP_DATA_DIR")
     same_dir = "" if data_dir == Path(default_dir).expanduser().resolve() else f"CTXAPP_DATA_DIR={data_dir} "
+    ctxapp = command_name()
     line = "=" * BANNER_WIDTH
     print(line)
     print(f"ctxapp is up at {base}/")
@@ -492,10 +493,11 @@ def _print_banner(
         print(f"  admin login   user {first_run.username}  password {first_run.password}")
         print(f"  API key       {first_run.api_key}")
         print(f"  try it        curl -H 'Authorization: Bearer {first_run.api_key}' {base}/api/v1/tenant")
+        print(f"  see it move   {same_dir}{ctxapp} demo --api-key {first_run.api_key}")
     else:
         print("Data reused from the previous run; the admin login and API key printed then still work.")
-        print(f"  new API key   {same_dir}ctxapp manage create_api_key --tenant demo")
-        print(f"  new password  {same_dir}ctxapp manage changepassword admin")
+        print(f"  new API key   {same_dir}{ctxapp} manage create_api_key --tenant demo")
+        print(f"  new password  {same_dir}{ctxapp} manage changepassword admin")
     print("Ctrl-C stops everything.")
     print(line, flush=True)
 
@@ -530,9 +532,30 @@ def cmd_beat(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ctxapp import demo
+    from ctxapp import ctx_cli, demo
 
+    try:
+        args.url, args.api_key = ctx_cli.target(args, need_key=False)
+    except ctx_cli.CtxError as exc:
+        raise CliError(str(exc)) from None
     return int(demo.main(args))
+
+
+def command_name() -> str:
+    """How to type `ctxapp` here: the bare name when the shell finds this very script on the PATH,
+    else the script next to this interpreter (`.venv/bin/ctxapp` after the README's install)."""
+    import shutil
+
+    script = Path(sys.executable).parent / "ctxapp"
+    on_path = shutil.which("ctxapp")
+    if on_path and script.exists() and Path(on_path).resolve() == script.resolve():
+        return "ctxapp"
+    if not script.exists():
+        return f"{sys.executable} -m ctxapp.cli"
+    with contextlib.suppress(ValueError):
+        relative = script.relative_to(Path.cwd())
+        return str(relative) if str(relative).startswith(".") else f"./{relative}"
+    return str(script)
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -570,9 +593,15 @@ def build_parser() -> argparse.ArgumentParser:
     web.set_defaults(func=cmd_web)
     sub.add_parser("worker", help="a Celery worker only").set_defaults(func=cmd_worker)
     sub.add_parser("beat", help="the Celery scheduler only").set_defaults(func=cmd_beat)
-    demo = sub.add_parser("demo", help="drive a simulated agent against a running ctxapp")
-    demo.add_argument("--url", default="http://127.0.0.1:8000")
-    demo.add_argument("--api-key", default=os.environ.get("CTXAPP_API_KEY"))
+    demo = sub.add_parser(
+        "demo",
+        help="drive a simulated agent against a running ctxapp",
+        description="Play a simulated on-call agent against a running ctxapp so every dashboard panel "
+        "moves. Without --url it finds the server: CTXAPP_URL, the config file, the `ctxapp up` running "
+        "from this data directory (CTXAPP_DATA_DIR), else http://127.0.0.1:CTXAPP_PORT.",
+    )
+    ctx_cli.add_target_arguments(demo)
+    demo.add_argument("--pace", type=float, default=None, help="seconds between steps (CTXAPP_DEMO_PACE)")
     demo.set_defaults(func=cmd_demo)
     mcp = sub.add_parser(
         "mcp",
