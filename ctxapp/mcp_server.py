@@ -80,10 +80,24 @@ class ServiceBackend:
         if ApiKeyScope.ADMIN not in scopes and scope not in scopes:
             raise ToolError(f"permission_denied: this API key lacks the '{scope}' scope this tool needs.")
 
-    def _session(self, session: str) -> Any:
+    def _act_as(self, agent: str) -> None:
+        """A key bound to an agent acts only as that agent (as on /api/v1)."""
+        from memory.exceptions import AgentMismatch
+
+        bound = self.api_key.agent_external_id
+        if bound and agent != bound:
+            raise AgentMismatch(
+                f"This API key is bound to agent {bound!r}; it cannot act as {agent!r}.",
+                details={"bound_agent": bound, "requested_agent": agent},
+            )
+
+    def _session(self, session: str, *, touch: bool = True) -> Any:
         from memory.services.sessions import session_get
 
-        return session_get(tenant=self.tenant, session_id=session)
+        row = session_get(tenant=self.tenant, session_id=session, touch=touch)
+        if self.api_key.agent_external_id:
+            self._act_as(row.agent.external_id)
+        return row
 
     def search(self, *, query: str, user_id: str | None, limit: int) -> dict[str, Any]:
         self._require("read")
@@ -122,16 +136,10 @@ class ServiceBackend:
 
     def session_start(self, *, agent: str, user_id: str | None, model: str | None) -> dict[str, Any]:
         from memory.api.sessions import session_out
-        from memory.exceptions import AgentMismatch
         from memory.services.sessions import session_create
 
         self._require("write")
-        bound = self.api_key.agent_external_id
-        if bound and agent != bound:
-            raise AgentMismatch(
-                f"This API key is bound to agent {bound!r}; it cannot act as {agent!r}.",
-                details={"bound_agent": bound, "requested_agent": agent},
-            )
+        self._act_as(agent)
         session = session_create(
             tenant=self.tenant, agent_external_id=agent, user_id=user_id or "", model_name=model or ""
         )
@@ -142,7 +150,7 @@ class ServiceBackend:
         from memory.services import sessions
 
         self._require("write")
-        row = sessions.session_get(tenant=self.tenant, session_id=session, touch=False)
+        row = self._session(session, touch=False)
         return session_out(sessions.session_end(tenant=self.tenant, session=row))
 
     def experience_record(
@@ -171,8 +179,11 @@ class ServiceBackend:
         from memory.services.sessions import agent_get
 
         self._require("read")
+        self._act_as(agent)
         row = agent_get(tenant=self.tenant, external_id=agent)
-        return _json(recovery.recovered_state(tenant=self.tenant, agent=row, caller=None).document)
+        # A bound key is the agent itself: it also gets its private context and inbox, as on /api/v1.
+        caller = row if self.api_key.agent_external_id else None
+        return _json(recovery.recovered_state(tenant=self.tenant, agent=row, caller=caller).document)
 
     def decay_report(self, *, session: str) -> dict[str, Any]:
         from memory.api.decay import FactOutputSerializer

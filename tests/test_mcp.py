@@ -211,3 +211,27 @@ def test_tenants_are_isolated_over_both_transports(server: str, keys: dict[str, 
         assert data(search)["results"] == []
     assert Message.objects.count() == 0
     assert Session.objects.get(public_id=sid).status == "open"
+
+
+def test_a_key_bound_to_an_agent_acts_only_as_that_agent(server: str, keys: dict[str, Any]) -> None:
+    _, bound = api_key_create(tenant=keys["alice"], name="bound", agent_external_id="alice-bot")
+
+    async def go() -> dict[str, Any]:
+        async with http_client(server, keys["alice_key"]) as client:
+            other = data(await client.call_tool("session_start", {"agent": "other-bot"}))["id"]
+        async with http_client(server, bound) as client:
+            own = data(await client.call_tool("session_start", {"agent": "alice-bot"}))
+            return {
+                "own": own,
+                "start_other": await client.call_tool("session_start", {"agent": "other-bot"}),
+                "remember_other": await client.call_tool("remember", {"session": other, "content": "x"}),
+                "recover_other": await client.call_tool("recovered_state", {"agent": "other-bot"}),
+                "recover_own": await client.call_tool("recovered_state", {"agent": "alice-bot"}),
+            }
+
+    seen = asyncio.run(go())
+    assert seen["own"]["agent"] == "alice-bot"
+    for name in ("start_other", "remember_other", "recover_other"):
+        assert seen[name].is_error and "agent_mismatch" in seen[name].content[0].text, name
+    assert not seen["recover_own"].is_error
+    assert Message.objects.count() == 0
