@@ -235,3 +235,16 @@ def test_a_key_bound_to_an_agent_acts_only_as_that_agent(server: str, keys: dict
         assert seen[name].is_error and "agent_mismatch" in seen[name].content[0].text, name
     assert not seen["recover_own"].is_error
     assert Message.objects.count() == 0
+
+
+def test_ctxapp_mcp_without_a_key_says_so(tmp_path: Any) -> None:
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in {"CTXAPP_API_KEY", "CTXAPP_URL"}}
+    env.update({"HOME": str(tmp_path), "CTXAPP_DATA_DIR": str(tmp_path)})
+    result = subprocess.run(
+        [sys.executable, "-m", "ctxapp.cli", "mcp"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 2 and "No API key" in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""  # nothing that an MCP client would misread as a message

@@ -107,3 +107,14 @@ def test_the_grafana_dashboard_only_charts_series_we_export(api_a: APIClient) ->
     used = {re.sub(r"_(bucket|count|sum|total)$", "", m) for e in exprs for m in re.findall(r"ctxapp_\w+", e)}
     exported = {re.sub(r"_(bucket|count|sum|total|created)$", "", name) for name, _ in scrape()}
     assert used and used <= exported, used - exported
+
+
+def test_a_bad_network_in_the_allow_list_is_refused_at_start() -> None:
+    from ctxapp.conf import SettingError, resolve_all
+
+    with pytest.raises(SettingError, match="CTXAPP_METRICS_ALLOW"):
+        resolve_all({"CTXAPP_METRICS_ALLOW": "10.0.0.0/8,not-a-network"})
+    assert resolve_all({"CTXAPP_METRICS_ALLOW": "10.0.0.0/8, 192.168.1.7"})["CTXAPP_METRICS_ALLOW"].value == [
+        "10.0.0.0/8",
+        "192.168.1.7",
+    ]
