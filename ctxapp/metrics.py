@@ -139,7 +139,9 @@ class DatabaseCollector(Collector):
         from memory.models import Event
 
         counts = dict(
+            # as the jobs page: `*.failed` / `*_failed` events are job failures, except the agents' own
             Event.objects.filter(Q(type__in=JOB_OUTCOME_EVENTS) | Q(type__endswith="failed"))
+            .exclude(type__startswith="agent.")
             .values_list("type")
             .annotate(n=Count("id"))
             .values_list("type", "n")
