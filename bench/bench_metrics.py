@@ -32,8 +32,9 @@ def fill(tenant_id: int, session_id: int, builds: int, events: int, experiences:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {BudgetSample._meta.db_table} (tenant_id, session_id, public_id, created_at, model_name,"
-            " tokenizer, exact, prompt_tokens, demand_tokens, input_limit, output_reserve, threshold_tokens,"
+            f"INSERT INTO {BudgetSample._meta.db_table} (tenant_id, session_id, public_id, created_at,"
+            " model_name, tokenizer, exact, prompt_tokens, demand_tokens, input_limit, output_reserve,"
+            " threshold_tokens,"
             " utilisation, components, manifest, warnings, forecast, summarisation_queued)"
             " SELECT %s, %s, 'ctx_b' || g, now(), 'm', 't', true, (g %% 60000), (g %% 60000), 64000, 4096,"
             " 54400, (g %% 60000) / 64000.0, '{}', '{}', '[]', '{}', false FROM generate_series(1, %s) g",
@@ -41,17 +42,20 @@ def fill(tenant_id: int, session_id: int, builds: int, events: int, experiences:
         )
         types = ["message.added", "context.built", "fact.decayed", "experience.embedded", "summary.created"]
         cursor.execute(
-            f"INSERT INTO {Event._meta.db_table} (tenant_id, public_id, stream, seq, type, payload, created_at)"
+            f"INSERT INTO {Event._meta.db_table}"
+            " (tenant_id, public_id, stream, seq, type, payload, created_at)"
             " SELECT %s, 'evt_b' || g, 'bench', g, (%s::text[])[1 + g %% 5], '{}', now()"
             " FROM generate_series(1, %s) g",
             [tenant_id, types, events],
         )
         cursor.execute(
-            f"INSERT INTO {Experience._meta.db_table} (tenant_id, public_id, user_id, scope, kind, key, problem,"
-            " cause, solution, confidence, extraction_method, provenance, text_hash, embedding_model,"
-            " embedding_status, embedding_error, embedding_attempts, use_count, helpful_count, unhelpful_count,"
-            " merge_count, created_at, updated_at)"
-            " SELECT %s, 'exp_b' || g, '', 'tenant', 'experience', '', 'problem ' || g, '', '', 0.5, 'manual',"
+            f"INSERT INTO {Experience._meta.db_table}"
+            " (tenant_id, public_id, user_id, scope, kind, key, problem, cause, solution, confidence,"
+            " extraction_method, provenance, text_hash, embedding_model, embedding_status, embedding_error,"
+            " embedding_attempts, use_count, helpful_count, unhelpful_count, merge_count, created_at,"
+            " updated_at)"
+            " SELECT %s, 'exp_b' || g, '', 'tenant', 'experience', '', 'problem ' || g, '', '', 0.5,"
+            " 'manual',"
             " '[]', md5(g::text), '', CASE WHEN g %% 10 = 0 THEN 'pending' ELSE 'completed' END, '', 0,"
             " g %% 7, 0, 0, 0, now(), now() FROM generate_series(1, %s) g",
             [tenant_id, experiences],
@@ -84,9 +88,8 @@ def main() -> None:
             start = time.perf_counter()
             body = metrics_text()
             times.append((time.perf_counter() - start) * 1000)
-        print(
-            f"scrape: {len(body):,} bytes, median {statistics.median(times):.1f} ms, worst {max(times):.1f} ms"
-        )
+        median, worst = statistics.median(times), max(times)
+        print(f"scrape: {len(body):,} bytes, median {median:.1f} ms, worst {worst:.1f} ms")
     finally:
         teardown_databases(databases, verbosity=0)
 
