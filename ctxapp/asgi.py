@@ -13,7 +13,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from ctxapp import mcp_server  # noqa: E402
+from ctxapp import mcp_server, metrics  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from memory import broadcast  # noqa: E402
 
@@ -34,6 +34,8 @@ async def application(scope: Any, receive: Any, send: Any) -> None:
         broadcast.use_loop(loop)
     if scope["type"] == "http" and scope["path"] in MCP_PATHS:
         # The MCP streamable HTTP transport (bearer key, then the SDK's transport): not Django.
-        await mcp_server.http_app()(scope, receive, send)
+        await metrics.observe_asgi(
+            "mcp", scope, send, lambda timed_send: mcp_server.http_app()(scope, receive, timed_send)
+        )
         return
     await router(scope, receive, send)

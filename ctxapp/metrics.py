@@ -22,7 +22,7 @@ import hmac
 import ipaddress
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -80,6 +80,24 @@ class RequestMetricsMiddleware:
             route=route or "unnamed", method=request.method or "", status=f"{response.status_code // 100}xx"
         ).observe(time.perf_counter() - start)
         return response
+
+
+async def observe_asgi(route: str, scope: Any, send: Any, app: Callable[[Any], Awaitable[None]]) -> None:
+    """Run an ASGI app outside Django (the /mcp transport) and observe it like a Django route."""
+    status = {"code": 500}
+
+    async def timed_send(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            status["code"] = message["status"]
+        await send(message)
+
+    start = time.perf_counter()
+    try:
+        await app(timed_send)
+    finally:
+        REQUEST_LATENCY.labels(
+            route=route, method=scope.get("method", ""), status=f"{status['code'] // 100}xx"
+        ).observe(time.perf_counter() - start)
 
 
 def _histogram(

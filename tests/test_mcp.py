@@ -140,6 +140,11 @@ def _assert_conversation(seen: dict[str, Any], tenant: Tenant) -> None:
 def test_streamable_http_tools_work_for_the_keys_tenant(server: str, keys: dict[str, Any]) -> None:
     seen = asyncio.run(_conversation(http_client(server, keys["alice_key"])))
     _assert_conversation(seen, keys["alice"])
+    # /mcp is outside Django but measured like a route
+    text = httpx.get(f"{server}/metrics", timeout=30).text
+    line = 'ctxapp_http_request_duration_seconds_count{method="POST",route="mcp",status="2xx"}'
+    counted = [float(row.split()[-1]) for row in text.splitlines() if row.startswith(line)]
+    assert counted and counted[0] >= 11  # initialize, tools/list, the ten tool calls (and notifications)
 
 
 def test_stdio_server_calls_the_rest_api(server: str, keys: dict[str, Any]) -> None:
