@@ -15,6 +15,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 
 from memory.models import Experience, Message, Session, Tenant, TrackedFact
 from memory.services.tenancy import api_key_create, api_key_revoke
@@ -176,8 +177,9 @@ def test_the_sdk_client_with_a_bad_key_fails_to_connect(server: str, keys: dict[
         async with http_client(server, "ctx_0000dead_notakey") as client:
             await client.list_tools()
 
-    with pytest.raises(Exception):  # noqa: B017 - the SDK surfaces the 401 as its own error type
+    with pytest.raises(ExceptionGroup) as refused:  # the SDK's task group carries its MCPError
         asyncio.run(connect())
+    assert refused.group_contains(MCPError, depth=None)
 
 
 def test_a_read_only_key_cannot_write(server: str, keys: dict[str, Any]) -> None:
