@@ -13,8 +13,11 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from ctxapp import mcp_server, metrics  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from memory import broadcast  # noqa: E402
+
+MCP_PATHS = frozenset({"/mcp", "/mcp/"})
 
 router = ProtocolTypeRouter(
     {
@@ -29,4 +32,10 @@ async def application(scope: Any, receive: Any, send: Any) -> None:
     loop = asyncio.get_running_loop()
     if broadcast._server_loop is not loop:
         broadcast.use_loop(loop)
+    if scope["type"] == "http" and scope["path"] in MCP_PATHS:
+        # The MCP streamable HTTP transport (bearer key, then the SDK's transport): not Django.
+        await metrics.observe_asgi(
+            "mcp", scope, send, lambda timed_send: mcp_server.http_app()(scope, receive, timed_send)
+        )
+        return
     await router(scope, receive, send)

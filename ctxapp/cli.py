@@ -8,6 +8,8 @@ ctxapp manage …  Django's management commands (migrate, createsuperuser, creat
 ctxapp web | worker | beat
                  one process each, for production (see docker-compose.yml)
 ctxapp demo      a simulated agent that drives every dashboard panel
+ctxapp mcp       the MCP server over stdio (CTXAPP_URL, CTXAPP_API_KEY) for MCP clients
+ctxapp ctx …     context operations from the command line (decay, compress, enhance, …)
 """
 
 from __future__ import annotations
@@ -376,6 +378,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "ctxapp.settings")
     env["PYTHONUNBUFFERED"] = "1"
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(_metrics_dir(data_dir))
     # `up` is the one-command developer mode: Celery's "running as root" warning (a container or
     # a CI machine) is noise there; `ctxapp worker` (production) keeps it.
     env["PYTHONWARNINGS"] = "ignore::UserWarning:platformdirs,ignore:You're running the worker with superuser"
@@ -398,6 +401,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             f"{local}/readyz", children, lambda: stop["signal"] is not None, READY_TIMEOUT_SECONDS
         )
         _print_banner(local, report, first_run, data_dir, {**values, "CTXAPP_HOST": host})
+        _server_file_write(data_dir, local)
         while stop["signal"] is None:
             for name, proc in children.items():
                 if proc.poll() is not None:
@@ -418,8 +422,34 @@ def cmd_up(args: argparse.Namespace) -> int:
             print("ctxapp: stopping the embedded PostgreSQL …", flush=True)
             _stop_embedded()
         print("ctxapp: stopped.", flush=True)
+        _server_file_remove(data_dir)
         data_dir_lock.release()
     return exit_code
+
+
+def _metrics_dir(data_dir: Path) -> Path:
+    """A fresh directory for the web processes' Prometheus samples (multiprocess mode)."""
+    import shutil
+
+    path = data_dir / "prometheus"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def _server_file_write(data_dir: Path, url: str) -> None:
+    """Tell `ctxapp demo` / `ctxapp ctx` / `ctxapp mcp` on this machine where the server runs."""
+    from ctxapp.ctx_cli import SERVER_FILE
+
+    with contextlib.suppress(OSError):
+        (data_dir / SERVER_FILE).write_text(json.dumps({"url": url, "pid": os.getpid()}))
+
+
+def _server_file_remove(data_dir: Path) -> None:
+    from ctxapp.ctx_cli import SERVER_FILE
+
+    with contextlib.suppress(OSError):
+        (data_dir / SERVER_FILE).unlink()
 
 
 def _stop_embedded() -> None:
@@ -448,6 +478,7 @@ def _print_banner(
 
     default_dir = next(s.default for s in SETTINGS if s.env == "CTXAPP_DATA_DIR")
     same_dir = "" if data_dir == Path(default_dir).expanduser().resolve() else f"CTXAPP_DATA_DIR={data_dir} "
+    ctxapp = command_name()
     line = "=" * BANNER_WIDTH
     print(line)
     print(f"ctxapp is up at {base}/")
@@ -462,10 +493,11 @@ def _print_banner(
         print(f"  admin login   user {first_run.username}  password {first_run.password}")
         print(f"  API key       {first_run.api_key}")
         print(f"  try it        curl -H 'Authorization: Bearer {first_run.api_key}' {base}/api/v1/tenant")
+        print(f"  see it move   {same_dir}{ctxapp} demo --api-key {first_run.api_key}")
     else:
         print("Data reused from the previous run; the admin login and API key printed then still work.")
-        print(f"  new API key   {same_dir}ctxapp manage create_api_key --tenant demo")
-        print(f"  new password  {same_dir}ctxapp manage changepassword admin")
+        print(f"  new API key   {same_dir}{ctxapp} manage create_api_key --tenant demo")
+        print(f"  new password  {same_dir}{ctxapp} manage changepassword admin")
     print("Ctrl-C stops everything.")
     print(line, flush=True)
 
@@ -482,6 +514,8 @@ def _exec(argv: list[str]) -> int:
 def cmd_web(args: argparse.Namespace) -> int:
     values = _settings()
     _prepare_database(values)
+    if values["CTXAPP_WEB_WORKERS"] > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_metrics_dir(_data_dir(values)))
     return _exec(web_argv(values, args.host or values["CTXAPP_HOST"], args.port or values["CTXAPP_PORT"]))
 
 
@@ -498,8 +532,12 @@ def cmd_beat(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ctxapp import demo
+    from ctxapp import ctx_cli, demo
 
+    try:
+        args.url, args.api_key = ctx_cli.target(args, need_key=False)
+    except ctx_cli.CtxError as exc:
+        raise CliError(str(exc)) from None
     return int(demo.main(args))
 
 
@@ -511,7 +549,37 @@ def cmd_eval_recall(args: argparse.Namespace) -> int:
     )
 
 
+def command_name() -> str:
+    """How to type `ctxapp` here: the bare name when the shell finds this very script on the PATH,
+    else the script next to this interpreter (`.venv/bin/ctxapp` after the README's install)."""
+    import shutil
+
+    script = Path(sys.executable).parent / "ctxapp"
+    on_path = shutil.which("ctxapp")
+    if on_path and script.exists() and Path(on_path).resolve() == script.resolve():
+        return "ctxapp"
+    if not script.exists():
+        return f"{sys.executable} -m ctxapp.cli"
+    with contextlib.suppress(ValueError):
+        relative = script.relative_to(Path.cwd())
+        return str(relative) if str(relative).startswith(".") else f"./{relative}"
+    return str(script)
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from ctxapp import ctx_cli, mcp_server
+
+    try:
+        url, key = ctx_cli.target(args)
+    except ctx_cli.CtxError as exc:
+        raise CliError(str(exc)) from None
+    mcp_server.run_stdio(url=url, api_key=key)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from ctxapp import ctx_cli
+
     parser = argparse.ArgumentParser(
         prog="ctxapp", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -533,9 +601,15 @@ def build_parser() -> argparse.ArgumentParser:
     web.set_defaults(func=cmd_web)
     sub.add_parser("worker", help="a Celery worker only").set_defaults(func=cmd_worker)
     sub.add_parser("beat", help="the Celery scheduler only").set_defaults(func=cmd_beat)
-    demo = sub.add_parser("demo", help="drive a simulated agent against a running ctxapp")
-    demo.add_argument("--url", default="http://127.0.0.1:8000")
-    demo.add_argument("--api-key", default=os.environ.get("CTXAPP_API_KEY"))
+    demo = sub.add_parser(
+        "demo",
+        help="drive a simulated agent against a running ctxapp",
+        description="Play a simulated on-call agent against a running ctxapp so every dashboard panel "
+        "moves. Without --url it finds the server: CTXAPP_URL, the config file, the `ctxapp up` running "
+        "from this data directory (CTXAPP_DATA_DIR), else http://127.0.0.1:CTXAPP_PORT.",
+    )
+    ctx_cli.add_target_arguments(demo)
+    demo.add_argument("--pace", type=float, default=None, help="seconds between steps (CTXAPP_DEMO_PACE)")
     demo.set_defaults(func=cmd_demo)
     evaluate = sub.add_parser("eval", help="evaluate a running ctxapp on a benchmark file")
     evaluations = evaluate.add_subparsers(dest="evaluation", required=True)
@@ -548,6 +622,15 @@ def build_parser() -> argparse.ArgumentParser:
     recall.add_argument("--json", action="store_true", help="last stdout line: one JSON object of figures")
     recall.add_argument("--cleanup", action="store_true", help="delete the sessions it created")
     recall.set_defaults(func=cmd_eval_recall)
+    mcp = sub.add_parser(
+        "mcp",
+        help="the MCP server over stdio, for MCP clients (tools call the REST API)",
+        description="Serve ctxapp's memory tools over stdio to an MCP client. The server URL and API key "
+        "come from --url/--api-key, CTXAPP_URL/CTXAPP_API_KEY, or the config file.",
+    )
+    ctx_cli.add_target_arguments(mcp)
+    mcp.set_defaults(func=cmd_mcp)
+    ctx_cli.add_parser(sub)
     return parser
 
 

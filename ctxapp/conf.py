@@ -88,6 +88,19 @@ def parse_positive_int(raw: str) -> int:
     return value
 
 
+def parse_networks(raw: str) -> list[str]:
+    """Comma-separated IP networks (CIDR, or single addresses), each checked."""
+    import ipaddress
+
+    networks = parse_list(raw)
+    for network in networks:
+        try:
+            ipaddress.ip_network(network, strict=False)
+        except ValueError:
+            raise ValueError(f"{network!r} is not an IP network (e.g. 10.0.0.0/8 or 127.0.0.1)") from None
+    return networks
+
+
 TYPE_NAMES: dict[Callable[[str], Any], str] = {
     parse_bool: "bool",
     parse_int: "int",
@@ -98,6 +111,7 @@ TYPE_NAMES: dict[Callable[[str], Any], str] = {
     parse_list: "comma-separated list",
     parse_str: "string",
     parse_port: "port",
+    parse_networks: "comma-separated CIDR list",
 }
 
 
@@ -478,6 +492,39 @@ SETTINGS: list[Setting] = [
         400,
         "Live dashboard: events are coalesced and each page is re-rendered at most once per this many ms.",
         group="dashboard",
+    ),
+    # --- metrics ---
+    Setting(
+        "CTXAPP_METRICS_TOKEN",
+        parse_str,
+        "",
+        "Bearer token that may read GET /metrics from any address. Unset: only CTXAPP_METRICS_ALLOW.",
+        secret=True,
+        group="metrics",
+    ),
+    Setting(
+        "CTXAPP_METRICS_ALLOW",
+        parse_networks,
+        ["127.0.0.1/32", "::1/128"],
+        "Client networks (CIDR) that may read GET /metrics without the token. Empty: token only.",
+        group="metrics",
+    ),
+    # --- client (`ctxapp ctx`, `ctxapp mcp`, `ctxapp demo`) ---
+    Setting(
+        "CTXAPP_URL",
+        parse_str,
+        "",
+        "Base URL the command-line clients call. Unset: the config file, then the server `ctxapp up` "
+        "runs from this data directory, then http://127.0.0.1:CTXAPP_PORT.",
+        group="client",
+    ),
+    Setting(
+        "CTXAPP_API_KEY",
+        parse_str,
+        "",
+        "API key the command-line clients send. Unset: api_key in ~/.config/ctxapp/config.toml.",
+        secret=True,
+        group="client",
     ),
 ]
 

@@ -515,13 +515,15 @@ def raise_missing(what: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ctxapp.cli import command_name
     from ctxapp.client import Client, CtxappError, NetworkError, Unauthorized
 
     api_key = getattr(args, "api_key", None) or os.environ.get("CTXAPP_API_KEY")
     if not api_key:
         print(
             "ctxapp demo needs an API key: pass --api-key ctx_… or set CTXAPP_API_KEY.\n"
-            "`ctxapp up` prints one on first run; or create one: ctxapp manage create_api_key --tenant demo",
+            "`ctxapp up` prints one on first run; or create one: "
+            f"{command_name()} manage create_api_key --tenant demo",
             file=sys.stderr,
         )
         return 2

@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI / ReDoc assets from a wheel: /api/docs/ works offline
     "channels",
     "channels_postgres",
     "django_htmx",
@@ -61,6 +62,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "ctxapp.metrics.RequestMetricsMiddleware",  # outermost: latency includes every other layer
     "ctxapp.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "servestatic.middleware.ServeStaticMiddleware",
@@ -225,6 +227,10 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # Operation ids drop "/api" (v1_sessions_list); explicit since /v1/traces lives outside /api.
     "SCHEMA_PATH_PREFIX": r"/api",
+    # Served from our static files (drf-spectacular-sidecar), never a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
         "TaskStatusEnum": "memory.models.sessions.TaskStatus",
         "ExperienceKindEnum": "memory.models.experiences.ExperienceKind",

@@ -4,7 +4,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from ctxapp import health
+from ctxapp import health, metrics
 
 handler404 = "ctxapp.api_errors.handler404"
 handler500 = "ctxapp.api_errors.handler500"
@@ -13,6 +13,7 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -1,0 +1,257 @@
+"""The MCP server, driven by the official `mcp` SDK client over both transports against a live server:
+streamable HTTP at /mcp (bearer key) and `ctxapp mcp` over stdio (REST client underneath)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+
+from memory.models import Experience, Message, Session, Tenant, TrackedFact
+from memory.services.tenancy import api_key_create, api_key_revoke
+from tests.conftest import worker_env
+from tests.dashboard.live_server import uvicorn_server
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOOLS = {
+    "memory_search",
+    "remember",
+    "context_build",
+    "session_start",
+    "session_end",
+    "experience_record",
+    "recovered_state",
+    "decay_report",
+}
+
+
+@pytest.fixture
+def keys(transactional_db: None) -> dict[str, Any]:
+    alice = Tenant.objects.create(name="Alice's team", slug="alice")
+    bob = Tenant.objects.create(name="Bob's team", slug="bob")
+    _, alice_key = api_key_create(tenant=alice, name="mcp")
+    _, bob_key = api_key_create(tenant=bob, name="mcp")
+    revoked, revoked_key = api_key_create(tenant=alice, name="old")
+    api_key_revoke(api_key=revoked)
+    _, read_only = api_key_create(tenant=alice, name="reader", scopes=["read"])
+    return {"alice": alice, "bob": bob, "alice_key": alice_key, "bob_key": bob_key,
+            "revoked_key": revoked_key, "read_only": read_only}  # fmt: skip
+
+
+@pytest.fixture
+def server(keys: dict[str, Any]) -> Iterator[str]:
+    with uvicorn_server(worker_env()) as base:
+        yield base
+
+
+def http_client(base: str, key: str) -> Client:
+    transport = streamable_http_client(
+        f"{base}/mcp", http_client=create_mcp_http_client(headers={"Authorization": f"Bearer {key}"})
+    )
+    return Client(transport)
+
+
+def stdio_client(base: str, key: str) -> Client:
+    env = {"CTXAPP_URL": base, "CTXAPP_API_KEY": key, "CTXAPP_DATA_DIR": "/nonexistent-ctxapp-data"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "ctxapp.cli", "mcp"], env=env)
+    return Client(params)
+
+
+def data(result: Any) -> Any:
+    assert not result.is_error, result.content
+    if result.structured_content is not None:
+        return result.structured_content
+    return json.loads(result.content[0].text)
+
+
+async def _conversation(client: Client) -> dict[str, Any]:
+    """What an agent does in one session, through the tools; returns what it saw."""
+    seen: dict[str, Any] = {}
+    async with client:
+        listed = await client.list_tools()
+        seen["tools"] = {t.name: t for t in listed.tools}
+        session = data(await client.call_tool("session_start", {"agent": "mcp-bot", "user_id": "u-1"}))
+        seen["session"] = session
+        sid = session["id"]
+        seen["message"] = data(
+            await client.call_tool(
+                "remember", {"session": sid, "content": "The deploy fails with ENOSPC on /var."}
+            )
+        )
+        seen["fact"] = data(
+            await client.call_tool(
+                "remember",
+                {"session": sid, "kind": "fact", "fact_type": "constraint",
+                 "content": "Never restart the primary database during business hours."},
+            )
+        )  # fmt: skip
+        seen["context"] = data(
+            await client.call_tool("context_build", {"session": sid, "input": "What now?"})
+        )
+        seen["experience"] = data(
+            await client.call_tool(
+                "experience_record",
+                {"problem": "Deploy fails with ENOSPC on /var", "cause": "old release directories",
+                 "solution": "prune releases older than 5", "confidence": 0.8},
+            )
+        )  # fmt: skip
+        seen["search"] = data(await client.call_tool("memory_search", {"query": "ENOSPC deploy"}))
+        seen["decay"] = data(await client.call_tool("decay_report", {"session": sid}))
+        seen["recovered"] = data(await client.call_tool("recovered_state", {"agent": "mcp-bot"}))
+        seen["ended"] = data(await client.call_tool("session_end", {"session": sid}))
+        seen["missing"] = await client.call_tool("decay_report", {"session": "ses_doesnotexist"})
+    return seen
+
+
+def _assert_conversation(seen: dict[str, Any], tenant: Tenant) -> None:
+    assert set(seen["tools"]) == TOOLS
+    for tool in seen["tools"].values():
+        assert tool.description and len(tool.description) > 40
+        assert tool.input_schema["type"] == "object"
+    assert seen["tools"]["remember"].input_schema["required"] == ["session", "content"]
+    assert set(seen["tools"]["remember"].input_schema["properties"]["kind"]["enum"]) == {"message", "fact"}
+    session = Session.objects.get(tenant=tenant, public_id=seen["session"]["id"])
+    assert session.agent.external_id == "mcp-bot"
+    assert seen["message"]["seq"] == 1
+    assert Message.objects.get(session=session, seq=1).content == "The deploy fails with ENOSPC on /var."
+    fact = TrackedFact.objects.get(session=session)
+    assert fact.content.startswith("Never restart") and seen["fact"]["type"] == "constraint"
+    contents = json.dumps(seen["context"]["messages"])
+    assert "ENOSPC" in contents and "Never restart the primary" in contents
+    assert seen["context"]["budget"]["prompt_tokens"] > 0
+    assert Experience.objects.filter(tenant=tenant, problem="Deploy fails with ENOSPC on /var").exists()
+    assert seen["search"]["results"][0]["experience"]["id"] == seen["experience"]["id"]
+    assert seen["decay"]["session"] == session.public_id and seen["decay"]["items"] == []
+    assert seen["recovered"]["session"]["id"] == session.public_id
+    assert seen["ended"]["status"] == "ended"
+    assert seen["missing"].is_error and "not_found" in seen["missing"].content[0].text
+
+
+def test_streamable_http_tools_work_for_the_keys_tenant(server: str, keys: dict[str, Any]) -> None:
+    seen = asyncio.run(_conversation(http_client(server, keys["alice_key"])))
+    _assert_conversation(seen, keys["alice"])
+    # /mcp is outside Django but measured like a route
+    text = httpx.get(f"{server}/metrics", timeout=30).text
+    line = 'ctxapp_http_request_duration_seconds_count{method="POST",route="mcp",status="2xx"}'
+    counted = [float(row.split()[-1]) for row in text.splitlines() if row.startswith(line)]
+    assert counted and counted[0] >= 11  # initialize, tools/list, the ten tool calls (and notifications)
+
+
+def test_stdio_server_calls_the_rest_api(server: str, keys: dict[str, Any]) -> None:
+    seen = asyncio.run(_conversation(stdio_client(server, keys["alice_key"])))
+    _assert_conversation(seen, keys["alice"])
+
+
+@pytest.mark.parametrize("header", [None, "Bearer ctx_nope_nope", "Basic abc", "revoked"])
+def test_http_without_a_usable_key_is_refused_with_json(
+    server: str, keys: dict[str, Any], header: str | None
+) -> None:
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    if header == "revoked":
+        header = f"Bearer {keys['revoked_key']}"
+    if header:
+        headers["Authorization"] = header
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    response = httpx.post(f"{server}/mcp", json=body, headers=headers, timeout=30)
+    assert response.status_code == 401
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert error["code"] == "not_authenticated" and error["message"]
+    if header == f"Bearer {keys['revoked_key']}":
+        assert "revoked" in error["message"]
+
+
+def test_the_sdk_client_with_a_bad_key_fails_to_connect(server: str, keys: dict[str, Any]) -> None:
+    async def connect() -> None:
+        async with http_client(server, "ctx_0000dead_notakey") as client:
+            await client.list_tools()
+
+    with pytest.raises(ExceptionGroup) as refused:  # the SDK's task group carries its MCPError
+        asyncio.run(connect())
+    assert refused.group_contains(MCPError, depth=None)
+
+
+def test_a_read_only_key_cannot_write(server: str, keys: dict[str, Any]) -> None:
+    async def go() -> Any:
+        async with http_client(server, keys["read_only"]) as client:
+            return await client.call_tool("session_start", {"agent": "reader"})
+
+    result = asyncio.run(go())
+    assert result.is_error and "write" in result.content[0].text
+    assert not Session.objects.exists()
+
+
+def test_tenants_are_isolated_over_both_transports(server: str, keys: dict[str, Any]) -> None:
+    async def alice_session() -> str:
+        async with http_client(server, keys["alice_key"]) as client:
+            session = data(await client.call_tool("session_start", {"agent": "alice-bot"}))
+            await client.call_tool("experience_record", {"problem": "Alice's secret outage runbook"})
+            return str(session["id"])
+
+    sid = asyncio.run(alice_session())
+
+    async def bob_tries(client: Client) -> list[Any]:
+        async with client:
+            return [
+                await client.call_tool("remember", {"session": sid, "content": "bob was here"}),
+                await client.call_tool("context_build", {"session": sid}),
+                await client.call_tool("session_end", {"session": sid}),
+                await client.call_tool("recovered_state", {"agent": "alice-bot"}),
+                await client.call_tool("memory_search", {"query": "secret outage runbook"}),
+            ]
+
+    for client in (http_client(server, keys["bob_key"]), stdio_client(server, keys["bob_key"])):
+        *refused, search = asyncio.run(bob_tries(client))
+        for result in refused:
+            assert result.is_error and "not_found" in result.content[0].text
+        assert data(search)["results"] == []
+    assert Message.objects.count() == 0
+    assert Session.objects.get(public_id=sid).status == "open"
+
+
+def test_a_key_bound_to_an_agent_acts_only_as_that_agent(server: str, keys: dict[str, Any]) -> None:
+    _, bound = api_key_create(tenant=keys["alice"], name="bound", agent_external_id="alice-bot")
+
+    async def go() -> dict[str, Any]:
+        async with http_client(server, keys["alice_key"]) as client:
+            other = data(await client.call_tool("session_start", {"agent": "other-bot"}))["id"]
+        async with http_client(server, bound) as client:
+            own = data(await client.call_tool("session_start", {"agent": "alice-bot"}))
+            return {
+                "own": own,
+                "start_other": await client.call_tool("session_start", {"agent": "other-bot"}),
+                "remember_other": await client.call_tool("remember", {"session": other, "content": "x"}),
+                "recover_other": await client.call_tool("recovered_state", {"agent": "other-bot"}),
+                "recover_own": await client.call_tool("recovered_state", {"agent": "alice-bot"}),
+            }
+
+    seen = asyncio.run(go())
+    assert seen["own"]["agent"] == "alice-bot"
+    for name in ("start_other", "remember_other", "recover_other"):
+        assert seen[name].is_error and "agent_mismatch" in seen[name].content[0].text, name
+    assert not seen["recover_own"].is_error
+    assert Message.objects.count() == 0
+
+
+def test_ctxapp_mcp_without_a_key_says_so(tmp_path: Any) -> None:
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in {"CTXAPP_API_KEY", "CTXAPP_URL"}}
+    env.update({"HOME": str(tmp_path), "CTXAPP_DATA_DIR": str(tmp_path)})
+    result = subprocess.run(
+        [sys.executable, "-m", "ctxapp.cli", "mcp"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 2 and "No API key" in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""  # nothing that an MCP client would misread as a message
