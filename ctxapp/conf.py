@@ -258,6 +258,13 @@ SETTINGS: list[Setting] = [
         group="api",
     ),
     Setting(
+        "CTXAPP_JSON_MAX_DEPTH",
+        parse_positive_int,
+        100,
+        "Deepest nesting of objects and arrays accepted in a JSON body; deeper → 422.",
+        group="api",
+    ),
+    Setting(
         "CTXAPP_IDEMPOTENCY_TTL_HOURS",
         parse_positive_int,
         24,

@@ -16,7 +16,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serial
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from memory.api.base import CursorSerializer, TenantApiView, keyset_page
+from memory.api.base import MAX_BIGINT, CursorSerializer, TenantApiView, keyset_page
 from memory.exceptions import AgentMismatch, InvalidInput
 from memory.models import Agent, Checkpoint
 from memory.services import cognition, layers, recovery
@@ -84,7 +84,7 @@ class AgentScopedView(TenantApiView):
         raw = raw or self.request.query_params.get("expected_version", "").strip()
         if not raw:
             return None
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):  # "²".isdigit(); bigint range
             raise InvalidInput(
                 "If-Match must be the version number you read.",
                 details={"fields": {"If-Match": ["Not a version."]}},
@@ -197,7 +197,9 @@ class AgentCheckpointsApi(AgentScopedView):
             ref_name = "AgentCheckpointsInput"
 
         reason = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
-        step = serializers.IntegerField(required=False, allow_null=True, default=None)
+        step = serializers.IntegerField(
+            required=False, allow_null=True, default=None, min_value=-MAX_BIGINT, max_value=MAX_BIGINT
+        )
         produced_by = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
         state = serializers.JSONField(
             required=False, default=None, help_text="Write this state first, then checkpoint it (one call)."
