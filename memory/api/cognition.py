@@ -381,6 +381,8 @@ class SharedContextPatchSerializer(SharedContextSerializer):
 
 
 class TaskSharedContextApi(AgentScopedView):
+    agent_binding = False  # shared between the task's agents; acts as the caller
+
     @extend_schema(responses=FREE_JSON, summary="The task's shared context (every agent on the task sees it)")
     def get(self, request: Any, task_id: str) -> Response:
         task = layers.task_get(tenant=self.tenant, task_id=task_id)
@@ -421,6 +423,8 @@ class TaskSharedContextApi(AgentScopedView):
 
 
 class TaskPrivateContextApi(AgentScopedView):
+    agent_binding = False  # shared between the task's agents; acts as the caller
+
     class InputSerializer(serializers.Serializer):
         class Meta:
             ref_name = "TaskPrivateContextInput"
@@ -462,6 +466,7 @@ class TaskPrivateContextApi(AgentScopedView):
 
 
 class TaskMessagesApi(AgentScopedView):
+    agent_binding = False  # shared between the task's agents; acts as the caller
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
     class InputSerializer(serializers.Serializer):
@@ -520,6 +525,8 @@ class TaskMessagesApi(AgentScopedView):
 
 
 class TaskMessagesReadApi(AgentScopedView):
+    agent_binding = False  # shared between the task's agents; acts as the caller
+
     class InputSerializer(serializers.Serializer):
         class Meta:
             ref_name = "TaskMessagesReadInput"
