@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ INSTALLED_APPS = [
     "channels",
     "channels_postgres",
     "django_htmx",
+    "axes",
     "memory",
     "dashboard",
 ]
@@ -72,6 +74,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: it answers a locked-out login with the lockout page
 ]
 
 ROOT_URLCONF = "ctxapp.urls"
@@ -181,10 +184,43 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": CTXAPP["CTXAPP_BR
 if not REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS.update(pool_pre_ping=True, pool_size=2, max_overflow=3)
 
+# --- shared cache (API throttles) ---------------------------------------------------------------
+# Throttle counters must be shared by every web process: Redis when there is one, else a table
+# in PostgreSQL (created by the migrations, `memory/migrations/0002_harden.py`).
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": f"{QUEUE_PREFIX}:cache",
+        }
+    }
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+            "LOCATION": "ctxapp_cache",
+            "KEY_PREFIX": QUEUE_PREFIX,
+        }
+    }
+
 # --- auth, i18n, static -------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out username + address
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Failed admin and dashboard logins, per username and client address (django-axes).
+AXES_FAILURE_LIMIT = CTXAPP["CTXAPP_LOGIN_FAILURE_LIMIT"]
+AXES_COOLOFF_TIME = timedelta(minutes=CTXAPP["CTXAPP_LOGIN_COOLOFF_MINUTES"])
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_CLIENT_IP_CALLABLE = "memory.api.throttles.login_client_address"
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "dashboard/lockout.html"
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -213,6 +249,12 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "ctxapp.api_errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "memory.api.schema.CtxappAutoSchema",
     "UNAUTHENTICATED_USER": None,
+    # Rates are settings (CTXAPP_THROTTLE_*), counted on the shared cache below.
+    "DEFAULT_THROTTLE_CLASSES": [
+        "memory.api.throttles.ApiKeyRateThrottle",
+        "memory.api.throttles.ClientAddressRateThrottle",
+    ],
+    "NUM_PROXIES": CTXAPP["CTXAPP_NUM_PROXIES"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "ctxapp API",
@@ -222,6 +264,10 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "memory.api.schema.declare_error_responses",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "TaskStatusEnum": "memory.models.sessions.TaskStatus",
         "ExperienceKindEnum": "memory.models.experiences.ExperienceKind",

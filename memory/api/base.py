@@ -15,11 +15,13 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
+from rest_framework import exceptions as drf_exceptions
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from memory.api import throttles
 from memory.exceptions import IdempotencyConflict, IdempotencyInProgress, InvalidInput
 from memory.models import IdempotencyRecord, Tenant
 from memory.services.tenancy import api_key_binding_check
@@ -62,6 +64,7 @@ class TenantApiView(APIView):
 
     # --- agent-bound keys -------------------------------------------------------------------
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        throttles.auth_failures_check(request)  # an address guessing keys: 429 before any lookup
         super().initial(request, *args, **kwargs)
         bound = getattr(request.auth, "agent_external_id", "")
         if bound and self.agent_binding:
@@ -88,6 +91,11 @@ class TenantApiView(APIView):
             session_ids=named["session"],
             task_ids=named["task"],
         )
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
+            throttles.auth_failure_record(self.request)
+        return super().handle_exception(exc)
 
     # --- idempotency -----------------------------------------------------------------------
     def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.urls import path
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -271,7 +271,10 @@ class ExperiencePromoteApi(TenantApiView):
 
     @extend_schema(
         request=InputSerializer,
-        responses=ExperienceDetailSerializer,
+        responses={
+            201: OpenApiResponse(ExperienceDetailSerializer, description="Created (`outcome: created`)."),
+            200: OpenApiResponse(ExperienceDetailSerializer, description="An existing one updated or kept."),
+        },
         summary="Promote a preference, project configuration or constraint to long-term memory",
     )
     def post(self, request: Request) -> Response:
@@ -313,6 +316,17 @@ class ExperienceRetryEmbeddingsApi(TenantApiView):
         return Response({"requeued": count}, status=status.HTTP_202_ACCEPTED)
 
 
+TASK_DISTILL_OUTPUT = inline_serializer(
+    "TaskDistillOutput",
+    {
+        "task": serializers.CharField(),
+        "mode": serializers.CharField(),
+        "status": serializers.CharField(),
+        "experiences": serializers.ListField(child=serializers.DictField()),
+    },
+)
+
+
 class TaskDistillApi(TenantApiView):
     class InputSerializer(serializers.Serializer):
         class Meta:
@@ -323,15 +337,8 @@ class TaskDistillApi(TenantApiView):
     @extend_schema(
         request=InputSerializer,
         responses={
-            200: inline_serializer(
-                "TaskDistillOutput",
-                {
-                    "task": serializers.CharField(),
-                    "mode": serializers.CharField(),
-                    "status": serializers.CharField(),
-                    "experiences": serializers.ListField(child=serializers.DictField()),
-                },
-            )
+            200: OpenApiResponse(TASK_DISTILL_OUTPUT, description="Light mode: distilled now."),
+            202: OpenApiResponse(TASK_DISTILL_OUTPUT, description="Full mode: queued (`status: queued`)."),
         },
         summary="Distil a finished task (light: now, full: queued)",
     )
