@@ -187,7 +187,8 @@ SETTINGS: list[Setting] = [
         "CTXAPP_DATA_DIR",
         parse_str,
         "./.ctxapp",
-        "Where the embedded PostgreSQL, the secret key and the lock file live.",
+        "Where the embedded PostgreSQL, the secret key and the lock file live. Unset, `ctxapp` uses the "
+        "nearest .ctxapp in the current directory or one above it (as git finds .git), else ./.ctxapp.",
     ),
     Setting(
         "DATABASE_URL",
