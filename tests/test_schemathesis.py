@@ -21,6 +21,7 @@ from django.db import close_old_connections
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from rest_framework.test import APIClient
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation import GenerationMode
@@ -31,6 +32,11 @@ from memory.models import Tenant
 pytestmark = pytest.mark.django_db
 
 MAX_EXAMPLES = int(os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "15"))  # raise it locally to dig deeper
+# Positive data by default (bodies valid enough to reach the views); SCHEMATHESIS_MODES=all adds
+# schema-violating data as well, for a deeper local run.
+MODES = {"positive": [GenerationMode.POSITIVE], "all": [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]}[
+    os.environ.get("SCHEMATHESIS_MODES", "positive")
+]
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
 
 
@@ -110,7 +116,9 @@ def test_every_operation_conforms_to_the_schema(ids, wsgi_app) -> None:
     for operation in operations:
         label = operation.label
 
-        @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
+        strategies = [operation.as_strategy(generation_mode=mode) for mode in MODES]
+
+        @given(case=strategies[0] if len(strategies) == 1 else st.one_of(*strategies))
         @hypothesis_settings(
             max_examples=MAX_EXAMPLES,
             deadline=timedelta(seconds=15),

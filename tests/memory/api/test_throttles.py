@@ -78,3 +78,46 @@ def test_rates_are_validated_settings():
     assert resolve_all({"CTXAPP_THROTTLE_KEY_RATE": "off"})["CTXAPP_THROTTLE_KEY_RATE"].value is None
     with pytest.raises(SettingError, match="CTXAPP_THROTTLE_KEY_RATE"):
         resolve_all({"CTXAPP_THROTTLE_KEY_RATE": "lots"})
+
+
+@pytest.fixture
+def database_cache(settings):
+    """The cache of the embedded default (no REDIS_URL): the table the migration creates."""
+    import importlib
+
+    from django.db import connection
+
+    migration = importlib.import_module("memory.migrations.0002_harden")
+    with connection.cursor() as cursor:
+        cursor.execute(migration.CREATE)
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+            "LOCATION": "ctxapp_cache",
+            "KEY_PREFIX": "throttle-test",
+        }
+    }
+
+
+def test_without_redis_the_limits_count_in_the_database_cache(database_cache, api_a, rates, address):
+    from django.db import connection
+
+    rates(key="2/min")
+    for _ in range(2):
+        assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
+    assert_throttled(api_a.get("/api/v1/tenant", REMOTE_ADDR=address))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM ctxapp_cache WHERE cache_key LIKE %s", ["%throttle:key:%"])
+        assert cursor.fetchone()[0] >= 1
+
+
+def test_an_unreachable_cache_fails_open(settings, api_a, rates, address):
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+        }
+    }
+    rates(key="1/min", address="1/min", auth_failure="1/min")
+    for _ in range(3):
+        assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
