@@ -76,6 +76,7 @@ def empty_database_url() -> str:
     db = settings.DATABASES["default"]
     host = db.get("OPTIONS", {}).get("host") or db["HOST"]
     name = f"ctxapp_empty_{uuid.uuid4().hex[:8]}"
+
     def url(database: str) -> str:
         if db.get("PORT"):
             return f"postgresql://{db['USER']}@{host}:{db['PORT']}/{database}"

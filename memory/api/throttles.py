@@ -28,8 +28,6 @@ from rest_framework import exceptions
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from memory.models import ApiKey
-
 DURATIONS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 logger = logging.getLogger(__name__)
 
@@ -109,7 +107,7 @@ class ApiKeyRateThrottle(_SettingRateThrottle):
     setting = "CTXAPP_THROTTLE_KEY_RATE"
 
     def ident(self, request: Request) -> str | None:
-        return request.auth.prefix if isinstance(request.auth, ApiKey) else None
+        return getattr(request.auth, "prefix", None)  # None: not authenticated by a key
 
 
 class ClientAddressRateThrottle(_SettingRateThrottle):
