@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
+from django.core.cache import caches
+from django.core.cache.backends.redis import RedisCache
+from django.db import connection
 from django.http import HttpRequest
 from rest_framework import exceptions
 from rest_framework.request import Request
@@ -56,22 +60,67 @@ def parse_rate(rate: str | None) -> tuple[int, int] | None:
     return int(count), DURATIONS[unit[0]]
 
 
+DB_CACHE_TABLE = "ctxapp_cache"  # the database cache's table (memory/migrations/0002_harden.py)
+DB_CLEANUP_EVERY = 500  # about one request in this many deletes the database's expired windows
+
+
+def _redis_client() -> Any | None:
+    """The raw client of the Redis cache, or None when the cache is the database's."""
+    backend = caches["default"]
+    if isinstance(backend, RedisCache):
+        return backend._cache.get_client(write=True)  # one pipelined round trip, not add + incr
+    return None
+
+
 def window_count(key: str, duration: int) -> tuple[int, float]:
     """Count one hit of `key` in the current fixed window of `duration` seconds.
 
-    Returns (hits in this window, seconds until it ends). O(1) on the cache: an add and an incr,
-    instead of the timestamp list DRF's SimpleRateThrottle rewrites on every request.
+    Returns (hits in this window, seconds until it ends). One round trip and O(1): a pipelined
+    INCR + EXPIRE on Redis, or one upsert on the database cache's table (Django's cache API
+    would cost an add, a get and a set, each several statements there).
     """
     now = time.time()
     window = int(now // duration)
     full_key = f"throttle:{key}:{window}"
-    cache.add(full_key, 0, timeout=duration + 1)
-    try:
-        count = cache.incr(full_key)
-    except ValueError:  # expired between add and incr
-        cache.add(full_key, 1, timeout=duration + 1)
-        count = 1
-    return count, (window + 1) * duration - now
+    remaining = (window + 1) * duration - now
+    client = _redis_client()
+    if client is not None:
+        redis_key = caches["default"].make_key(full_key)
+        pipe = client.pipeline(transaction=False)
+        pipe.incr(redis_key)
+        pipe.expire(redis_key, duration + 1)
+        count, _ = pipe.execute()
+        return int(count), remaining
+    expires = datetime.fromtimestamp((window + 1) * duration + 1, tz=UTC)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {DB_CACHE_TABLE} (cache_key, value, expires) VALUES (%s, '1', %s) "
+            f"ON CONFLICT (cache_key) DO UPDATE SET value = ({DB_CACHE_TABLE}.value::bigint + 1)::text "
+            "RETURNING value::bigint",
+            [full_key, expires],
+        )
+        count = cursor.fetchone()[0]
+        if random.randrange(DB_CLEANUP_EVERY) == 0:
+            cursor.execute(
+                f"DELETE FROM {DB_CACHE_TABLE} WHERE cache_key LIKE 'throttle:%%' AND expires < %s",
+                [datetime.now(tz=UTC)],
+            )
+    return int(count), remaining
+
+
+def window_peek(key: str, duration: int) -> tuple[int, float]:
+    """The hits of `key` in the current window, without counting one. Read-only."""
+    now = time.time()
+    window = int(now // duration)
+    full_key = f"throttle:{key}:{window}"
+    remaining = (window + 1) * duration - now
+    client = _redis_client()
+    if client is not None:
+        return int(client.get(caches["default"].make_key(full_key)) or 0), remaining
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT value::bigint FROM {DB_CACHE_TABLE} WHERE cache_key = %s", [full_key])
+        row = cursor.fetchone()
+    return (int(row[0]) if row else 0), remaining
 
 
 class _SettingRateThrottle(BaseThrottle):
@@ -128,16 +177,14 @@ def auth_failures_check(request: Request) -> None:
     if parsed is None:
         return
     limit, duration = parsed
-    now = time.time()
-    window = int(now // duration)
     try:
-        failures = cache.get(f"throttle:{_auth_failure_key(request)}:{window}") or 0
+        failures, remaining = window_peek(_auth_failure_key(request), duration)
     except Exception:  # the cache is down: fail open (see the module docstring)
         logger.warning("Failed-authentication throttle not applied: the cache is unreachable")
         return
     if failures >= limit:
         raise exceptions.Throttled(
-            wait=math.ceil((window + 1) * duration - now),
+            wait=max(1, math.ceil(remaining)),
             detail="Too many failed authentications from this address; wait before retrying.",
         )
 
