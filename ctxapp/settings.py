@@ -196,6 +196,8 @@ if REDIS_URL:
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": f"{QUEUE_PREFIX}:cache",
+            # A Redis that stops answering must not hold requests: the throttles fail open.
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
         }
     }
 else:
