@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -59,6 +60,29 @@ def _settings() -> dict[str, Any]:
 
 def _data_dir(values: dict[str, Any]) -> Path:
     return Path(values["CTXAPP_DATA_DIR"]).expanduser().resolve()
+
+
+DATA_DIR_NAME = ".ctxapp"
+
+
+def anchor_data_dir(cwd: Path | None = None) -> Path | None:
+    """Pin CTXAPP_DATA_DIR for this command and its children, the same from any directory.
+
+    Set explicitly (environment or env file): that. Otherwise the nearest `.ctxapp` in the
+    current directory or one of its parents, the way git finds `.git`, so `ctxapp manage …` run
+    from a subdirectory of the project reaches the project's database instead of creating an
+    empty one; with none, `./.ctxapp` (a first `ctxapp up` creates it). Returns what it pinned.
+    """
+    from ctxapp.conf import _file_values
+
+    if "CTXAPP_DATA_DIR" in os.environ or "CTXAPP_DATA_DIR" in _file_values():
+        return None
+    start = (cwd or Path.cwd()).resolve()
+    for directory in (start, *start.parents):
+        if (directory / DATA_DIR_NAME).is_dir():
+            os.environ["CTXAPP_DATA_DIR"] = str(directory / DATA_DIR_NAME)
+            return directory / DATA_DIR_NAME
+    return None
 
 
 def _prepare_database(values: dict[str, Any]) -> None:
@@ -160,10 +184,56 @@ def cmd_config(args: argparse.Namespace) -> int:
 # --- manage ---------------------------------------------------------------------------------
 
 
+# Commands that work on a database without ctxapp's schema (or none at all).
+SCHEMALESS_COMMANDS = frozenset(
+    {"migrate", "makemigrations", "showmigrations", "sqlmigrate", "check", "help", "version", "dbshell"}
+)
+
+
+def _check_database_exists(values: dict[str, Any], command: str) -> None:
+    """Refuse to start a new, empty embedded database for anything but `migrate`."""
+    from ctxapp import embedded
+
+    if values["DATABASE_URL"] or command == "migrate":
+        return
+    data_dir = _data_dir(values)
+    if not embedded.pgdata_dir(data_dir).exists():
+        raise CliError(
+            f"No ctxapp database in {data_dir}. CTXAPP_DATA_DIR is unset, and neither this directory "
+            f"nor one above it has a {DATA_DIR_NAME} directory. Run this from your ctxapp project (where "
+            "you ran `ctxapp up`), or point at its data: CTXAPP_DATA_DIR=/path/to/.ctxapp ctxapp manage …"
+        )
+
+
+def _check_schema(command: str) -> None:
+    """Refuse a command that needs ctxapp's tables on a database that does not have them."""
+    if command in SCHEMALESS_COMMANDS:
+        return
+    _django_setup()
+    from django.db import DatabaseError, connection
+    from django.db.migrations.recorder import MigrationRecorder
+
+    try:
+        applied = MigrationRecorder(connection).applied_migrations()
+    except DatabaseError as exc:
+        raise CliError(f"Cannot read the database's migrations: {str(exc).strip()}") from None
+    finally:
+        connection.close()
+    if ("memory", "0001_initial") not in applied:
+        name = connection.settings_dict.get("NAME")
+        raise CliError(
+            f"The database {name!r} has no ctxapp schema yet. Create it first: `ctxapp manage migrate` "
+            "(or `ctxapp up`, which migrates), then run this command again."
+        )
+
+
 def cmd_manage(argv: list[str]) -> int:
     values = _settings()
-    if argv and argv[0] not in ("help", "--help", "-h"):
+    command = argv[0] if argv else "help"
+    if command not in ("help", "--help", "-h"):
+        _check_database_exists(values, command)
         _prepare_database(values)
+        _check_schema(command)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ctxapp.settings")
     from django.core.management import execute_from_command_line
 
@@ -174,16 +244,42 @@ def cmd_manage(argv: list[str]) -> int:
 # --- up -------------------------------------------------------------------------------------
 
 
+def _checked_port(port: int) -> int:
+    if not 0 < port < 65536:
+        raise CliError(f"--port {port} is not a TCP port: choose one from 1 to 65535, e.g. --port 8000.")
+    return port
+
+
 def _check_port_free(host: str, port: int) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    """Bind host:port once, so each reason it cannot be served gets its own message."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise CliError(
+            f"Cannot resolve the host {host!r} to bind ({reason}). Give an address of this machine "
+            "(127.0.0.1, 0.0.0.0 for every interface, ::1) or a name that resolves to one: "
+            "ctxapp up --host 127.0.0.1"
+        ) from None
+    family, _, _, _, address = infos[0]
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, port))
+            sock.bind(address)
         except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CliError(
+                    f"Port {port} on {host} is already in use ({exc.strerror}). Stop whatever listens "
+                    f"there, or choose another port: CTXAPP_PORT={port % 65535 + 1} ctxapp up"
+                ) from None
+            if exc.errno == errno.EACCES:
+                raise CliError(
+                    f"Cannot bind port {port} on {host}: permission denied (ports below 1024 need "
+                    "privileges). Choose a port above 1024, e.g. --port 8000."
+                ) from None
             raise CliError(
-                f"Port {port} on {host} is already in use ({exc.strerror}). Stop whatever listens there, "
-                f"or choose another port: CTXAPP_PORT={port + 1} ctxapp up"
+                f"Cannot bind {host}:{port} ({exc.strerror}): is {host} an address of this machine? "
+                "Use 127.0.0.1, or 0.0.0.0 for every interface."
             ) from None
 
 
@@ -352,7 +448,7 @@ def _migrate_and_bootstrap() -> Any:
 def cmd_up(args: argparse.Namespace) -> int:
     values = _settings()
     host = args.host or values["CTXAPP_HOST"]
-    port = args.port or values["CTXAPP_PORT"]
+    port = _checked_port(args.port or values["CTXAPP_PORT"])
     data_dir = _data_dir(values)
     # Until the children run, a stop request unwinds normally, so the embedded PostgreSQL we may
     # have started is stopped by its atexit hook (a bare SIGTERM would skip it).
@@ -513,10 +609,11 @@ def _exec(argv: list[str]) -> int:
 
 def cmd_web(args: argparse.Namespace) -> int:
     values = _settings()
+    port = _checked_port(args.port or values["CTXAPP_PORT"])
     _prepare_database(values)
     if values["CTXAPP_WEB_WORKERS"] > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_metrics_dir(_data_dir(values)))
-    return _exec(web_argv(values, args.host or values["CTXAPP_HOST"], args.port or values["CTXAPP_PORT"]))
+    return _exec(web_argv(values, args.host or values["CTXAPP_HOST"], port))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -637,6 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        anchor_data_dir()
         if argv[:1] == ["manage"]:
             return cmd_manage(argv[1:])
         args = build_parser().parse_args(argv)

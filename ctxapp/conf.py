@@ -81,6 +81,17 @@ def parse_port(raw: str) -> int:
     return value
 
 
+def parse_rate(raw: str) -> str | None:
+    """A request rate `N/unit` (unit: s, min, h, day), or `off`."""
+    value = raw.strip().lower()
+    if value in {"off", "none", ""}:
+        return None
+    count, _, unit = value.partition("/")
+    if not count.isdigit() or int(count) <= 0 or unit[:1] not in {"s", "m", "h", "d"}:
+        raise ValueError("expected a rate such as 600/min, 20/s, 10000/h or 'off'")
+    return value
+
+
 def parse_positive_int(raw: str) -> int:
     value = parse_int(raw)
     if value <= 0:
@@ -112,6 +123,7 @@ TYPE_NAMES: dict[Callable[[str], Any], str] = {
     parse_str: "string",
     parse_port: "port",
     parse_networks: "comma-separated CIDR list",
+    parse_rate: "rate (N/s|min|h|day, or off)",
 }
 
 
@@ -189,7 +201,8 @@ SETTINGS: list[Setting] = [
         "CTXAPP_DATA_DIR",
         parse_str,
         "./.ctxapp",
-        "Where the embedded PostgreSQL, the secret key and the lock file live.",
+        "Where the embedded PostgreSQL, the secret key and the lock file live. Unset, `ctxapp` uses the "
+        "nearest .ctxapp in the current directory or one above it (as git finds .git), else ./.ctxapp.",
     ),
     Setting(
         "DATABASE_URL",
@@ -269,6 +282,64 @@ SETTINGS: list[Setting] = [
         parse_positive_int,
         256 * 1024,
         "Largest payload of an agent-emitted event (JSON bytes).",
+        group="api",
+    ),
+    Setting(
+        "CTXAPP_THROTTLE_KEY_RATE",
+        parse_rate,
+        "1200/min",
+        "Requests per API key; more → 429 with Retry-After.",
+        group="api",
+    ),
+    Setting(
+        "CTXAPP_THROTTLE_ADDRESS_RATE",
+        parse_rate,
+        "2400/min",
+        "API requests per client address (all its keys together); more → 429 with Retry-After.",
+        group="api",
+    ),
+    Setting(
+        "CTXAPP_THROTTLE_AUTH_FAILURE_RATE",
+        parse_rate,
+        "30/min",
+        "Failed API authentications (401) per client address; past it every request from that address "
+        "answers 429 until the window passes (guessing keys).",
+        group="api",
+    ),
+    Setting(
+        "CTXAPP_NUM_PROXIES",
+        parse_int,
+        0,
+        "Reverse proxies in front of ctxapp that append to X-Forwarded-For; 0 = the socket's address is "
+        "the client's (throttles and login lockouts count per client address).",
+        group="api",
+    ),
+    Setting(
+        "CTXAPP_LOGIN_FAILURE_LIMIT",
+        parse_positive_int,
+        5,
+        "Failed admin or dashboard logins per username and address before that pair is locked out.",
+        group="api",
+    ),
+    Setting(
+        "CTXAPP_LOGIN_COOLOFF_MINUTES",
+        parse_positive_int,
+        15,
+        "How long a login lockout lasts.",
+        group="api",
+    ),
+    Setting(
+        "CTXAPP_HTTPS",
+        parse_bool,
+        False,
+        "Served over HTTPS (behind a TLS proxy): HSTS for a year and Secure session and CSRF cookies. "
+        "See docs/production.md.",
+    ),
+    Setting(
+        "CTXAPP_JSON_MAX_DEPTH",
+        parse_positive_int,
+        100,
+        "Deepest nesting of objects and arrays accepted in a JSON body; deeper → 422.",
         group="api",
     ),
     Setting(

@@ -4,9 +4,9 @@ import os
 from collections.abc import Callable
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
-from ctxapp.api_errors import too_large_response
+from ctxapp.api_errors import error_body, too_large_response
 
 
 class BodySizeLimitMiddleware:
@@ -36,4 +36,32 @@ class BodySizeLimitMiddleware:
                     return too_large_response()
                 if size:
                     request.META["CONTENT_LENGTH"] = str(size)
+        return self.get_response(request)
+
+
+class UnstorableTextMiddleware:
+    """Refuse a NUL character in the URL before any view reads it.
+
+    PostgreSQL text cannot hold NUL, so an id such as `/sessions/sess_%00` (or `?session=%00`)
+    would reach a lookup and fail in the database driver as a 500. A path with NUL names nothing
+    that can exist: 404, like any unknown id (the API answers it with the JSON envelope). A query
+    parameter with NUL is bad input: the API answers 422 naming the parameter.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if "\x00" in request.path_info:
+            raise Http404("No object has an id with a NUL character.")
+        for name, values in request.GET.lists():
+            if "\x00" in name or any("\x00" in value for value in values):
+                problem = "Contains a NUL character (\\u0000), which no stored value can hold."
+                field = name.replace("\x00", "\\u0000")
+                if not request.path.startswith("/api/"):
+                    return HttpResponseBadRequest(problem)
+                return JsonResponse(
+                    error_body("validation_error", f"{field}: {problem}", {"fields": {field: [problem]}}),
+                    status=422,
+                )
         return self.get_response(request)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import secrets
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
+from csp.constants import NONE, SELF
 
 from ctxapp import broker  # registers the `ctxsqla` Kombu transport
 from ctxapp.conf import SettingError, resolve_all
@@ -57,6 +59,8 @@ INSTALLED_APPS = [
     "channels",
     "channels_postgres",
     "django_htmx",
+    "axes",
+    "csp",
     "memory",
     "dashboard",
 ]
@@ -64,7 +68,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "ctxapp.metrics.RequestMetricsMiddleware",  # outermost: latency includes every other layer
     "ctxapp.middleware.BodySizeLimitMiddleware",
+    "ctxapp.middleware.UnstorableTextMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "servestatic.middleware.ServeStaticMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -73,6 +79,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: it answers a locked-out login with the lockout page
 ]
 
 ROOT_URLCONF = "ctxapp.urls"
@@ -182,10 +189,45 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": CTXAPP["CTXAPP_BR
 if not REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS.update(pool_pre_ping=True, pool_size=2, max_overflow=3)
 
+# --- shared cache (API throttles) ---------------------------------------------------------------
+# Throttle counters must be shared by every web process: Redis when there is one, else a table
+# in PostgreSQL (created by the migrations, `memory/migrations/0002_harden.py`).
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": f"{QUEUE_PREFIX}:cache",
+            # A Redis that stops answering must not hold requests: the throttles fail open.
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+        }
+    }
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+            "LOCATION": "ctxapp_cache",
+            "KEY_PREFIX": QUEUE_PREFIX,
+        }
+    }
+
 # --- auth, i18n, static -------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out username + address
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Failed admin and dashboard logins, per username and client address (django-axes).
+AXES_FAILURE_LIMIT = CTXAPP["CTXAPP_LOGIN_FAILURE_LIMIT"]
+AXES_COOLOFF_TIME = timedelta(minutes=CTXAPP["CTXAPP_LOGIN_COOLOFF_MINUTES"])
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_CLIENT_IP_CALLABLE = "memory.api.throttles.login_client_address"
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "dashboard/lockout.html"
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -216,6 +258,12 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "ctxapp.api_errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "memory.api.schema.CtxappAutoSchema",
     "UNAUTHENTICATED_USER": None,
+    # Rates are settings (CTXAPP_THROTTLE_*), counted on the shared cache below.
+    "DEFAULT_THROTTLE_CLASSES": [
+        "memory.api.throttles.ApiKeyRateThrottle",
+        "memory.api.throttles.ClientAddressRateThrottle",
+    ],
+    "NUM_PROXIES": CTXAPP["CTXAPP_NUM_PROXIES"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "ctxapp API",
@@ -231,6 +279,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "memory.api.schema.declare_error_responses",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "TaskStatusEnum": "memory.models.sessions.TaskStatus",
         "ExperienceKindEnum": "memory.models.experiences.ExperienceKind",
@@ -258,3 +310,33 @@ LOGGING = {
 SESSION_COOKIE_HTTPONLY = True
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+
+# --- Content-Security-Policy (django-csp) -------------------------------------------------------
+# The dashboard and the admin run only our own static scripts and styles: no inline <script>, no
+# on*= handlers, no eval (htmx's is switched off in base.html). The websocket is same-origin
+# ('self' covers ws:/wss: to this host). /api/ answers JSON, and the Swagger UI page of
+# drf-spectacular carries its own inline script, so it is left out.
+CONTENT_SECURITY_POLICY = {
+    "EXCLUDE_URL_PREFIXES": ["/api/"],
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "font-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
+
+# --- HTTPS (CTXAPP_HTTPS) -----------------------------------------------------------------------
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto (docs/production.md): HSTS, and
+# cookies that browsers send over HTTPS only.
+if CTXAPP["CTXAPP_HTTPS"]:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = 365 * 24 * 3600
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True

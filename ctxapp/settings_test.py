@@ -16,6 +16,12 @@ from pathlib import Path
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
 os.environ.setdefault("CTXAPP_QUEUE_PREFIX", f"ctxtest{uuid.uuid4().hex[:8]}")
 os.environ.setdefault("CTXAPP_SECRET_KEY", "test-secret-key-not-for-production")
+# The suite makes thousands of requests from one address: limits far above it (tests of the
+# throttles lower them themselves).
+os.environ.setdefault("CTXAPP_THROTTLE_KEY_RATE", "1000000/min")
+os.environ.setdefault("CTXAPP_THROTTLE_ADDRESS_RATE", "1000000/min")
+os.environ.setdefault("CTXAPP_THROTTLE_AUTH_FAILURE_RATE", "1000000/min")
+os.environ.setdefault("CTXAPP_LOGIN_FAILURE_LIMIT", "1000")
 _DATA = Path(tempfile.mkdtemp(prefix="ctxapp-test-"))
 # Registered before the embedded server starts, so it runs after the server has stopped (atexit is LIFO).
 atexit.register(shutil.rmtree, _DATA, ignore_errors=True)

@@ -15,17 +15,21 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
+from rest_framework import exceptions as drf_exceptions
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from memory.api import throttles
 from memory.exceptions import IdempotencyConflict, IdempotencyInProgress, InvalidInput
 from memory.models import IdempotencyRecord, Tenant
+from memory.services.tenancy import api_key_binding_check
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+MAX_BIGINT = 2**63 - 1  # PostgreSQL bigint: the bound of every integer input stored or compared as one
 
 
 class TenantApiView(APIView):
@@ -37,6 +41,14 @@ class TenantApiView(APIView):
     """
 
     required_scope: str | None = None
+    #: A key bound to an agent may only name that agent, and only touch that agent's sessions and
+    #: tasks: path ids (`agent`, `session_id`, `task_id`) and the `agent` / `session` / `task` query
+    #: parameters and body fields are checked before the handler runs (403 `agent_mismatch`).
+    #: False only where the objects are shared between agents by design and the view acts as the
+    #: calling agent instead (the task layers: shared context, private context, messages).
+    agent_binding: bool = True
+    BINDING_PATH_KWARGS = {"agent": "agent", "session_id": "session", "task_id": "task"}
+    BINDING_FIELDS = ("agent", "session", "task")
 
     @property
     def tenant(self) -> Tenant:
@@ -49,6 +61,41 @@ class TenantApiView(APIView):
 
     def validate_query(self, serializer_class: type[serializers.Serializer]) -> dict[str, Any]:
         return self.validate(serializer_class, data=self.request.query_params)
+
+    # --- agent-bound keys -------------------------------------------------------------------
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        throttles.auth_failures_check(request)  # an address guessing keys: 429 before any lookup
+        super().initial(request, *args, **kwargs)
+        bound = getattr(request.auth, "agent_external_id", "")
+        if bound and self.agent_binding:
+            self.agent_binding_check(request, bound, kwargs)
+
+    def agent_binding_check(self, request: Request, bound: str, kwargs: dict[str, Any]) -> None:
+        named: dict[str, list[str]] = {"agent": [], "session": [], "task": []}
+        for kwarg, kind in self.BINDING_PATH_KWARGS.items():
+            if isinstance(kwargs.get(kwarg), str):
+                named[kind].append(kwargs[kwarg])
+        for field in self.BINDING_FIELDS:
+            named[field].extend(request.query_params.getlist(field))
+        if request.method in WRITE_METHODS and request.content_type.startswith("application/json"):
+            request._request.body  # noqa: B018 - cache the raw body first: the idempotency check reads it
+            data = request.data
+            if isinstance(data, dict):
+                named.update(
+                    {f: [*named[f], data[f]] for f in self.BINDING_FIELDS if isinstance(data.get(f), str)}
+                )
+        api_key_binding_check(
+            tenant=self.tenant,
+            bound_agent=bound,
+            agents=named["agent"],
+            session_ids=named["session"],
+            task_ids=named["task"],
+        )
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
+            throttles.auth_failure_record(self.request)
+        return super().handle_exception(exc)
 
     # --- idempotency -----------------------------------------------------------------------
     def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:

@@ -16,7 +16,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serial
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from memory.api.base import CursorSerializer, TenantApiView, keyset_page
+from memory.api.base import MAX_BIGINT, CursorSerializer, TenantApiView, keyset_page
 from memory.exceptions import AgentMismatch, InvalidInput
 from memory.models import Agent, Checkpoint
 from memory.services import cognition, layers, recovery
@@ -84,7 +84,7 @@ class AgentScopedView(TenantApiView):
         raw = raw or self.request.query_params.get("expected_version", "").strip()
         if not raw:
             return None
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):  # "²".isdigit(); bigint range
             raise InvalidInput(
                 "If-Match must be the version number you read.",
                 details={"fields": {"If-Match": ["Not a version."]}},
@@ -197,7 +197,9 @@ class AgentCheckpointsApi(AgentScopedView):
             ref_name = "AgentCheckpointsInput"
 
         reason = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
-        step = serializers.IntegerField(required=False, allow_null=True, default=None)
+        step = serializers.IntegerField(
+            required=False, allow_null=True, default=None, min_value=-MAX_BIGINT, max_value=MAX_BIGINT
+        )
         produced_by = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
         state = serializers.JSONField(
             required=False, default=None, help_text="Write this state first, then checkpoint it (one call)."
@@ -379,6 +381,8 @@ class SharedContextPatchSerializer(SharedContextSerializer):
 
 
 class TaskSharedContextApi(AgentScopedView):
+    agent_binding = False  # shared between the task's agents; acts as the caller
+
     @extend_schema(responses=FREE_JSON, summary="The task's shared context (every agent on the task sees it)")
     def get(self, request: Any, task_id: str) -> Response:
         task = layers.task_get(tenant=self.tenant, task_id=task_id)
@@ -419,6 +423,8 @@ class TaskSharedContextApi(AgentScopedView):
 
 
 class TaskPrivateContextApi(AgentScopedView):
+    agent_binding = False  # shared between the task's agents; acts as the caller
+
     class InputSerializer(serializers.Serializer):
         class Meta:
             ref_name = "TaskPrivateContextInput"
@@ -460,6 +466,7 @@ class TaskPrivateContextApi(AgentScopedView):
 
 
 class TaskMessagesApi(AgentScopedView):
+    agent_binding = False  # shared between the task's agents; acts as the caller
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
     class InputSerializer(serializers.Serializer):
@@ -518,6 +525,8 @@ class TaskMessagesApi(AgentScopedView):
 
 
 class TaskMessagesReadApi(AgentScopedView):
+    agent_binding = False  # shared between the task's agents; acts as the caller
+
     class InputSerializer(serializers.Serializer):
         class Meta:
             ref_name = "TaskMessagesReadInput"

@@ -17,7 +17,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
-from memory.api.base import CursorSerializer, TenantApiView, decode_cursor, encode_cursor
+from memory.api.base import MAX_BIGINT, CursorSerializer, TenantApiView, decode_cursor, encode_cursor
 from memory.models import FactImportance, FactScope
 from memory.services import compression, decay
 from memory.services.sessions import session_get
@@ -229,7 +229,7 @@ class SessionCompressApi(TenantApiView):
             max_value=1.0,
             help_text="Tokens after / tokens before; default 0.3.",
         )
-        up_to_seq = serializers.IntegerField(required=False, min_value=1)
+        up_to_seq = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BIGINT)
         recent_messages = serializers.IntegerField(required=False, min_value=0, max_value=10_000)
         allow_truncation = serializers.BooleanField(required=False, default=True)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.conf import settings
 from django.urls import path
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -464,7 +464,10 @@ class ExperiencePromoteApi(TenantApiView):
 
     @extend_schema(
         request=InputSerializer,
-        responses=ExperienceDetailSerializer,
+        responses={
+            201: OpenApiResponse(ExperienceDetailSerializer, description="Created (`outcome: created`)."),
+            200: OpenApiResponse(ExperienceDetailSerializer, description="An existing one updated or kept."),
+        },
         summary="Promote a preference, project configuration or constraint to long-term memory",
     )
     def post(self, request: Request) -> Response:
@@ -506,6 +509,17 @@ class ExperienceRetryEmbeddingsApi(TenantApiView):
         return Response({"requeued": count}, status=status.HTTP_202_ACCEPTED)
 
 
+TASK_DISTILL_OUTPUT = inline_serializer(
+    "TaskDistillOutput",
+    {
+        "task": serializers.CharField(),
+        "mode": serializers.CharField(),
+        "status": serializers.CharField(),
+        "experiences": serializers.ListField(child=serializers.DictField()),
+    },
+)
+
+
 class TaskDistillApi(TenantApiView):
     class InputSerializer(serializers.Serializer):
         class Meta:
@@ -516,15 +530,8 @@ class TaskDistillApi(TenantApiView):
     @extend_schema(
         request=InputSerializer,
         responses={
-            200: inline_serializer(
-                "TaskDistillOutput",
-                {
-                    "task": serializers.CharField(),
-                    "mode": serializers.CharField(),
-                    "status": serializers.CharField(),
-                    "experiences": serializers.ListField(child=serializers.DictField()),
-                },
-            )
+            200: OpenApiResponse(TASK_DISTILL_OUTPUT, description="Light mode: distilled now."),
+            202: OpenApiResponse(TASK_DISTILL_OUTPUT, description="Full mode: queued (`status: queued`)."),
         },
         summary="Distil a finished task (light: now, full: queued)",
     )

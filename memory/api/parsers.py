@@ -1,5 +1,10 @@
 """The API's JSON parser: DRF's, plus a check that every string can be stored as text.
 
+It also caps how deeply objects and arrays may nest (`CTXAPP_JSON_MAX_DEPTH`): a body nested
+a thousand levels deep would otherwise exhaust Python's recursion limit somewhere downstream
+(the decoder itself, a walk over the state, the JSON encoder of the database driver) and answer
+500. Such a body answers 422 naming where the limit was crossed.
+
 PostgreSQL text cannot hold a NUL character, and a lone UTF-16 surrogate ("\\ud800" in JSON)
 is not Unicode text at all. Both are valid JSON, so without this check they would reach the
 database (or the tokenizer, or the embedder) and fail there as a 500. Refusing them at the
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from rest_framework.parsers import JSONParser
 
 from memory.exceptions import InvalidInput
@@ -25,8 +31,15 @@ def _problem(text: str) -> str | None:
     return None
 
 
-def find_unstorable_text(value: Any, path: str = "") -> tuple[str, str] | None:
-    """The first (path, problem) of a string or key in `value` that is not storable text."""
+def find_unstorable_text(
+    value: Any, path: str = "", *, max_depth: int | None = None, depth: int = 0
+) -> tuple[str, str] | None:
+    """The first (path, problem) of a string or key in `value` that is not storable text.
+
+    With `max_depth`, an object or array nested deeper than that is a problem too.
+    """
+    if max_depth is not None and isinstance(value, dict | list) and depth >= max_depth:
+        return path or "body", f"Nested deeper than {max_depth} levels of objects and arrays."
     if isinstance(value, str):
         problem = _problem(value)
         return (path or "body", problem) if problem else None
@@ -36,12 +49,12 @@ def find_unstorable_text(value: Any, path: str = "") -> tuple[str, str] | None:
             problem = _problem(str(key))
             if problem:
                 return name, problem
-            found = find_unstorable_text(item, name)
+            found = find_unstorable_text(item, name, max_depth=max_depth, depth=depth + 1)
             if found:
                 return found
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            found = find_unstorable_text(item, f"{path}[{index}]")
+            found = find_unstorable_text(item, f"{path}[{index}]", max_depth=max_depth, depth=depth + 1)
             if found:
                 return found
     return None
@@ -49,8 +62,14 @@ def find_unstorable_text(value: Any, path: str = "") -> tuple[str, str] | None:
 
 class TextSafeJSONParser(JSONParser):
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        data = super().parse(stream, media_type, parser_context)
-        found = find_unstorable_text(data)
+        max_depth = settings.CTXAPP["CTXAPP_JSON_MAX_DEPTH"]
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            # Deeper than the decoder can go at all, so far beyond the cap that no path is known.
+            problem = f"Nested deeper than {max_depth} levels of objects and arrays."
+            raise InvalidInput(f"body: {problem}", details={"fields": {"body": [problem]}}) from None
+        found = find_unstorable_text(data, max_depth=max_depth)
         if found:
             path, problem = found
             raise InvalidInput(f"{path}: {problem}", details={"fields": {path: [problem]}})

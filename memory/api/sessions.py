@@ -17,7 +17,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from memory.api.base import CursorSerializer, TenantApiView, keyset_page
+from memory.api.base import MAX_BIGINT, CursorSerializer, TenantApiView, keyset_page
 from memory.models import Event, Message, Session, SessionStatus, Task, TaskStatus, ValueTier
 from memory.services import recorder
 from memory.services import sessions as svc
@@ -147,7 +147,7 @@ class MessageInputSerializer(serializers.Serializer):
         help_text="[{id, type: 'function', function: {name, arguments}}]",
     )
     event_kind = serializers.CharField(required=False, max_length=64)
-    parent_seq = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    parent_seq = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_BIGINT)
     artifact_refs = serializers.ListField(required=False)
     metadata = serializers.DictField(required=False)
     name = serializers.CharField(required=False, max_length=200, help_text="The speaker; searchable.")
@@ -220,7 +220,7 @@ BatchOutputSerializer = inline_serializer(
 
 
 class AfterSerializer(serializers.Serializer):
-    after = serializers.IntegerField(required=False, min_value=0, default=0)
+    after = serializers.IntegerField(required=False, min_value=0, max_value=MAX_BIGINT, default=0)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=1000)
 
 

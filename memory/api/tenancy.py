@@ -152,7 +152,7 @@ class ApiKeyDetailApi(TenantApiView):
 
     @extend_schema(
         request=None,
-        responses=ApiKeyOutputSerializer,
+        responses={200: ApiKeyOutputSerializer},
         summary="Revoke an API key (admin scope); later requests with it answer 401. Idempotent.",
     )
     def delete(self, request: Any, prefix: str) -> Response:

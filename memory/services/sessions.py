@@ -379,6 +379,7 @@ MESSAGE_FIELDS = frozenset(
     }
 )
 ROLES = frozenset(MessageRole.values)
+MAX_BIGINT = 2**63 - 1  # PostgreSQL bigint: a larger seq fails in the database, not here
 STRING_LIMITS = {"turn_id": 200, "tool_call_id": 200, "event_kind": 64, "name": 200}
 # A client-supplied occurred_at may lie at most this far ahead of the server's clock.
 OCCURRED_AT_MAX_FUTURE = timedelta(days=1)
@@ -440,8 +441,9 @@ def message_input_parse(data: Any, *, prefix: str = "") -> tuple[MessageInput | 
     for name in data.keys() - MESSAGE_FIELDS:
         fail(name, f"Unknown field. Known: {', '.join(sorted(MESSAGE_FIELDS))}.")
     role = data.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # a dict or list is unhashable: check type first
         fail("role", f"Must be one of {', '.join(sorted(ROLES))}; got {role!r}.")
+        role = None
     content = data.get("content")
     if content is None:
         content = ""
@@ -476,7 +478,7 @@ def message_input_parse(data: Any, *, prefix: str = "") -> tuple[MessageInput | 
         fail("tool_call_id", "A tool message must name the tool call it answers (tool_call_id).")
     parent_seq = data.get("parent_seq")
     if parent_seq is not None and (
-        isinstance(parent_seq, bool) or not isinstance(parent_seq, int) or parent_seq < 1
+        isinstance(parent_seq, bool) or not isinstance(parent_seq, int) or not 1 <= parent_seq <= MAX_BIGINT
     ):
         fail("parent_seq", "Must be a positive integer (the seq of an earlier message) or null.")
     artifact_refs = data.get("artifact_refs")

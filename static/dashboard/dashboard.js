@@ -22,6 +22,14 @@
     var empty = document.getElementById("messages-empty");
     if (empty && document.querySelector("#message-list [data-seq]")) empty.remove();
   });
+  // A <select data-autosubmit> submits its form when changed (no inline handlers: the
+  // Content-Security-Policy allows scripts from our static files only).
+  document.addEventListener("change", function (evt) {
+    var target = evt.target;
+    if (target && target.matches && target.matches("select[data-autosubmit]") && target.form) {
+      target.form.submit();
+    }
+  });
   document.addEventListener("DOMContentLoaded", function () {
     if (!document.querySelector("[ws-connect]")) setStatus("static page", "idle");
   });

@@ -1,0 +1,200 @@
+"""API rate limits, counted on the shared cache (Redis with REDIS_URL, else the database cache).
+
+Three limits, each a setting (`CTXAPP_THROTTLE_*`), each answering 429 `rate_limited` with a
+`Retry-After` header:
+- per API key (`ApiKeyRateThrottle`), so one agent cannot starve the others;
+- per client address (`ClientAddressRateThrottle`), over all the keys it uses;
+- failed authentications per client address (`auth_failures_*`): a flood of invalid keys turns
+  into 429s before any key lookup, so guessing keys costs the guesser, not the database.
+
+The client address is the socket's, or the right `CTXAPP_NUM_PROXIES`-th X-Forwarded-For entry
+(`client_address`), so a client cannot pick its own address by sending the header.
+
+The limits fail open: while the cache is unreachable (Redis down) requests are not counted and
+not refused, because an outage of the limiter must not turn every write into a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import caches
+from django.core.cache.backends.redis import RedisCache
+from django.db import connection
+from django.http import HttpRequest
+from rest_framework import exceptions
+from rest_framework.request import Request
+from rest_framework.throttling import BaseThrottle
+
+DURATIONS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+logger = logging.getLogger(__name__)
+
+
+def client_address(request: HttpRequest | Request) -> str:
+    """The client address: REMOTE_ADDR, or X-Forwarded-For's CTXAPP_NUM_PROXIES-th entry from the right."""
+    meta = request.META
+    proxies = settings.CTXAPP["CTXAPP_NUM_PROXIES"]
+    forwarded = [part.strip() for part in meta.get("HTTP_X_FORWARDED_FOR", "").split(",") if part.strip()]
+    if proxies > 0 and forwarded:
+        return forwarded[-min(proxies, len(forwarded))]
+    return str(meta.get("REMOTE_ADDR") or "unknown")
+
+
+def login_client_address(request: HttpRequest) -> str | None:
+    """The client address for django-axes: None when unknown (a request built without one)."""
+    address = client_address(request)
+    return None if address == "unknown" else address
+
+
+def parse_rate(rate: str | None) -> tuple[int, int] | None:
+    """`600/min` → (600, 60); None (off) → None."""
+    if not rate:
+        return None
+    count, _, unit = rate.partition("/")
+    return int(count), DURATIONS[unit[0]]
+
+
+DB_CACHE_TABLE = "ctxapp_cache"  # the database cache's table (memory/migrations/0002_harden.py)
+DB_CLEANUP_EVERY = 500  # about one request in this many deletes the database's expired windows
+
+
+def _redis_client() -> Any | None:
+    """The raw client of the Redis cache, or None when the cache is the database's."""
+    backend = caches["default"]
+    if isinstance(backend, RedisCache):
+        return backend._cache.get_client(write=True)  # one pipelined round trip, not add + incr
+    return None
+
+
+def window_count(key: str, duration: int) -> tuple[int, float]:
+    """Count one hit of `key` in the current fixed window of `duration` seconds.
+
+    Returns (hits in this window, seconds until it ends). One round trip and O(1): a pipelined
+    INCR + EXPIRE on Redis, or one upsert on the database cache's table (Django's cache API
+    would cost an add, a get and a set, each several statements there).
+    """
+    now = time.time()
+    window = int(now // duration)
+    full_key = f"throttle:{key}:{window}"
+    remaining = (window + 1) * duration - now
+    client = _redis_client()
+    if client is not None:
+        redis_key = caches["default"].make_key(full_key)
+        pipe = client.pipeline(transaction=False)
+        pipe.incr(redis_key)
+        pipe.expire(redis_key, duration + 1)
+        count, _ = pipe.execute()
+        return int(count), remaining
+    expires = datetime.fromtimestamp((window + 1) * duration + 1, tz=UTC)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {DB_CACHE_TABLE} (cache_key, value, expires) VALUES (%s, '1', %s) "
+            f"ON CONFLICT (cache_key) DO UPDATE SET value = ({DB_CACHE_TABLE}.value::bigint + 1)::text "
+            "RETURNING value::bigint",
+            [full_key, expires],
+        )
+        count = cursor.fetchone()[0]
+        if random.randrange(DB_CLEANUP_EVERY) == 0:
+            cursor.execute(
+                f"DELETE FROM {DB_CACHE_TABLE} WHERE cache_key LIKE 'throttle:%%' AND expires < %s",
+                [datetime.now(tz=UTC)],
+            )
+    return int(count), remaining
+
+
+def window_peek(key: str, duration: int) -> tuple[int, float]:
+    """The hits of `key` in the current window, without counting one. Read-only."""
+    now = time.time()
+    window = int(now // duration)
+    full_key = f"throttle:{key}:{window}"
+    remaining = (window + 1) * duration - now
+    client = _redis_client()
+    if client is not None:
+        return int(client.get(caches["default"].make_key(full_key)) or 0), remaining
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT value::bigint FROM {DB_CACHE_TABLE} WHERE cache_key = %s", [full_key])
+        row = cursor.fetchone()
+    return (int(row[0]) if row else 0), remaining
+
+
+class _SettingRateThrottle(BaseThrottle):
+    scope = ""
+    setting = ""
+    wait_seconds: float | None = None
+
+    def ident(self, request: Request) -> str | None:
+        raise NotImplementedError
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        parsed = parse_rate(settings.CTXAPP[self.setting])
+        ident = self.ident(request)
+        if parsed is None or ident is None:
+            return True
+        limit, duration = parsed
+        try:
+            count, remaining = window_count(f"{self.scope}:{ident}", duration)
+        except Exception:  # the cache is down: fail open (see the module docstring)
+            logger.warning("API throttle %s not applied: the cache is unreachable", self.scope, exc_info=True)
+            return True
+        if count <= limit:
+            return True
+        self.wait_seconds = max(1.0, remaining)
+        return False
+
+    def wait(self) -> float | None:
+        return self.wait_seconds
+
+
+class ApiKeyRateThrottle(_SettingRateThrottle):
+    scope = "key"
+    setting = "CTXAPP_THROTTLE_KEY_RATE"
+
+    def ident(self, request: Request) -> str | None:
+        return getattr(request.auth, "prefix", None)  # None: not authenticated by a key
+
+
+class ClientAddressRateThrottle(_SettingRateThrottle):
+    scope = "address"
+    setting = "CTXAPP_THROTTLE_ADDRESS_RATE"
+
+    def ident(self, request: Request) -> str | None:
+        return client_address(request)
+
+
+def _auth_failure_key(request: Request) -> str:
+    return f"auth-failures:{client_address(request)}"
+
+
+def auth_failures_check(request: Request) -> None:
+    """Raise Throttled (429) while this address is over its failed-authentication rate. Read-only."""
+    parsed = parse_rate(settings.CTXAPP["CTXAPP_THROTTLE_AUTH_FAILURE_RATE"])
+    if parsed is None:
+        return
+    limit, duration = parsed
+    try:
+        failures, remaining = window_peek(_auth_failure_key(request), duration)
+    except Exception:  # the cache is down: fail open (see the module docstring)
+        logger.warning("Failed-authentication throttle not applied: the cache is unreachable")
+        return
+    if failures >= limit:
+        raise exceptions.Throttled(
+            wait=max(1, math.ceil(remaining)),
+            detail="Too many failed authentications from this address; wait before retrying.",
+        )
+
+
+def auth_failure_record(request: Request) -> None:
+    """Count one failed authentication of this address, in the rate's current window."""
+    parsed = parse_rate(settings.CTXAPP["CTXAPP_THROTTLE_AUTH_FAILURE_RATE"])
+    if parsed is None:
+        return
+    try:
+        window_count(_auth_failure_key(request), parsed[1])
+    except Exception:  # the cache is down: fail open (see the module docstring)
+        logger.warning("Failed authentication not counted: the cache is unreachable")

@@ -1,0 +1,123 @@
+"""API rate limits: per key, per client address, and floods of invalid keys; 429 with Retry-After."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def rates(settings):
+    """Lower the limits for one test (the suite's own settings raise them far out of reach)."""
+
+    def set_rates(**rates: str) -> None:
+        settings.CTXAPP = {
+            **settings.CTXAPP,
+            **{f"CTXAPP_THROTTLE_{k.upper()}_RATE": v for k, v in rates.items()},
+        }
+
+    return set_rates
+
+
+@pytest.fixture
+def address() -> str:
+    """A client address of this test alone: the counters live in the shared cache."""
+    return f"10.{uuid.uuid4().int % 250}.{uuid.uuid4().int % 250}.{uuid.uuid4().int % 250}"
+
+
+def assert_throttled(response) -> None:
+    assert response.status_code == 429, response.content
+    assert response.json()["error"]["code"] == "rate_limited"
+    assert 1 <= int(response["Retry-After"]) <= 60
+
+
+def test_a_key_over_its_rate_gets_429_with_retry_after_and_others_are_unaffected(
+    api_a, api_b, rates, address
+):
+    rates(key="3/min")
+    for _ in range(3):
+        assert api_a.get("/api/v1/sessions", REMOTE_ADDR=address).status_code == 200
+    assert_throttled(api_a.get("/api/v1/sessions", REMOTE_ADDR=address))
+    written = api_a.post("/api/v1/sessions", {"agent": "a1"}, format="json", REMOTE_ADDR=address)
+    assert_throttled(written)
+    assert api_b.get("/api/v1/sessions", REMOTE_ADDR=address).status_code == 200  # another key: its own count
+
+
+def test_an_address_over_its_rate_gets_429_whatever_key_it_uses(api_a, api_b, rates, address):
+    rates(address="4/min")
+    for client in (api_a, api_b, api_a, api_b):
+        assert client.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
+    assert_throttled(api_b.get("/api/v1/tenant", REMOTE_ADDR=address))
+    assert api_b.get("/api/v1/tenant", REMOTE_ADDR=f"{address}1").status_code == 200
+
+
+def test_a_flood_of_invalid_keys_from_one_address_turns_into_429(anon, api_a, rates, address):
+    rates(auth_failure="5/min")
+    for index in range(5):
+        anon.credentials(HTTP_AUTHORIZATION=f"Bearer ctx_guess{index}_secret")
+        assert anon.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 401
+    assert_throttled(anon.get("/api/v1/tenant", REMOTE_ADDR=address))
+    # From then on even a valid key from that address waits; another address is not affected.
+    assert_throttled(api_a.get("/api/v1/tenant", REMOTE_ADDR=address))
+    assert api_a.get("/api/v1/tenant", REMOTE_ADDR=f"{address}1").status_code == 200
+
+
+def test_a_spoofed_forwarded_for_does_not_escape_the_address_limit(anon, rates, address):
+    rates(auth_failure="2/min")
+    for index in range(3):
+        response = anon.get("/api/v1/tenant", REMOTE_ADDR=address, HTTP_X_FORWARDED_FOR=f"192.0.2.{index}")
+    assert_throttled(response)
+
+
+def test_rates_are_validated_settings():
+    from ctxapp.conf import SettingError, resolve_all
+
+    assert resolve_all({"CTXAPP_THROTTLE_KEY_RATE": "off"})["CTXAPP_THROTTLE_KEY_RATE"].value is None
+    with pytest.raises(SettingError, match="CTXAPP_THROTTLE_KEY_RATE"):
+        resolve_all({"CTXAPP_THROTTLE_KEY_RATE": "lots"})
+
+
+@pytest.fixture
+def database_cache(settings):
+    """The cache of the embedded default (no REDIS_URL): the table the migration creates."""
+    import importlib
+
+    from django.db import connection
+
+    migration = importlib.import_module("memory.migrations.0002_harden")
+    with connection.cursor() as cursor:
+        cursor.execute(migration.CREATE)
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+            "LOCATION": "ctxapp_cache",
+            "KEY_PREFIX": "throttle-test",
+        }
+    }
+
+
+def test_without_redis_the_limits_count_in_the_database_cache(database_cache, api_a, rates, address):
+    from django.db import connection
+
+    rates(key="2/min")
+    for _ in range(2):
+        assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
+    assert_throttled(api_a.get("/api/v1/tenant", REMOTE_ADDR=address))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM ctxapp_cache WHERE cache_key LIKE %s", ["%throttle:key:%"])
+        assert cursor.fetchone()[0] >= 1
+
+
+def test_an_unreachable_cache_fails_open(settings, api_a, rates, address):
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+        }
+    }
+    rates(key="1/min", address="1/min", auth_failure="1/min")
+    for _ in range(3):
+        assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
