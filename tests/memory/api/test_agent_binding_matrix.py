@@ -39,6 +39,13 @@ AGENT_INDEPENDENT = {
     "v1_tenant_api_keys_retrieve": "key management (admin scope), not an agent's data",
     "v1_tenant_api_keys_destroy": "key management (admin scope), not an agent's data",
     "v1_tokens_count_create": "pure computation, touches nothing stored",
+    "v1_experiences_destroy": "experiences are the tenant's shared long-term memory",
+    "v1_memory_index_retrieve": "the indexing progress of the tenant's memory, no agent's data",
+    "v1_memory_search_create": "names agents only inside `scope`; the view confines a bound key's search "
+    "to its own agent (test_memory_search.py)",
+    "v1_tenant_policies_experiences_retrieve": "tenant policy (admin scope), not an agent's data",
+    "v1_tenant_policies_experiences_partial_update": "tenant policy (admin scope), not an agent's data",
+    "v1_traces_create": "OTLP ingest: a bound key records every span as its own agent (test_otel.py)",
 }
 
 # Operations that name a task but act as the calling agent on layers the task's agents share by

@@ -234,3 +234,21 @@ def test_a_read_only_key_may_search(make_client, tenant_a, history):
 def test_index_status_counts_messages_per_state(api_a, history):
     body = api_a.get("/api/v1/memory/index").json()
     assert body == {"pending": 0, "completed": 7, "failed": 0, "skipped": 0}
+
+
+def test_a_key_bound_to_an_agent_searches_only_that_agents_memory(
+    api_a: Any, history: dict[str, str], tenant_a: Any
+) -> None:
+    from rest_framework.test import APIClient
+
+    from memory.services.tenancy import api_key_create
+
+    _, secret = api_key_create(tenant=tenant_a, name="other bot", agent_external_id="other-bot")
+    bound = APIClient()
+    bound.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    create_session(bound, agent="other-bot")
+    refused = search(bound, {"query": "golden retriever puppy", "scope": {"agent": "bot"}}, status=403)
+    assert refused["error"]["code"] == "agent_mismatch"
+    # Without an agent in the scope, the bound key's own (empty) memory is searched: nothing of bot's.
+    assert search(bound, {"query": "golden retriever puppy"})["results"] == []
+    assert search(api_a, {"query": "golden retriever puppy"})["results"]  # bot's memory has it
