@@ -17,7 +17,7 @@ reports the p50 of each and the ratio ctxapp ÷ peer (lower is better for ctxapp
     python bench/bench_peers.py --full     # 500-turn history, more samples (~6 min)
 """
 
-# ruff: noqa: E501  (a script that prints tables)
+# ruff: noqa: E501, B023, UP013  (a script that prints tables; lambdas run in their own loop turn)
 from __future__ import annotations
 
 import argparse
@@ -44,7 +44,14 @@ from bench_ingest import free_port, prepare, run_level, start_server  # noqa: E4
 
 SIZES = {
     "quick": {"appends": 80, "batches": 10, "checkpoints": 60, "turns": 100, "reads": 80, "seconds": 6.0},
-    "default": {"appends": 150, "batches": 20, "checkpoints": 100, "turns": 200, "reads": 150, "seconds": 8.0},
+    "default": {
+        "appends": 150,
+        "batches": 20,
+        "checkpoints": 100,
+        "turns": 200,
+        "reads": 150,
+        "seconds": 8.0,
+    },
     "full": {"appends": 400, "batches": 40, "checkpoints": 300, "turns": 500, "reads": 300, "seconds": 15.0},
 }
 ROWS: list[tuple[str, str, str, str]] = []
@@ -60,7 +67,9 @@ def row(label: str, ours: str, theirs: str, ratio: float | str) -> None:
     print(f"  {label:<58} {ours:>20} {theirs:>26} {text:>8}", flush=True)
 
 
-def interleave(n: int, ours: Callable[[int], Any], theirs: Callable[[int], Any]) -> tuple[list[float], list[float]]:
+def interleave(
+    n: int, ours: Callable[[int], Any], theirs: Callable[[int], Any]
+) -> tuple[list[float], list[float]]:
     a: list[float] = []
     b: list[float] = []
     for i in range(n):
@@ -106,7 +115,9 @@ def lg_saver(uri: str) -> Any:
     return saver
 
 
-def lg_put(saver: Any, thread: str, channels: dict[str, Any], parent: dict[str, Any] | None) -> dict[str, Any]:
+def lg_put(
+    saver: Any, thread: str, channels: dict[str, Any], parent: dict[str, Any] | None
+) -> dict[str, Any]:
     from langgraph.checkpoint.base import empty_checkpoint
 
     checkpoint = empty_checkpoint()
@@ -114,7 +125,9 @@ def lg_put(saver: Any, thread: str, channels: dict[str, Any], parent: dict[str, 
     checkpoint["channel_values"] = channels
     checkpoint["channel_versions"] = dict.fromkeys(channels, version)
     config = parent or {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-    return dict(saver.put(config, checkpoint, {"source": "update", "step": 0}, dict.fromkeys(channels, version)))
+    return dict(
+        saver.put(config, checkpoint, {"source": "update", "step": 0}, dict.fromkeys(channels, version))
+    )
 
 
 def delta_graph(saver: Any, reducer: Callable[[Any, Any], Any], typ: type) -> Any | None:
@@ -208,20 +221,32 @@ def appends(n: int, batches: int, base: str, secret: str, lc_uri: str) -> None:
     for i in range(5):
         ours_service(i), theirs_one(i)
     a, b = interleave(n, ours_service, theirs_one)
-    row("append one message, in-process service", f"{ms(a):.2f} ms", f"{ms(b):.2f} ms (langchain-pg)", ms(a) / ms(b))
+    row(
+        "append one message, in-process service",
+        f"{ms(a):.2f} ms",
+        f"{ms(b):.2f} ms (langchain-pg)",
+        ms(a) / ms(b),
+    )
 
     with Client(base, secret, retries=0, timeout=60) as api:
         remote = api.session_create("peer-bench-rest")["id"]
-        for i in range(5):
+        for _ in range(5):
             api.message_append(remote, role="user", content="warm-up")
 
         def ours_rest(i: int) -> None:
             api.message_append(remote, role="user", content=f"turn {i}: what is the weather like?")
 
         a, b = interleave(n, ours_rest, theirs_one)
-        row("append one message, REST (client -> uvicorn)", f"{ms(a):.2f} ms", f"{ms(b):.2f} ms (in-process)", ms(a) / ms(b))
+        row(
+            "append one message, REST (client -> uvicorn)",
+            f"{ms(a):.2f} ms",
+            f"{ms(b):.2f} ms (in-process)",
+            ms(a) / ms(b),
+        )
 
-        body = [{"role": "user", "content": f"benchmark message number {i}, with a few words"} for i in range(100)]
+        body = [
+            {"role": "user", "content": f"benchmark message number {i}, with a few words"} for i in range(100)
+        ]
         lc_batch = [HumanMessage(content=m["content"]) for m in body]
 
         def ours_batch(i: int) -> None:
@@ -232,7 +257,12 @@ def appends(n: int, batches: int, base: str, secret: str, lc_uri: str) -> None:
 
         a, b = interleave(batches, ours_batch, theirs_batch)
         ours_rate, their_rate = 100 / statistics.median(a), 100 / statistics.median(b)
-        row("batch of 100, REST vs in-process: messages/s", f"{ours_rate:,.0f} msg/s", f"{their_rate:,.0f} msg/s", their_rate / ours_rate)
+        row(
+            "batch of 100, REST vs in-process: messages/s",
+            f"{ours_rate:,.0f} msg/s",
+            f"{their_rate:,.0f} msg/s",
+            their_rate / ours_rate,
+        )
 
 
 def checkpoints(n: int, reads: int, lg_uri: str) -> None:
@@ -280,7 +310,11 @@ def checkpoints(n: int, reads: int, lg_uri: str) -> None:
     mutate(0)
     ours(0), theirs(0)
     if graph is not None:
-        graph.invoke({"value": state["working_memory"]}, {"configurable": {"thread_id": delta_thread}}, durability="exit")
+        graph.invoke(
+            {"value": state["working_memory"]},
+            {"configurable": {"thread_id": delta_thread}},
+            durability="exit",
+        )
     samples: dict[str, list[float]] = {"ours": [], "put": [], "delta": [], "patch": []}
     plan = [("ours", ours), ("put", theirs)]
     if graph is not None:
@@ -302,13 +336,33 @@ def checkpoints(n: int, reads: int, lg_uri: str) -> None:
             ours_patch(i)
             samples["patch"].append(time.perf_counter() - t0)
     label = "checkpoint write, 50 KB state, 1 % changed"
-    row(label, f"{ms(samples['ours']):.2f} ms", f"{ms(samples['put']):.2f} ms (put)", ms(samples["ours"]) / ms(samples["put"]))
+    row(
+        label,
+        f"{ms(samples['ours']):.2f} ms",
+        f"{ms(samples['put']):.2f} ms (put)",
+        ms(samples["ours"]) / ms(samples["put"]),
+    )
     if graph is not None:
-        row("  … vs DeltaChannel K=20 (graph.invoke)", f"{ms(samples['ours']):.2f} ms", f"{ms(samples['delta']):.2f} ms (delta)", ms(samples["ours"]) / ms(samples["delta"]))
+        row(
+            "  … vs DeltaChannel K=20 (graph.invoke)",
+            f"{ms(samples['ours']):.2f} ms",
+            f"{ms(samples['delta']):.2f} ms (delta)",
+            ms(samples["ours"]) / ms(samples["delta"]),
+        )
     if patching:
-        row("  … ours with a JSON Patch body, vs put", f"{ms(samples['patch']):.2f} ms", f"{ms(samples['put']):.2f} ms (put)", ms(samples["patch"]) / ms(samples["put"]))
+        row(
+            "  … ours with a JSON Patch body, vs put",
+            f"{ms(samples['patch']):.2f} ms",
+            f"{ms(samples['put']):.2f} ms (put)",
+            ms(samples["patch"]) / ms(samples["put"]),
+        )
         if graph is not None:
-            row("  … ours with a JSON Patch body, vs DeltaChannel", f"{ms(samples['patch']):.2f} ms", f"{ms(samples['delta']):.2f} ms (delta)", ms(samples["patch"]) / ms(samples["delta"]))
+            row(
+                "  … ours with a JSON Patch body, vs DeltaChannel",
+                f"{ms(samples['patch']):.2f} ms",
+                f"{ms(samples['delta']):.2f} ms (delta)",
+                ms(samples["patch"]) / ms(samples["delta"]),
+            )
     else:
         row("  … JSON Patch body", "not supported", "", "-")
 
@@ -326,9 +380,19 @@ def checkpoints(n: int, reads: int, lg_uri: str) -> None:
         saver.get_tuple(config)
 
     a, b = interleave(reads, read_state, their_read)
-    row("latest-state read (state_get) vs get_tuple", f"{ms(a):.2f} ms", f"{ms(b):.2f} ms (get_tuple)", ms(a) / ms(b))
+    row(
+        "latest-state read (state_get) vs get_tuple",
+        f"{ms(a):.2f} ms",
+        f"{ms(b):.2f} ms (get_tuple)",
+        ms(a) / ms(b),
+    )
     a, b = interleave(reads, read_checkpoint, their_read)
-    row("recent-checkpoint read (latest, verified) vs get_tuple", f"{ms(a):.2f} ms", f"{ms(b):.2f} ms (get_tuple)", ms(a) / ms(b))
+    row(
+        "recent-checkpoint read (latest, verified) vs get_tuple",
+        f"{ms(a):.2f} ms",
+        f"{ms(b):.2f} ms (get_tuple)",
+        ms(a) / ms(b),
+    )
 
 
 def growing(turns: int, put_uri: str, delta_uri: str) -> None:
@@ -356,23 +420,53 @@ def growing(turns: int, put_uri: str, delta_uri: str) -> None:
     parent: list[dict[str, Any] | None] = [None]
     samples: dict[str, list[float]] = {"ours": [], "put": [], "delta": []}
     for turn in range(turns):
-        entry = {"role": "user" if turn % 2 == 0 else "assistant", "content": "".join(rng.choices("abcdefghij ", k=1700))}
+        entry = {
+            "role": "user" if turn % 2 == 0 else "assistant",
+            "content": "".join(rng.choices("abcdefghij ", k=1700)),
+        }
         history.append(entry)
         state = {"schema_version": 1, "working_memory": {"messages": history, "turn": turn}}
         steps: list[tuple[str, Callable[[], Any]]] = [
-            ("ours", lambda: cognition.checkpoint_create(tenant=tenant, agent=agent, reason="turn", step=turn, state=state)),
-            ("put", lambda: parent.__setitem__(0, lg_put(saver, thread, {"messages": history, "turn": turn}, parent[0]))),
+            (
+                "ours",
+                lambda: cognition.checkpoint_create(
+                    tenant=tenant, agent=agent, reason="turn", step=turn, state=state
+                ),
+            ),
+            (
+                "put",
+                lambda: parent.__setitem__(
+                    0, lg_put(saver, thread, {"messages": history, "turn": turn}, parent[0])
+                ),
+            ),
         ]
         if graph is not None:
-            steps.append(("delta", lambda: graph.invoke({"value": [entry]}, {"configurable": {"thread_id": delta_thread}}, durability="exit")))
+            steps.append(
+                (
+                    "delta",
+                    lambda: graph.invoke(
+                        {"value": [entry]}, {"configurable": {"thread_id": delta_thread}}, durability="exit"
+                    ),
+                )
+            )
         for name, fn in steps if turn % 2 else list(reversed(steps)):
             t0 = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - t0)
     label = f"checkpoint write, growing history ({turns} turns, +1.7 KB/turn)"
-    row(label, f"{ms(samples['ours']):.2f} ms", f"{ms(samples['put']):.2f} ms (put)", ms(samples["ours"]) / ms(samples["put"]))
+    row(
+        label,
+        f"{ms(samples['ours']):.2f} ms",
+        f"{ms(samples['put']):.2f} ms (put)",
+        ms(samples["ours"]) / ms(samples["put"]),
+    )
     if graph is not None:
-        row("  … vs DeltaChannel K=20", f"{ms(samples['ours']):.2f} ms", f"{ms(samples['delta']):.2f} ms (delta)", ms(samples["ours"]) / ms(samples["delta"]))
+        row(
+            "  … vs DeltaChannel K=20",
+            f"{ms(samples['ours']):.2f} ms",
+            f"{ms(samples['delta']):.2f} ms (delta)",
+            ms(samples["ours"]) / ms(samples["delta"]),
+        )
     with connection.cursor() as cursor:
         ours_growth = relation_bytes(cursor, ours_tables) - ours_before
     with saver.conn.cursor() as cursor:
@@ -380,13 +474,25 @@ def growing(turns: int, put_uri: str, delta_uri: str) -> None:
     with delta_saver.conn.cursor() as cursor:
         delta_growth = relation_bytes(cursor, lg_tables) - delta_before
     mb = 1024 * 1024
-    row("  storage after plain VACUUM, vs put", f"{ours_growth / mb:.1f} MB", f"{put_growth / mb:.1f} MB (put)", ours_growth / put_growth)
+    row(
+        "  storage after plain VACUUM, vs put",
+        f"{ours_growth / mb:.1f} MB",
+        f"{put_growth / mb:.1f} MB (put)",
+        ours_growth / put_growth,
+    )
     if graph is not None:
-        row("  storage after plain VACUUM, vs DeltaChannel K=20", f"{ours_growth / mb:.1f} MB", f"{delta_growth / mb:.1f} MB (delta)", ours_growth / delta_growth)
+        row(
+            "  storage after plain VACUUM, vs DeltaChannel K=20",
+            f"{ours_growth / mb:.1f} MB",
+            f"{delta_growth / mb:.1f} MB (delta)",
+            ours_growth / delta_growth,
+        )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="fewer samples (~1 min)")
     size.add_argument("--full", action="store_true", help="500-turn history, more samples (~6 min)")
@@ -426,7 +532,12 @@ def main() -> int:
             growing(sizes["turns"], uris["peer_lg_put"], uris["peer_lg_delta"])
         if "concurrency" in only:
             r = asyncio.run(run_level(base, secret, 32, sizes["seconds"], 1, False))
-            row("single append, 32 concurrent REST clients: p50 / p99", f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} ms", f"{r['rps']:.0f} req/s", "goal p99 50 ms")
+            row(
+                "single append, 32 concurrent REST clients: p50 / p99",
+                f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} ms",
+                f"{r['rps']:.0f} req/s",
+                "goal p99 50 ms",
+            )
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
