@@ -18,12 +18,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import jsonpatch
+import jsonpointer
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from memory.exceptions import (
     CheckpointCorrupt,
+    InvalidPatch,
     InvalidState,
     NotFound,
     PayloadTooLarge,
@@ -321,12 +324,41 @@ def state_get(*, tenant: Tenant, agent: Agent) -> StateView:
 
 def _state_row_for_update(*, tenant: Tenant, agent: Agent) -> CognitiveState:
     """The agent's state row, created if missing, locked until the transaction ends."""
+    locked = CognitiveState.objects.select_for_update(of=("self",)).select_related("checkpoint")
+    row = locked.filter(agent=agent).first()  # one round trip once the row exists
+    if row is not None:
+        return row
     CognitiveState.objects.get_or_create(
         agent=agent, defaults={"tenant": tenant, "document": json_text(empty_state())}
     )
-    return (
-        CognitiveState.objects.select_for_update(of=("self",)).select_related("checkpoint").get(agent=agent)
-    )
+    return locked.get(agent=agent)
+
+
+def state_patched(*, document: dict[str, Any], patch: Any) -> dict[str, Any]:
+    """`document` (a schema-1 state, changed in place) with the JSON Patch (RFC 6902) `patch` applied.
+
+    Paths are relative to the state (`/working_memory/notes/0`). Pure. Raises InvalidPatch (422)
+    for a malformed patch or one that does not apply (a failed `test`, a missing path); the
+    result is then validated like a whole state (state_normalize).
+    """
+    if not isinstance(patch, list) or not all(isinstance(op, dict) for op in patch):
+        raise InvalidPatch(
+            "A JSON Patch is a list of operations: [{op, path, value?, from?}, …] (RFC 6902).",
+            details={"fields": {"patch": ["Must be a list of operation objects."]}},
+        )
+    try:
+        patched = jsonpatch.JsonPatch(patch).apply(document, in_place=True)
+    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, TypeError, KeyError) as exc:
+        raise InvalidPatch(
+            f"The JSON Patch does not apply to the current state: {exc}. Nothing was stored.",
+            details={"fields": {"patch": [str(exc)]}},
+        ) from None
+    if not isinstance(patched, dict):
+        raise InvalidPatch(
+            "The JSON Patch replaced the whole state with a non-object.",
+            details={"fields": {"patch": ["The result must be a state object."]}},
+        )
+    return state_normalize({"schema_version": STATE_SCHEMA_VERSION, **patched})[0]
 
 
 def _check_size(text: str, field: str) -> None:
@@ -346,10 +378,11 @@ def _write_state(
     document: dict[str, Any],
     event_type: str,
     payload: dict[str, Any],
+    previous: dict[str, Any] | None = None,
 ) -> None:
     text = json_text(document)
     _check_size(text, "state")
-    previous = state_load(row.document, row.schema_version)
+    previous = state_load(row.document, row.schema_version) if previous is None else previous
     row.document = text
     row.schema_version = STATE_SCHEMA_VERSION
     row.version += 1
@@ -369,19 +402,27 @@ def _write_state(
     )
 
 
-def state_put(*, tenant: Tenant, agent: Agent, raw: Any, expected_version: int | None = None) -> StateView:
-    """Replace the agent's cognitive state with `raw` (validated and upgraded, see state_normalize).
+def state_put(
+    *, tenant: Tenant, agent: Agent, raw: Any = None, patch: Any = None, expected_version: int | None = None
+) -> StateView:
+    """Replace the agent's cognitive state with `raw` (validated and upgraded, see state_normalize),
+    or change it by the JSON Patch `patch` (RFC 6902, applied under the row lock; see state_patched).
 
     Not idempotent by itself (each write is a new version; use an Idempotency-Key). With
     `expected_version`, raises VersionConflict (409) when the stored version differs. Records
     `state.updated` (version and the names of the changed fields; never the content).
     """
-    document, came_in = state_normalize(raw)
+    document, came_in = state_normalize(raw) if patch is None else ({}, STATE_SCHEMA_VERSION)
     with transaction.atomic():
         row = _state_row_for_update(tenant=tenant, agent=agent)
         if expected_version is not None and expected_version != row.version:
             raise VersionConflict(details={"expected_version": expected_version, "version": row.version})
+        previous = None
+        if patch is not None:
+            previous = state_load(row.document, row.schema_version)
+            document = state_patched(document=copy.deepcopy(previous), patch=patch)
         _write_state(
+            previous=previous,
             tenant=tenant,
             agent=agent,
             row=row,
@@ -424,26 +465,45 @@ def checkpoint_create(
     step: int | None = None,
     produced_by: str = "",
     state: Any = None,
+    patch: Any = None,
 ) -> Checkpoint:
-    """Snapshot the agent's cognitive state as its next checkpoint (writing `state` first if given).
+    """Snapshot the agent's cognitive state as its next checkpoint (writing `state` first if given,
+    or changing the state by the JSON Patch `patch` first; see state_patched).
 
     Seqs are gapless per agent (allocated under the state row's lock). The checkpoint covers the
     agent's stream up to its own `checkpoint.created` event, and carries the fold of the agent's
     events up to there (recovery folds only what came after). Not idempotent by itself; use an
-    Idempotency-Key. Raises what state_normalize raises.
+    Idempotency-Key. Raises what state_normalize raises, InvalidPatch for a patch that does not apply.
     """
     from memory.services import recovery
 
     document = state_normalize(state)[0] if state is not None else None
     with transaction.atomic():
         row = _state_row_for_update(tenant=tenant, agent=agent)
+        stored = state_load(row.document, row.schema_version)  # the state before this call
+        if patch is not None:
+            document = state_patched(document=copy.deepcopy(stored), patch=patch)
+        current = stored
         if document is not None:
             _write_state(
-                tenant=tenant, agent=agent, row=row, document=document, event_type="state.updated", payload={}
+                tenant=tenant,
+                agent=agent,
+                row=row,
+                document=document,
+                event_type="state.updated",
+                payload={},
+                previous=stored,
             )
-        current = state_load(row.document, row.schema_version)
-        previous = Checkpoint.objects.filter(agent=agent).order_by("-seq").first()
-        previous_state = checkpoint_state(checkpoint=previous) if previous is not None else None
+            current = document
+        previous = _checkpoint_newest(agent=agent, row=row)
+        previous_state = None
+        if previous is not None:
+            # The usual step (write, checkpoint, write, checkpoint): the state before this call is
+            # the previous checkpoint's, so no need to rebuild it from its delta chain. The hash
+            # recorded on that checkpoint proves it; otherwise rebuild (and verify) as before.
+            previous_state = stored if json_sha256(stored) == previous.state_sha256 else None
+            if previous_state is None:
+                previous_state = checkpoint_state(checkpoint=previous)
         storage, base_seq, depth, payload = _storage_for(
             state=current, previous=previous, previous_state=previous_state, full_every=_full_every(tenant)
         )
@@ -489,6 +549,14 @@ def checkpoint_create(
         row.checkpoint = checkpoint
         row.save(update_fields=["checkpoint_seq", "checkpoint"])
         return checkpoint
+
+
+def _checkpoint_newest(*, agent: Agent, row: CognitiveState) -> Checkpoint | None:
+    # The state row points at the newest checkpoint in the usual case (it was the last one taken);
+    # after a restore or pruning it may not, and then the query answers.
+    if row.checkpoint is not None and row.checkpoint.seq == row.checkpoint_seq:
+        return row.checkpoint
+    return Checkpoint.objects.filter(agent=agent).order_by("-seq").first()
 
 
 def checkpoint_get(*, tenant: Tenant, agent: Agent, ref: str | int) -> Checkpoint:
