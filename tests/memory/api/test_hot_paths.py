@@ -124,7 +124,7 @@ def test_a_batch_of_100_costs_as_many_statements_as_one_message(
 def test_a_checkpoint_with_its_state_costs_thirteen_statements(
     api_a: Any, django_assert_max_num_queries: Any
 ) -> None:
-    state = {"schema_version": 1, "working_memory": {f"e{i}": "x" * 50 for i in range(50)}}
+    state: dict[str, Any] = {"schema_version": 1, "working_memory": {f"e{i}": "x" * 50 for i in range(50)}}
     path = "/api/v1/agents/bot/checkpoints"
     session_of(api_a)  # creates the agent
     for step in range(3):
