@@ -370,6 +370,9 @@ def _check_size(text: str, field: str) -> None:
         )
 
 
+STATE_WRITE_FIELDS = ["document", "schema_version", "version", "updated_at"]
+
+
 def _write_state(
     *,
     tenant: Tenant,
@@ -379,7 +382,9 @@ def _write_state(
     event_type: str,
     payload: dict[str, Any],
     previous: dict[str, Any] | None = None,
+    save: bool = True,
 ) -> None:
+    # save=False: the caller saves the row (with STATE_WRITE_FIELDS) in its own, single UPDATE.
     text = json_text(document)
     _check_size(text, "state")
     previous = state_load(row.document, row.schema_version) if previous is None else previous
@@ -387,7 +392,8 @@ def _write_state(
     row.schema_version = STATE_SCHEMA_VERSION
     row.version += 1
     row.updated_at = timezone.now()
-    row.save(update_fields=["document", "schema_version", "version", "updated_at"])
+    if save:
+        row.save(update_fields=STATE_WRITE_FIELDS)
     changed = [field for field in STATE_FIELDS if not _same(previous[field], document[field])]
     recorder.event_append(
         tenant=tenant,
@@ -493,6 +499,7 @@ def checkpoint_create(
                 event_type="state.updated",
                 payload={},
                 previous=stored,
+                save=False,  # one UPDATE of the row below, with the checkpoint pointer
             )
             current = document
         previous = _checkpoint_newest(agent=agent, row=row)
@@ -547,7 +554,8 @@ def checkpoint_create(
             # a fold that grows (an `append` reducer) is not stored once per checkpoint.
             Checkpoint.objects.filter(pk=previous.pk).update(fold_state="", reducers_sha256="")
         row.checkpoint = checkpoint
-        row.save(update_fields=["checkpoint_seq", "checkpoint"])
+        written = STATE_WRITE_FIELDS if document is not None else []
+        row.save(update_fields=[*written, "checkpoint_seq", "checkpoint"])
         return checkpoint
 
 
