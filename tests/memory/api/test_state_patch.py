@@ -126,3 +126,16 @@ def test_another_tenant_cannot_patch_this_agents_state(
     assert response.status_code == 404
     assert api_b.post(CHECKPOINTS, {"patch": []}, format="json").status_code == 404
     assert api_a.get(STATE).json()["decision"] == "start"
+
+
+def test_the_python_client_sends_patches(alice: Any) -> None:
+    from ctxapp.client import ValidationFailed
+
+    alice.session_create("bot")
+    alice.state_put("bot", {"schema_version": 1, "working_memory": {"notes": []}})
+    state = alice.state_patch("bot", [{"op": "add", "path": "/working_memory/notes/-", "value": "x"}])
+    assert state["working_memory"]["notes"] == ["x"]
+    taken = alice.checkpoint_create("bot", patch=[{"op": "replace", "path": "/decision", "value": "go"}])
+    assert alice.checkpoint_get("bot", taken["seq"])["state"]["decision"] == "go"
+    with pytest.raises(ValidationFailed):
+        alice.state_patch("bot", [{"op": "remove", "path": "/working_memory/none"}])
