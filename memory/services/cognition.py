@@ -22,6 +22,7 @@ import jsonpatch
 import jsonpointer
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Subquery
 from django.utils import timezone
 
 from memory.exceptions import (
@@ -313,12 +314,21 @@ def _view(agent: Agent, row: CognitiveState | None, upgraded_from: int | None = 
     )
 
 
+STATE_READ_FIELDS = ("tenant", "agent", "schema_version", "document", "version", "checkpoint", "updated_at")
+
+
 def state_get(*, tenant: Tenant, agent: Agent) -> StateView:
     """The agent's current cognitive state (an empty schema-1 state at version 0 if never written).
 
     Read-only; returns fresh copies.
     """
-    row = CognitiveState.objects.select_related("checkpoint").filter(tenant=tenant, agent=agent).first()
+    # Only what the view shows: not the stored fold, nor the checkpoint's payload and fold.
+    row = (
+        CognitiveState.objects.select_related("checkpoint")
+        .only(*STATE_READ_FIELDS, "checkpoint__public_id", "checkpoint__seq")
+        .filter(tenant=tenant, agent=agent)
+        .first()
+    )
     return _view(agent, row)
 
 
@@ -580,7 +590,8 @@ def checkpoint_get(*, tenant: Tenant, agent: Agent, ref: str | int) -> Checkpoin
 
 
 def checkpoint_latest(*, tenant: Tenant, agent: Agent) -> Checkpoint | None:
-    return Checkpoint.objects.filter(tenant=tenant, agent=agent).order_by("-seq").first()
+    """The agent's newest checkpoint (without its stored fold, loaded on access). Read-only."""
+    return Checkpoint.objects.filter(tenant=tenant, agent=agent).defer("fold_state").order_by("-seq").first()
 
 
 def checkpoint_state(*, checkpoint: Checkpoint) -> dict[str, Any]:
@@ -591,22 +602,22 @@ def checkpoint_state(*, checkpoint: Checkpoint) -> dict[str, Any]:
     if checkpoint.storage == CheckpointStorage.FULL:
         state = state_load(checkpoint.payload, checkpoint.schema_version)
     else:
-        base = (
+        # The chain in one round trip: every row from the nearest full snapshot below, up to it.
+        base = Subquery(
             Checkpoint.objects.filter(
                 agent_id=checkpoint.agent_id, storage=CheckpointStorage.FULL, seq__lt=checkpoint.seq
             )
             .order_by("-seq")
-            .values_list("seq", flat=True)
-            .first()
+            .values("seq")[:1]
         )
-        if base is None:
-            raise CheckpointCorrupt(details={"checkpoint": checkpoint.public_id, "missing": "full snapshot"})
         rows = {
             seq: (storage, base_seq, payload, version)
             for seq, storage, base_seq, payload, version in Checkpoint.objects.filter(
                 agent_id=checkpoint.agent_id, seq__gte=base, seq__lt=checkpoint.seq
             ).values_list("seq", "storage", "base_seq", "payload", "schema_version")
         }
+        if not any(row[0] == CheckpointStorage.FULL for row in rows.values()):
+            raise CheckpointCorrupt(details={"checkpoint": checkpoint.public_id, "missing": "full snapshot"})
         rows[checkpoint.seq] = (
             checkpoint.storage,
             checkpoint.base_seq,

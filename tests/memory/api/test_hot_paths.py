@@ -204,3 +204,21 @@ def test_a_retry_rolls_back_its_own_run_leaving_seqs_gapless(api_a: Any) -> None
     third = api_a.post(path, {"role": "user", "content": "b"}, format="json", HTTP_IDEMPOTENCY_KEY="b")
     assert third.json()["seq"] == 2
     assert list(Message.objects.filter(session__public_id=session).values_list("seq", flat=True)) == [1, 2]
+
+
+def test_reading_the_state_and_a_delta_checkpoint_costs_two_and_four_statements(
+    api_a: Any, django_assert_max_num_queries: Any
+) -> None:
+    session_of(api_a)
+    state: dict[str, Any] = {"schema_version": 1, "working_memory": {"n": 0}}
+    for step in range(5):
+        state["working_memory"]["n"] = step
+        assert (
+            api_a.post("/api/v1/agents/bot/checkpoints", {"state": state}, format="json").status_code == 201
+        )
+    with django_assert_max_num_queries(2):  # agent; state row with its checkpoint's id and seq
+        assert api_a.get("/api/v1/agents/bot/state").json()["working_memory"]["n"] == 4
+    # agent; checkpoint; its delta chain down to the full snapshot (one query); the agent it names
+    with django_assert_max_num_queries(4):
+        response = api_a.get("/api/v1/agents/bot/checkpoints/5")
+    assert response.json()["storage"] == "delta" and response.json()["state"]["working_memory"]["n"] == 4
