@@ -13,6 +13,8 @@ import copy
 import hashlib
 import json
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -300,13 +302,85 @@ def _checkpoint_ref(checkpoint: Checkpoint | None) -> dict[str, Any] | None:
     return {"id": checkpoint.public_id, "seq": checkpoint.seq}
 
 
+# --- the current state derived from the latest checkpoint ---------------------------------------
+# A checkpoint taken with its state (`checkpoint_create(state=…)` or `patch=…`) stores the state
+# once, in the checkpoint, and leaves the state row's `document` empty: the current state is then
+# that of `row.checkpoint`. Rewriting a large, growing document on the state row at every step
+# left a dead copy per step that a plain VACUUM cannot give back (issue 15: 50-67 MB of bloat for
+# a 500-turn history). Reading such a state rebuilds it from the checkpoint (verified by its
+# SHA-256), or takes it from a small per-process cache of recent states keyed by that hash.
+
+RECENT_STATES_MAX_BYTES = 64 * 1024 * 1024
+_recent_states: OrderedDict[str, str] = OrderedDict()  # state SHA-256 -> its JSON text
+_recent_states_bytes = 0
+_recent_states_lock = threading.Lock()
+
+
+def _state_remember(sha: str, text: str) -> None:
+    global _recent_states_bytes
+    if len(text) > RECENT_STATES_MAX_BYTES // 4:
+        return
+    with _recent_states_lock:
+        if sha in _recent_states:
+            _recent_states.move_to_end(sha)
+            return
+        _recent_states[sha] = text
+        _recent_states_bytes += len(text)
+        while _recent_states_bytes > RECENT_STATES_MAX_BYTES:
+            _, dropped = _recent_states.popitem(last=False)
+            _recent_states_bytes -= len(dropped)
+
+
+def _state_recall(sha: str) -> dict[str, Any] | None:
+    text = _recent_states.get(sha)
+    return None if text is None else dict(json.loads(text))  # a fresh copy
+
+
+def _row_state(row: CognitiveState) -> tuple[dict[str, Any], str | None]:
+    """The current state a state row stands for, and its SHA-256 when known without hashing.
+
+    Raises CheckpointCorrupt if the row defers to a checkpoint that is missing or does not verify.
+    """
+    if row.document:
+        return state_load(row.document, row.schema_version), None
+    checkpoint = _row_checkpoint(row)
+    if checkpoint is None:
+        raise CheckpointCorrupt(details={"state": "derived from a checkpoint that is gone"})
+    state = _state_recall(checkpoint.state_sha256)
+    if state is None:
+        state = checkpoint_state(checkpoint=Checkpoint.objects.get(pk=checkpoint.pk))
+        _state_remember(checkpoint.state_sha256, json_text(state))
+    return state, checkpoint.state_sha256
+
+
+def _row_checkpoint(row: CognitiveState) -> Checkpoint | None:
+    """The checkpoint the row points at. The one joined by the row's SELECT … FOR UPDATE may be
+    stale or missing: after waiting for the lock, PostgreSQL re-reads the locked row but not the
+    joined one; then it is read again here."""
+    joined = row.checkpoint
+    if row.checkpoint_id is not None and (joined is None or joined.pk != row.checkpoint_id):
+        row.checkpoint = Checkpoint.objects.get(pk=row.checkpoint_id)
+    return row.checkpoint
+
+
+def state_materialize_before_delete(*, checkpoint: Checkpoint) -> None:
+    """Before `checkpoint` is deleted: copy its state into a state row that derives from it.
+
+    Pruning never deletes such a checkpoint; this covers deletions by hand (the admin).
+    """
+    for row in CognitiveState.objects.filter(checkpoint=checkpoint, document=""):
+        row.document = json_text(checkpoint_state(checkpoint=checkpoint))
+        row.schema_version = STATE_SCHEMA_VERSION
+        row.save(update_fields=["document", "schema_version"])
+
+
 def _view(agent: Agent, row: CognitiveState | None, upgraded_from: int | None = None) -> StateView:
     if row is None:
         return StateView(agent.external_id, STATE_SCHEMA_VERSION, empty_state(), 0, None, None)
     return StateView(
         agent=agent.external_id,
         schema_version=STATE_SCHEMA_VERSION,
-        document=state_load(row.document, row.schema_version),
+        document=_row_state(row)[0],
         version=row.version,
         checkpoint=_checkpoint_ref(row.checkpoint),
         updated_at=row.updated_at,
@@ -325,7 +399,7 @@ def state_get(*, tenant: Tenant, agent: Agent) -> StateView:
     # Only what the view shows: not the stored fold, nor the checkpoint's payload and fold.
     row = (
         CognitiveState.objects.select_related("checkpoint")
-        .only(*STATE_READ_FIELDS, "checkpoint__public_id", "checkpoint__seq")
+        .only(*STATE_READ_FIELDS, "checkpoint__public_id", "checkpoint__seq", "checkpoint__state_sha256")
         .filter(tenant=tenant, agent=agent)
         .first()
     )
@@ -397,7 +471,7 @@ def _write_state(
     # save=False: the caller saves the row (with STATE_WRITE_FIELDS) in its own, single UPDATE.
     text = json_text(document)
     _check_size(text, "state")
-    previous = state_load(row.document, row.schema_version) if previous is None else previous
+    previous = _row_state(row)[0] if previous is None else previous
     row.document = text
     row.schema_version = STATE_SCHEMA_VERSION
     row.version += 1
@@ -435,7 +509,7 @@ def state_put(
             raise VersionConflict(details={"expected_version": expected_version, "version": row.version})
         previous = None
         if patch is not None:
-            previous = state_load(row.document, row.schema_version)
+            previous = _row_state(row)[0]
             document = state_patched(document=copy.deepcopy(previous), patch=patch)
         _write_state(
             previous=previous,
@@ -496,7 +570,7 @@ def checkpoint_create(
     document = state_normalize(state)[0] if state is not None else None
     with transaction.atomic():
         row = _state_row_for_update(tenant=tenant, agent=agent)
-        stored = state_load(row.document, row.schema_version)  # the state before this call
+        stored, stored_sha = _row_state(row)  # the state before this call
         if patch is not None:
             document = state_patched(document=copy.deepcopy(stored), patch=patch)
         current = stored
@@ -518,13 +592,16 @@ def checkpoint_create(
             # The usual step (write, checkpoint, write, checkpoint): the state before this call is
             # the previous checkpoint's, so no need to rebuild it from its delta chain. The hash
             # recorded on that checkpoint proves it; otherwise rebuild (and verify) as before.
-            previous_state = stored if json_sha256(stored) == previous.state_sha256 else None
+            same = (stored_sha or json_sha256(stored)) == previous.state_sha256
+            previous_state = stored if same else None
             if previous_state is None:
                 previous_state = checkpoint_state(checkpoint=previous)
         storage, base_seq, depth, payload = _storage_for(
             state=current, previous=previous, previous_state=previous_state, full_every=_full_every(tenant)
         )
         row.checkpoint_seq += 1
+        current_text = row.document if document is not None else json_text(current)
+        current_sha = stored_sha if document is None and stored_sha else json_sha256(current)
         checkpoint = Checkpoint(
             tenant=tenant,
             agent=agent,
@@ -537,8 +614,8 @@ def checkpoint_create(
             base_seq=base_seq,
             delta_depth=depth,
             payload=payload,
-            state_sha256=json_sha256(current),
-            state_bytes=len(json_text(current).encode()),
+            state_sha256=current_sha,
+            state_bytes=len(current_text.encode()),
             covers_event_seq=0,
         )
         event = recorder.event_append(
@@ -564,7 +641,12 @@ def checkpoint_create(
             # a fold that grows (an `append` reducer) is not stored once per checkpoint.
             Checkpoint.objects.filter(pk=previous.pk).update(fold_state="", reducers_sha256="")
         row.checkpoint = checkpoint
-        written = STATE_WRITE_FIELDS if document is not None else []
+        written: list[str] = []
+        if document is not None:
+            # The state is stored once, in the checkpoint: the row derives from it (see _row_state).
+            row.document = ""
+            written = STATE_WRITE_FIELDS
+            _state_remember(current_sha, current_text)
         row.save(update_fields=[*written, "checkpoint_seq", "checkpoint"])
         return checkpoint
 
@@ -572,8 +654,9 @@ def checkpoint_create(
 def _checkpoint_newest(*, agent: Agent, row: CognitiveState) -> Checkpoint | None:
     # The state row points at the newest checkpoint in the usual case (it was the last one taken);
     # after a restore or pruning it may not, and then the query answers.
-    if row.checkpoint is not None and row.checkpoint.seq == row.checkpoint_seq:
-        return row.checkpoint
+    checkpoint = _row_checkpoint(row)
+    if checkpoint is not None and checkpoint.seq == row.checkpoint_seq:
+        return checkpoint
     return Checkpoint.objects.filter(agent=agent).order_by("-seq").first()
 
 
