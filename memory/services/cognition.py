@@ -23,8 +23,8 @@ from typing import Any
 import jsonpatch
 import jsonpointer
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Subquery
+from django.db import connection, transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from memory.exceptions import (
@@ -408,7 +408,13 @@ def state_get(*, tenant: Tenant, agent: Agent) -> StateView:
 
 def _state_row_for_update(*, tenant: Tenant, agent: Agent) -> CognitiveState:
     """The agent's state row, created if missing, locked until the transaction ends."""
-    locked = CognitiveState.objects.select_for_update(of=("self",)).select_related("checkpoint")
+    # The tenant's full-snapshot interval comes along (checkpoint_create needs it): one round trip.
+    policy = CheckpointPolicy.objects.filter(tenant=OuterRef("tenant_id")).values("full_snapshot_every")[:1]
+    locked = (
+        CognitiveState.objects.select_for_update(of=("self",))
+        .select_related("checkpoint")
+        .annotate(policy_full_every=Subquery(policy))
+    )
     row = locked.filter(agent=agent).first()  # one round trip once the row exists
     if row is not None:
         return row
@@ -526,8 +532,9 @@ def state_put(
 # --- checkpoints -------------------------------------------------------------------------------
 
 
-def _full_every(tenant: Tenant) -> int:
-    return max(1, CheckpointPolicy.for_tenant(tenant).full_snapshot_every)
+def _full_every(tenant: Tenant, row: CognitiveState | None = None) -> int:
+    known = getattr(row, "policy_full_every", None)  # read with the locked state row
+    return max(1, known if known is not None else CheckpointPolicy.for_tenant(tenant).full_snapshot_every)
 
 
 def _storage_for(
@@ -597,7 +604,10 @@ def checkpoint_create(
             if previous_state is None:
                 previous_state = checkpoint_state(checkpoint=previous)
         storage, base_seq, depth, payload = _storage_for(
-            state=current, previous=previous, previous_state=previous_state, full_every=_full_every(tenant)
+            state=current,
+            previous=previous,
+            previous_state=previous_state,
+            full_every=_full_every(tenant, row),
         )
         row.checkpoint_seq += 1
         current_text = row.document if document is not None else json_text(current)
@@ -636,10 +646,6 @@ def checkpoint_create(
         checkpoint.fold_state = json_text(fold)
         checkpoint.reducers_sha256 = reducers_sha
         checkpoint.save()
-        if previous is not None and previous.storage == CheckpointStorage.DELTA:
-            # Folds are a cache: keep them on the newest checkpoint and on full snapshots only, so
-            # a fold that grows (an `append` reducer) is not stored once per checkpoint.
-            Checkpoint.objects.filter(pk=previous.pk).update(fold_state="", reducers_sha256="")
         row.checkpoint = checkpoint
         written: list[str] = []
         if document is not None:
@@ -647,8 +653,29 @@ def checkpoint_create(
             row.document = ""
             written = STATE_WRITE_FIELDS
             _state_remember(current_sha, current_text)
-        row.save(update_fields=[*written, "checkpoint_seq", "checkpoint"])
+        # Folds are a cache: keep them on the newest checkpoint and on full snapshots only, so a
+        # fold that grows (an `append` reducer) is not stored once per checkpoint.
+        clear = previous.pk if previous is not None and previous.storage == CheckpointStorage.DELTA else None
+        _state_row_save(row=row, fields=[*written, "checkpoint_seq", "checkpoint"], clear_fold_of=clear)
         return checkpoint
+
+
+def _state_row_save(*, row: CognitiveState, fields: list[str], clear_fold_of: int | None) -> None:
+    """Save `fields` of the state row and, in the same statement, clear checkpoint `clear_fold_of`'s
+    stored fold (one round trip instead of two on every checkpoint)."""
+    if clear_fold_of is None:
+        row.save(update_fields=fields)
+        return
+    model_fields: list[Any] = [CognitiveState._meta.get_field(name) for name in fields]
+    assignments = ", ".join(f'"{field.column}" = %s' for field in model_fields)
+    values = [field.get_db_prep_save(getattr(row, field.attname), connection) for field in model_fields]
+    checkpoints, states = Checkpoint._meta.db_table, CognitiveState._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH cleared AS (UPDATE {checkpoints} SET fold_state = '', reducers_sha256 = '' WHERE id = %s) "
+            f"UPDATE {states} SET {assignments} WHERE id = %s",
+            [clear_fold_of, *values, row.pk],
+        )
 
 
 def _checkpoint_newest(*, agent: Agent, row: CognitiveState) -> Checkpoint | None:
