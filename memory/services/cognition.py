@@ -413,6 +413,7 @@ def _state_row_for_update(*, tenant: Tenant, agent: Agent) -> CognitiveState:
     locked = (
         CognitiveState.objects.select_for_update(of=("self",))
         .select_related("checkpoint")
+        .defer("fold_state", "checkpoint__payload", "checkpoint__fold_state")  # loaded if ever needed
         .annotate(policy_full_every=Subquery(policy))
     )
     row = locked.filter(agent=agent).first()  # one round trip once the row exists
