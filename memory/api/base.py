@@ -37,6 +37,11 @@ class TenantApiView(APIView):
     """
 
     required_scope: str | None = None
+    # Idempotency-Key handling. Optimistic (hot paths whose write is cheap and wholly inside the
+    # transaction: appends, checkpoints, state writes): one statement, the write runs and a
+    # duplicate rolls its run back. Otherwise the key is reserved first (two statements), so a
+    # retry of a costly write (a context build, a summary) replays without running it again.
+    idempotent_optimistic: bool = False
 
     @property
     def tenant(self) -> Tenant:
@@ -91,6 +96,8 @@ class TenantApiView(APIView):
         tenant = self.tenant
         now = timezone.now()
         ttl = timedelta(hours=settings.CTXAPP["CTXAPP_IDEMPOTENCY_TTL_HOURS"])
+        if not self.idempotent_optimistic:
+            return self._idempotent_reserved(request, key, digest, now, ttl, handler, *args, **kwargs)
         # Optimistic, one statement per write: run the write, then store its response under the
         # key in the same transaction. A second request with the key (a retry, or a duplicate
         # running concurrently) finds the key taken when it tries to store its own response (the
@@ -118,6 +125,47 @@ class TenantApiView(APIView):
         stored = IdempotencyRecord.objects.get(tenant=tenant, key=key)
         return self._idempotency_replay(stored, digest)
 
+    def _idempotent_reserved(
+        self,
+        request: Request,
+        key: str,
+        digest: str,
+        now: Any,
+        ttl: timedelta,
+        handler: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Response:
+        tenant = self.tenant
+        with transaction.atomic():
+            # If another request holds this key in an open transaction, this INSERT waits for it
+            # to commit or roll back (unique index), so we never run the write twice.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"INSERT INTO {IdempotencyRecord._meta.db_table} "
+                    "(tenant_id, key, request_hash, created_at) VALUES (%s, %s, %s, %s) "
+                    "ON CONFLICT (tenant_id, key) DO NOTHING RETURNING id",
+                    [tenant.pk, key, digest, now],
+                )
+                row = cursor.fetchone()
+            if row is None:
+                record = IdempotencyRecord.objects.select_for_update().get(tenant=tenant, key=key)
+                if record.created_at >= now - ttl:
+                    return self._idempotency_replay(record, digest)
+                # Past its TTL (not yet purged by retention): the key is free to reuse.
+                record.request_hash, record.created_at = digest, now
+                record.status_code = record.response_body = None
+                record.save(update_fields=["request_hash", "created_at", "status_code", "response_body"])
+                row = (record.pk,)
+            response = handler(request, *args, **kwargs)
+            if response.status_code >= 500:
+                transaction.set_rollback(True)
+                return response
+            IdempotencyRecord.objects.filter(pk=row[0]).update(
+                status_code=response.status_code, response_body=response.data
+            )
+            return response
+
     @staticmethod
     def _idempotency_store(
         tenant: Tenant, key: str, digest: str, now: Any, expired_before: Any, response: Response
@@ -141,7 +189,7 @@ class TenantApiView(APIView):
     def _idempotency_replay(stored: IdempotencyRecord, digest: str) -> Response:
         if stored.request_hash != digest:
             raise IdempotencyConflict(details={"header": IDEMPOTENCY_HEADER})
-        if stored.status_code is None:  # written by an older version that stored the key first
+        if stored.status_code is None:  # reserved by a write still running (or rolled back since)
             raise IdempotencyInProgress()
         response = Response(stored.response_body, status=stored.status_code)
         response["Idempotent-Replayed"] = "true"

@@ -135,6 +135,7 @@ STATE_OUT = inline_serializer(
 
 
 class AgentStateApi(AgentScopedView):
+    idempotent_optimistic = True  # a hot path: one statement for its Idempotency-Key
     parser_classes = [TextSafeJSONParser, JsonPatchParser]  # PATCH takes application/json-patch+json
 
     @extend_schema(responses=STATE_OUT, summary="The agent's cognitive state (schema 1)")
@@ -220,6 +221,7 @@ class AgentStateRestoreApi(AgentScopedView):
 
 
 class AgentCheckpointsApi(AgentScopedView):
+    idempotent_optimistic = True  # a hot path: one statement for its Idempotency-Key
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
     class InputSerializer(serializers.Serializer):

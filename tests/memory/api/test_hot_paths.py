@@ -186,14 +186,25 @@ def test_concurrent_duplicates_write_once_and_both_get_the_same_answer() -> None
     assert IdempotencyRecord.objects.filter(tenant=tenant, key="dup").count() == 1
 
 
-def test_a_retry_after_the_write_became_impossible_replays_the_original(api_a: Any) -> None:
+def test_a_retried_append_to_a_session_ended_since_replays_the_original(api_a: Any) -> None:
     session = session_of(api_a)
-    first = api_a.delete(f"/api/v1/sessions/{session}", HTTP_IDEMPOTENCY_KEY="gone")
-    again = api_a.delete(f"/api/v1/sessions/{session}", HTTP_IDEMPOTENCY_KEY="gone")
-    assert first.status_code == again.status_code < 300
-    assert again["Idempotent-Replayed"] == "true"
-    fresh = api_a.delete(f"/api/v1/sessions/{session}", HTTP_IDEMPOTENCY_KEY="other")
-    assert fresh.status_code == 404
+    path = f"/api/v1/sessions/{session}/messages"
+    first = api_a.post(path, {"role": "user", "content": "hi"}, format="json", HTTP_IDEMPOTENCY_KEY="late")
+    assert api_a.post(f"/api/v1/sessions/{session}/end").status_code == 200
+    again = api_a.post(path, {"role": "user", "content": "hi"}, format="json", HTTP_IDEMPOTENCY_KEY="late")
+    assert again.status_code == first.status_code == 201
+    assert again.json() == first.json() and again["Idempotent-Replayed"] == "true"
+    fresh = api_a.post(path, {"role": "user", "content": "hi"}, format="json", HTTP_IDEMPOTENCY_KEY="new")
+    assert fresh.status_code == 409 and fresh.json()["error"]["code"] == "session_ended"
+
+
+def test_a_retried_costly_write_is_replayed_without_running_again(api_a: Any) -> None:
+    # Writes off the hot path reserve their key first: the retry does not redo the work.
+    first = api_a.post("/api/v1/sessions", {"agent": "bot"}, format="json", HTTP_IDEMPOTENCY_KEY="s")
+    with CaptureQueriesContext(connection) as queries:
+        again = api_a.post("/api/v1/sessions", {"agent": "bot"}, format="json", HTTP_IDEMPOTENCY_KEY="s")
+    assert again.json() == first.json() and again["Idempotent-Replayed"] == "true"
+    assert not any(Session._meta.db_table in q["sql"] for q in queries.captured_queries)
 
 
 def test_a_retry_rolls_back_its_own_run_leaving_seqs_gapless(api_a: Any) -> None:
