@@ -114,7 +114,7 @@ class TenantApiView(APIView):
                     return response
                 transaction.set_rollback(True)  # the key is taken: undo this run of the write
         except Exception:
-            # A retry of a write that succeeded may now fail (the session it deleted is gone):
+            # A retry of a write that succeeded may now fail (its session has ended since):
             # the stored response answers it. Without one, the error stands.
             stored = IdempotencyRecord.objects.filter(
                 tenant=tenant, key=key, created_at__gte=now - ttl

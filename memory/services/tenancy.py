@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import tempfile
@@ -18,6 +19,8 @@ from django.utils import timezone
 
 from memory.exceptions import NotFound
 from memory.models import ApiKey, ApiKeyScope, Membership, MembershipRole, Tenant
+
+logger = logging.getLogger(__name__)
 
 DEMO_TENANT_SLUG = "demo"
 DEMO_ADMIN_USERNAME = "admin"
@@ -114,11 +117,16 @@ def _generation_write() -> None:
     # Atomically (temp file + rename): a reader sees the old or the new generation, never half.
     path = _generation_path()
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=directory, prefix=".api-key-generation-")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(f"{time.time_ns()}-{os.getpid()}-{secrets.token_hex(4)}")
-    os.replace(temporary, path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=".api-key-generation-")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"{time.time_ns()}-{os.getpid()}-{secrets.token_hex(4)}")
+        os.replace(temporary, path)
+    except OSError:
+        # A read-only data directory must not fail the revocation itself: caches then expire
+        # within CTXAPP_API_KEY_CACHE_SECONDS instead of at once.
+        logger.warning("could not write %s; cached API keys expire within their TTL", path, exc_info=True)
 
 
 def api_key_get(*, tenant: Tenant, prefix: str) -> ApiKey:
