@@ -21,7 +21,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import jsonpatch
-import jsonpointer
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import OuterRef, Subquery
@@ -439,7 +438,7 @@ def state_patched(*, document: dict[str, Any], patch: Any) -> dict[str, Any]:
         )
     try:
         patched = jsonpatch.JsonPatch(patch).apply(document, in_place=True)
-    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, TypeError, KeyError) as exc:
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError, KeyError) as exc:
         raise InvalidPatch(
             f"The JSON Patch does not apply to the current state: {exc}. Nothing was stored.",
             details={"fields": {"patch": [str(exc)]}},
