@@ -473,8 +473,9 @@ def _write_state(
     payload: dict[str, Any],
     previous: dict[str, Any] | None = None,
     save: bool = True,
-) -> None:
-    # save=False: the caller saves the row (with STATE_WRITE_FIELDS) in its own, single UPDATE.
+) -> dict[str, Any]:
+    # save=False: the caller saves the row (with STATE_WRITE_FIELDS) in its own, single UPDATE,
+    # and records the returned event payload itself (with its own event, in one statement).
     text = json_text(document)
     _check_size(text, "state")
     previous = _row_state(row)[0] if previous is None else previous
@@ -485,17 +486,15 @@ def _write_state(
     if save:
         row.save(update_fields=STATE_WRITE_FIELDS)
     changed = [field for field in STATE_FIELDS if not _same(previous[field], document[field])]
-    recorder.event_append(
-        tenant=tenant,
-        type=event_type,
-        agent=agent,
-        payload={
-            "version": row.version,
-            "schema_version": STATE_SCHEMA_VERSION,
-            "changed": changed,
-            **payload,
-        },
-    )
+    event_payload = {
+        "version": row.version,
+        "schema_version": STATE_SCHEMA_VERSION,
+        "changed": changed,
+        **payload,
+    }
+    if save:
+        recorder.event_append(tenant=tenant, type=event_type, agent=agent, payload=event_payload)
+    return event_payload
 
 
 def state_put(
@@ -581,8 +580,9 @@ def checkpoint_create(
         if patch is not None:
             document = state_patched(document=copy.deepcopy(stored), patch=patch)
         current = stored
+        state_event: dict[str, Any] | None = None
         if document is not None:
-            _write_state(
+            state_event = _write_state(
                 tenant=tenant,
                 agent=agent,
                 row=row,
@@ -628,19 +628,20 @@ def checkpoint_create(
             state_bytes=len(current_text.encode()),
             covers_event_seq=0,
         )
-        event = recorder.event_append(
-            tenant=tenant,
-            type="checkpoint.created",
-            agent=agent,
-            payload={
-                "checkpoint": checkpoint.public_id,
-                "seq": checkpoint.seq,
-                "reason": reason,
-                "step": step,
-                "storage": storage,
-                "state_version": row.version,
-            },
-        )
+        created = {
+            "checkpoint": checkpoint.public_id,
+            "seq": checkpoint.seq,
+            "reason": reason,
+            "step": step,
+            "storage": storage,
+            "state_version": row.version,
+        }
+        # `state.updated` (when this call wrote the state) and `checkpoint.created`, in one statement.
+        entries: list[tuple[str, dict[str, Any]]] = []
+        if state_event is not None:
+            entries.append(("state.updated", state_event))
+        entries.append(("checkpoint.created", created))
+        event = recorder.events_append(tenant=tenant, agent=agent, entries=entries)[-1]
         checkpoint.covers_event_seq = event.seq
         fold, reducers_sha = recovery.fold_through(tenant=tenant, agent=agent, through_seq=event.seq)
         checkpoint.fold_state = json_text(fold)

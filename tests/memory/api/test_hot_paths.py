@@ -121,7 +121,7 @@ def test_a_batch_of_100_costs_as_many_statements_as_one_message(
     assert response.json()["last_seq"] - response.json()["first_seq"] == 99
 
 
-def test_a_checkpoint_with_its_state_costs_ten_statements(
+def test_a_checkpoint_with_its_state_costs_nine_statements(
     api_a: Any, django_assert_max_num_queries: Any
 ) -> None:
     state: dict[str, Any] = {"schema_version": 1, "working_memory": {f"e{i}": "x" * 50 for i in range(50)}}
@@ -131,11 +131,11 @@ def test_a_checkpoint_with_its_state_costs_ten_statements(
         state["working_memory"]["e0"] = f"step {step}"
         api_a.post(path, {"state": state}, format="json", HTTP_IDEMPOTENCY_KEY=f"warm-{step}")
     state["working_memory"]["e1"] = "changed"
-    # agent; state row (locked, with the policy); state.updated; checkpoint.created; reducers;
+    # agent; state row (locked, with the policy); state.updated + checkpoint.created; reducers;
     # stored folds; events to fold; checkpoint; state row (state, pointer; previous fold cleared);
     # idempotency record — plus two SAVEPOINT/RELEASE pairs of the test's nesting. The previous
     # checkpoint's state is not rebuilt from its deltas (its hash matches the stored state).
-    with django_assert_max_num_queries(10 + 4):
+    with django_assert_max_num_queries(9 + 4):
         response = api_a.post(path, {"state": state}, format="json", HTTP_IDEMPOTENCY_KEY="measured")
     assert response.status_code == 201
     assert response.json()["storage"] == "delta"
