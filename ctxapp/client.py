@@ -976,6 +976,25 @@ class Client(_Base):
             idempotency_key=idempotency_key,
         )
 
+    def state_patch(
+        self,
+        agent: str,
+        patch: list[dict[str, Any]],
+        *,
+        expected_version: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Change the agent's cognitive state by a JSON Patch (RFC 6902; paths relative to the state).
+
+        A patch that does not apply → ValidationFailed (422 `invalid_patch`); nothing is stored."""
+        return self.request(
+            "PATCH",
+            f"/agents/{agent}/state",
+            json={"patch": patch},
+            params={"expected_version": expected_version},
+            idempotency_key=idempotency_key,
+        )
+
     def state_restore(
         self,
         agent: str,
@@ -998,10 +1017,13 @@ class Client(_Base):
         step: int | None = None,
         produced_by: str | None = None,
         state: dict[str, Any] | None = None,
+        patch: list[dict[str, Any]] | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        """Checkpoint the agent's state (writing `state` first when given)."""
-        body = _drop_none({"reason": reason, "step": step, "produced_by": produced_by, "state": state})
+        """Checkpoint the agent's state (writing `state`, or applying the JSON Patch `patch`, first)."""
+        body = _drop_none(
+            {"reason": reason, "step": step, "produced_by": produced_by, "state": state, "patch": patch}
+        )
         return self.request(
             "POST", f"/agents/{agent}/checkpoints", json=body, idempotency_key=idempotency_key
         )
@@ -1762,6 +1784,25 @@ class AsyncClient(_Base):
             idempotency_key=idempotency_key,
         )
 
+    async def state_patch(
+        self,
+        agent: str,
+        patch: list[dict[str, Any]],
+        *,
+        expected_version: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Change the agent's cognitive state by a JSON Patch (RFC 6902; paths relative to the state).
+
+        A patch that does not apply → ValidationFailed (422 `invalid_patch`); nothing is stored."""
+        return await self.request(
+            "PATCH",
+            f"/agents/{agent}/state",
+            json={"patch": patch},
+            params={"expected_version": expected_version},
+            idempotency_key=idempotency_key,
+        )
+
     async def state_restore(
         self,
         agent: str,
@@ -1784,10 +1825,13 @@ class AsyncClient(_Base):
         step: int | None = None,
         produced_by: str | None = None,
         state: dict[str, Any] | None = None,
+        patch: list[dict[str, Any]] | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        """Checkpoint the agent's state (writing `state` first when given)."""
-        body = _drop_none({"reason": reason, "step": step, "produced_by": produced_by, "state": state})
+        """Checkpoint the agent's state (writing `state`, or applying the JSON Patch `patch`, first)."""
+        body = _drop_none(
+            {"reason": reason, "step": step, "produced_by": produced_by, "state": state, "patch": patch}
+        )
         return await self.request(
             "POST", f"/agents/{agent}/checkpoints", json=body, idempotency_key=idempotency_key
         )

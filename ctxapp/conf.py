@@ -357,6 +357,15 @@ SETTINGS: list[Setting] = [
         "An API key's last-used time is written at most this often.",
         group="api",
     ),
+    Setting(
+        "CTXAPP_API_KEY_CACHE_SECONDS",
+        parse_float,
+        5.0,
+        "How long a web process reuses an API-key lookup (0 = look it up on every request). "
+        "Revocation, expiry and tenant changes on this host drop every process's cache at once; "
+        "a web process on another host notices them within this time.",
+        group="api",
+    ),
     # --- experiences -----------------------------------------------------------------------------
     Setting(
         "CTXAPP_EMBEDDER",

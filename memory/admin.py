@@ -261,6 +261,21 @@ class CheckpointAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    # An agent's current state may be stored only in its latest checkpoint (memory.services.cognition):
+    # copy it onto the state row before deleting that checkpoint by hand.
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        from memory.services.cognition import state_materialize_before_delete
+
+        state_materialize_before_delete(checkpoint=obj)
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        from memory.services.cognition import state_materialize_before_delete
+
+        for checkpoint in queryset:
+            state_materialize_before_delete(checkpoint=checkpoint)
+        super().delete_queryset(request, queryset)
+
 
 # --- context engine ---------------------------------------------------------------------------
 from memory.models import BudgetSample, ContextPolicy, ModelProfile, Summary, TokenUsageReport  # noqa: E402

@@ -8,5 +8,16 @@ class MemoryConfig(AppConfig):
     def ready(self) -> None:
         # Create the Celery app in every Django process so shared_task(...).delay() uses its
         # broker settings (ctxapp/__init__.py no longer imports it eagerly; see ctxapp.client).
+        from django.db.models.signals import post_delete, post_save
+
         import ctxapp.celery  # noqa: F401
         import memory.api.schema  # noqa: F401  (registers the OpenAPI auth extension)
+        from memory.models import ApiKey, Tenant
+        from memory.services.tenancy import api_keys_changed
+
+        # Any saved or deleted key or tenant (admin, services) drops every process's key cache.
+        for model in (ApiKey, Tenant):
+            post_save.connect(api_keys_changed, sender=model, dispatch_uid=f"api-key-cache-{model.__name__}")
+            post_delete.connect(
+                api_keys_changed, sender=model, dispatch_uid=f"api-key-cache-{model.__name__}-del"
+            )

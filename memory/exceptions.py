@@ -93,6 +93,13 @@ class InvalidState(DomainError):
     default_message = "The cognitive state is not valid."
 
 
+class InvalidPatch(DomainError):
+    """A JSON Patch (RFC 6902) that is malformed or does not apply to the current state."""
+
+    code, http_status = "invalid_patch", 422
+    default_message = "The JSON Patch does not apply to the current state; nothing was stored."
+
+
 class SchemaVersionUnsupported(DomainError):
     code, http_status = "schema_version_unsupported", 422
     default_message = "The state's schema_version is newer than this server supports."

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hmac
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -12,6 +14,7 @@ from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
 from memory.models import KEY_PREFIX, ApiKey, ApiKeyScope, hash_secret
+from memory.services.tenancy import api_keys_generation
 
 
 class ApiPrincipal:
@@ -28,13 +31,45 @@ class ApiPrincipal:
         return f"api-key {KEY_PREFIX}{self.api_key.prefix}"
 
 
+# prefix -> (monotonic time read, generation read under, the key with its tenant)
+_cache: dict[str, tuple[float, str, ApiKey]] = {}
+_cache_lock = threading.Lock()
+
+
+def _api_key_lookup(prefix: str) -> ApiKey | None:
+    """The key with this prefix (and its tenant), from the process cache while it is fresh.
+
+    Fresh = read less than CTXAPP_API_KEY_CACHE_SECONDS ago, under the current generation
+    (memory.services.tenancy.api_keys_changed starts a new one on every revocation). Only keys
+    that exist are cached; the checks (hash, revoked, expired, tenant) run on every request.
+    """
+    ttl = float(settings.CTXAPP["CTXAPP_API_KEY_CACHE_SECONDS"])
+    if ttl <= 0:
+        return ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
+    generation = api_keys_generation()
+    now = time.monotonic()
+    cached = _cache.get(prefix)
+    if cached is not None and cached[1] == generation and now - cached[0] < ttl:
+        return cached[2]
+    api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
+    if api_key is not None:
+        with _cache_lock:
+            if len(_cache) > 10_000:  # a bound, not a policy: keys are few
+                _cache.clear()
+            _cache[prefix] = (now, generation, api_key)
+    return api_key
+
+
 def api_key_authenticate(raw: str) -> ApiKey:
-    """Return the usable ApiKey for `raw` or raise AuthenticationFailed. Touches last_used_at."""
+    """Return the usable ApiKey for `raw` or raise AuthenticationFailed. Touches last_used_at.
+
+    The lookup may come from the process cache (see _api_key_lookup); revocation is honoured at once.
+    """
     parts = raw.split("_")
     if not raw.startswith(KEY_PREFIX) or len(parts) < 3:
         raise exceptions.AuthenticationFailed("The API key is not valid.")
     prefix = parts[1]
-    api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
+    api_key = _api_key_lookup(prefix)
     if api_key is None or not hmac.compare_digest(api_key.secret_hash, hash_secret(raw)):
         raise exceptions.AuthenticationFailed("The API key is not valid.")
     if api_key.revoked_at is not None:

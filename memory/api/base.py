@@ -49,6 +49,11 @@ class TenantApiView(APIView):
     agent_binding: bool = True
     BINDING_PATH_KWARGS = {"agent": "agent", "session_id": "session", "task_id": "task"}
     BINDING_FIELDS = ("agent", "session", "task")
+    # Idempotency-Key handling. Optimistic (hot paths whose write is cheap and wholly inside the
+    # transaction: appends, checkpoints, state writes): one statement, the write runs and a
+    # duplicate rolls its run back. Otherwise the key is reserved first (two statements), so a
+    # retry of a costly write (a context build, a summary) replays without running it again.
+    idempotent_optimistic: bool = False
 
     @property
     def tenant(self) -> Tenant:
@@ -138,6 +143,47 @@ class TenantApiView(APIView):
         tenant = self.tenant
         now = timezone.now()
         ttl = timedelta(hours=settings.CTXAPP["CTXAPP_IDEMPOTENCY_TTL_HOURS"])
+        if not self.idempotent_optimistic:
+            return self._idempotent_reserved(request, key, digest, now, ttl, handler, *args, **kwargs)
+        # Optimistic, one statement per write: run the write, then store its response under the
+        # key in the same transaction. A second request with the key (a retry, or a duplicate
+        # running concurrently) finds the key taken when it tries to store its own response (the
+        # unique index makes it wait for the first to commit or roll back), rolls its whole write
+        # back, and answers with the stored response. So the write still commits at most once.
+        # A key past its TTL (not yet purged by retention) is taken over by the same statement.
+        try:
+            with transaction.atomic():
+                response = handler(request, *args, **kwargs)
+                if response.status_code >= 500:
+                    transaction.set_rollback(True)
+                    return response
+                if self._idempotency_store(tenant, key, digest, now, now - ttl, response):
+                    return response
+                transaction.set_rollback(True)  # the key is taken: undo this run of the write
+        except Exception:
+            # A retry of a write that succeeded may now fail (its session has ended since):
+            # the stored response answers it. Without one, the error stands.
+            stored = IdempotencyRecord.objects.filter(
+                tenant=tenant, key=key, created_at__gte=now - ttl
+            ).first()
+            if stored is None:
+                raise
+            return self._idempotency_replay(stored, digest)
+        stored = IdempotencyRecord.objects.get(tenant=tenant, key=key)
+        return self._idempotency_replay(stored, digest)
+
+    def _idempotent_reserved(
+        self,
+        request: Request,
+        key: str,
+        digest: str,
+        now: Any,
+        ttl: timedelta,
+        handler: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Response:
+        tenant = self.tenant
         with transaction.atomic():
             # If another request holds this key in an open transaction, this INSERT waits for it
             # to commit or roll back (unique index), so we never run the write twice.
@@ -151,21 +197,13 @@ class TenantApiView(APIView):
                 row = cursor.fetchone()
             if row is None:
                 record = IdempotencyRecord.objects.select_for_update().get(tenant=tenant, key=key)
-                if record.created_at < now - ttl:
-                    # Past its TTL (not yet purged by retention): the key is free to reuse. Done
-                    # here rather than by a DELETE before every insert, which cost a query per write.
-                    record.request_hash, record.created_at = digest, now
-                    record.status_code = record.response_body = None
-                    record.save(update_fields=["request_hash", "created_at", "status_code", "response_body"])
-                    row = (record.pk,)
-                else:
-                    if record.request_hash != digest:
-                        raise IdempotencyConflict(details={"header": IDEMPOTENCY_HEADER})
-                    if record.status_code is None:
-                        raise IdempotencyInProgress()
-                    response = Response(record.response_body, status=record.status_code)
-                    response["Idempotent-Replayed"] = "true"
-                    return response
+                if record.created_at >= now - ttl:
+                    return self._idempotency_replay(record, digest)
+                # Past its TTL (not yet purged by retention): the key is free to reuse.
+                record.request_hash, record.created_at = digest, now
+                record.status_code = record.response_body = None
+                record.save(update_fields=["request_hash", "created_at", "status_code", "response_body"])
+                row = (record.pk,)
             response = handler(request, *args, **kwargs)
             if response.status_code >= 500:
                 transaction.set_rollback(True)
@@ -174,6 +212,35 @@ class TenantApiView(APIView):
                 status_code=response.status_code, response_body=response.data
             )
             return response
+
+    @staticmethod
+    def _idempotency_store(
+        tenant: Tenant, key: str, digest: str, now: Any, expired_before: Any, response: Response
+    ) -> bool:
+        """Store the response under the key (or take over an expired one); False if the key is taken."""
+        table = IdempotencyRecord._meta.db_table
+        body = IdempotencyRecord._meta.get_field("response_body").get_db_prep_save(response.data, connection)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} AS r "
+                "(tenant_id, key, request_hash, status_code, response_body, created_at) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (tenant_id, key) DO UPDATE SET "
+                "request_hash = EXCLUDED.request_hash, status_code = EXCLUDED.status_code, "
+                "response_body = EXCLUDED.response_body, created_at = EXCLUDED.created_at "
+                "WHERE r.created_at < %s RETURNING r.id",
+                [tenant.pk, key, digest, response.status_code, body, now, expired_before],
+            )
+            return cursor.fetchone() is not None
+
+    @staticmethod
+    def _idempotency_replay(stored: IdempotencyRecord, digest: str) -> Response:
+        if stored.request_hash != digest:
+            raise IdempotencyConflict(details={"header": IDEMPOTENCY_HEADER})
+        if stored.status_code is None:  # reserved by a write still running (or rolled back since)
+            raise IdempotencyInProgress()
+        response = Response(stored.response_body, status=stored.status_code)
+        response["Idempotent-Replayed"] = "true"
+        return response
 
 
 # --- cursor pages ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from memory.api.base import MAX_BIGINT, CursorSerializer, TenantApiView, keyset_page
+from memory.api.parsers import JsonPatchParser, TextSafeJSONParser
 from memory.exceptions import AgentMismatch, InvalidInput
 from memory.models import Agent, Checkpoint
 from memory.services import cognition, layers, recovery
@@ -134,6 +135,9 @@ STATE_OUT = inline_serializer(
 
 
 class AgentStateApi(AgentScopedView):
+    idempotent_optimistic = True  # a hot path: one statement for its Idempotency-Key
+    parser_classes = [TextSafeJSONParser, JsonPatchParser]  # PATCH takes application/json-patch+json
+
     @extend_schema(responses=STATE_OUT, summary="The agent's cognitive state (schema 1)")
     def get(self, request: Any, agent: str) -> Response:
         view = cognition.state_get(tenant=self.tenant, agent=self.agent(agent))
@@ -159,6 +163,33 @@ class AgentStateApi(AgentScopedView):
         if view.upgraded_from is not None:
             out["upgraded_from"] = view.upgraded_from
         return Response(out)
+
+    class PatchSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "AgentStatePatchInput"
+
+        patch = serializers.ListField(
+            child=serializers.DictField(), help_text="RFC 6902 operations, paths relative to the state."
+        )
+
+    @extend_schema(
+        request=PatchSerializer,
+        responses=STATE_OUT,
+        parameters=[IF_MATCH_PARAM],
+        summary="Change the agent's cognitive state by a JSON Patch (RFC 6902)",
+        description="Body: the operations as a JSON array (`Content-Type: application/json-patch+json` or "
+        "`application/json`), or `{patch: [...]}`. Paths are relative to the state "
+        "(`/working_memory/notes/-`). Applied under the state's lock, all or nothing; a patch that does "
+        "not apply → 422 invalid_patch; a result that is not a valid state → 400 invalid_state.",
+    )
+    def patch(self, request: Any, agent: str) -> Response:
+        body = request.data
+        data = self.validate(self.PatchSerializer, data={"patch": body} if isinstance(body, list) else body)
+        agent_row = self.agent(agent)
+        view = cognition.state_put(
+            tenant=self.tenant, agent=agent_row, patch=data["patch"], expected_version=self.expected_version()
+        )
+        return Response(view.as_dict())
 
 
 class AgentStateRestoreApi(AgentScopedView):
@@ -190,6 +221,7 @@ class AgentStateRestoreApi(AgentScopedView):
 
 
 class AgentCheckpointsApi(AgentScopedView):
+    idempotent_optimistic = True  # a hot path: one statement for its Idempotency-Key
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
     class InputSerializer(serializers.Serializer):
@@ -204,6 +236,19 @@ class AgentCheckpointsApi(AgentScopedView):
         state = serializers.JSONField(
             required=False, default=None, help_text="Write this state first, then checkpoint it (one call)."
         )
+        patch = serializers.ListField(
+            child=serializers.DictField(),
+            required=False,
+            default=None,
+            allow_null=True,
+            help_text="Instead of `state`: change the current state by this JSON Patch (RFC 6902), then "
+            "checkpoint it (one call).",
+        )
+
+        def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+            if attrs.get("state") is not None and attrs.get("patch") is not None:
+                raise serializers.ValidationError({"patch": ["Send either `state` or `patch`, not both."]})
+            return attrs
 
     @extend_schema(
         parameters=[CursorSerializer], responses=FREE_JSON, summary="The agent's checkpoints, newest first"

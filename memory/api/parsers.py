@@ -74,3 +74,9 @@ class TextSafeJSONParser(JSONParser):
             path, problem = found
             raise InvalidInput(f"{path}: {problem}", details={"fields": {path: [problem]}})
         return data
+
+
+class JsonPatchParser(TextSafeJSONParser):
+    """`Content-Type: application/json-patch+json` (RFC 6902): a JSON array of operations."""
+
+    media_type = "application/json-patch+json"

@@ -327,6 +327,7 @@ class SessionEndApi(TenantApiView):
 
 
 class SessionMessagesApi(TenantApiView):
+    idempotent_optimistic = True  # the append hot path: one statement for its Idempotency-Key
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
     @extend_schema(

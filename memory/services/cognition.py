@@ -13,17 +13,22 @@ import copy
 import hashlib
 import json
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import jsonpatch
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from memory.exceptions import (
     CheckpointCorrupt,
+    InvalidPatch,
     InvalidState,
     NotFound,
     PayloadTooLarge,
@@ -296,13 +301,85 @@ def _checkpoint_ref(checkpoint: Checkpoint | None) -> dict[str, Any] | None:
     return {"id": checkpoint.public_id, "seq": checkpoint.seq}
 
 
+# --- the current state derived from the latest checkpoint ---------------------------------------
+# A checkpoint taken with its state (`checkpoint_create(state=…)` or `patch=…`) stores the state
+# once, in the checkpoint, and leaves the state row's `document` empty: the current state is then
+# that of `row.checkpoint`. Rewriting a large, growing document on the state row at every step
+# left a dead copy per step that a plain VACUUM cannot give back (issue 15: 50-67 MB of bloat for
+# a 500-turn history). Reading such a state rebuilds it from the checkpoint (verified by its
+# SHA-256), or takes it from a small per-process cache of recent states keyed by that hash.
+
+RECENT_STATES_MAX_BYTES = 64 * 1024 * 1024
+_recent_states: OrderedDict[str, str] = OrderedDict()  # state SHA-256 -> its JSON text
+_recent_states_bytes = 0
+_recent_states_lock = threading.Lock()
+
+
+def _state_remember(sha: str, text: str) -> None:
+    global _recent_states_bytes
+    if len(text) > RECENT_STATES_MAX_BYTES // 4:
+        return
+    with _recent_states_lock:
+        if sha in _recent_states:
+            _recent_states.move_to_end(sha)
+            return
+        _recent_states[sha] = text
+        _recent_states_bytes += len(text)
+        while _recent_states_bytes > RECENT_STATES_MAX_BYTES:
+            _, dropped = _recent_states.popitem(last=False)
+            _recent_states_bytes -= len(dropped)
+
+
+def _state_recall(sha: str) -> dict[str, Any] | None:
+    text = _recent_states.get(sha)
+    return None if text is None else dict(json.loads(text))  # a fresh copy
+
+
+def _row_state(row: CognitiveState) -> tuple[dict[str, Any], str | None]:
+    """The current state a state row stands for, and its SHA-256 when known without hashing.
+
+    Raises CheckpointCorrupt if the row defers to a checkpoint that is missing or does not verify.
+    """
+    if row.document:
+        return state_load(row.document, row.schema_version), None
+    checkpoint = _row_checkpoint(row)
+    if checkpoint is None:
+        raise CheckpointCorrupt(details={"state": "derived from a checkpoint that is gone"})
+    state = _state_recall(checkpoint.state_sha256)
+    if state is None:
+        state = checkpoint_state(checkpoint=Checkpoint.objects.get(pk=checkpoint.pk))
+        _state_remember(checkpoint.state_sha256, json_text(state))
+    return state, checkpoint.state_sha256
+
+
+def _row_checkpoint(row: CognitiveState) -> Checkpoint | None:
+    """The checkpoint the row points at. The one joined by the row's SELECT … FOR UPDATE may be
+    stale or missing: after waiting for the lock, PostgreSQL re-reads the locked row but not the
+    joined one; then it is read again here."""
+    joined = row.checkpoint
+    if row.checkpoint_id is not None and (joined is None or joined.pk != row.checkpoint_id):
+        row.checkpoint = Checkpoint.objects.get(pk=row.checkpoint_id)
+    return row.checkpoint
+
+
+def state_materialize_before_delete(*, checkpoint: Checkpoint) -> None:
+    """Before `checkpoint` is deleted: copy its state into a state row that derives from it.
+
+    Pruning never deletes such a checkpoint; this covers deletions by hand (the admin).
+    """
+    for row in CognitiveState.objects.filter(checkpoint=checkpoint, document=""):
+        row.document = json_text(checkpoint_state(checkpoint=checkpoint))
+        row.schema_version = STATE_SCHEMA_VERSION
+        row.save(update_fields=["document", "schema_version"])
+
+
 def _view(agent: Agent, row: CognitiveState | None, upgraded_from: int | None = None) -> StateView:
     if row is None:
         return StateView(agent.external_id, STATE_SCHEMA_VERSION, empty_state(), 0, None, None)
     return StateView(
         agent=agent.external_id,
         schema_version=STATE_SCHEMA_VERSION,
-        document=state_load(row.document, row.schema_version),
+        document=_row_state(row)[0],
         version=row.version,
         checkpoint=_checkpoint_ref(row.checkpoint),
         updated_at=row.updated_at,
@@ -310,23 +387,68 @@ def _view(agent: Agent, row: CognitiveState | None, upgraded_from: int | None = 
     )
 
 
+STATE_READ_FIELDS = ("tenant", "agent", "schema_version", "document", "version", "checkpoint", "updated_at")
+
+
 def state_get(*, tenant: Tenant, agent: Agent) -> StateView:
     """The agent's current cognitive state (an empty schema-1 state at version 0 if never written).
 
     Read-only; returns fresh copies.
     """
-    row = CognitiveState.objects.select_related("checkpoint").filter(tenant=tenant, agent=agent).first()
+    # Only what the view shows: not the stored fold, nor the checkpoint's payload and fold.
+    row = (
+        CognitiveState.objects.select_related("checkpoint")
+        .only(*STATE_READ_FIELDS, "checkpoint__public_id", "checkpoint__seq", "checkpoint__state_sha256")
+        .filter(tenant=tenant, agent=agent)
+        .first()
+    )
     return _view(agent, row)
 
 
 def _state_row_for_update(*, tenant: Tenant, agent: Agent) -> CognitiveState:
     """The agent's state row, created if missing, locked until the transaction ends."""
+    # The tenant's full-snapshot interval comes along (checkpoint_create needs it): one round trip.
+    policy = CheckpointPolicy.objects.filter(tenant=OuterRef("tenant_id")).values("full_snapshot_every")[:1]
+    locked = (
+        CognitiveState.objects.select_for_update(of=("self",))
+        .select_related("checkpoint")
+        .defer("fold_state", "checkpoint__payload", "checkpoint__fold_state")  # loaded if ever needed
+        .annotate(policy_full_every=Subquery(policy))
+    )
+    row = locked.filter(agent=agent).first()  # one round trip once the row exists
+    if row is not None:
+        return row
     CognitiveState.objects.get_or_create(
         agent=agent, defaults={"tenant": tenant, "document": json_text(empty_state())}
     )
-    return (
-        CognitiveState.objects.select_for_update(of=("self",)).select_related("checkpoint").get(agent=agent)
-    )
+    return locked.get(agent=agent)
+
+
+def state_patched(*, document: dict[str, Any], patch: Any) -> dict[str, Any]:
+    """`document` (a schema-1 state, changed in place) with the JSON Patch (RFC 6902) `patch` applied.
+
+    Paths are relative to the state (`/working_memory/notes/0`). Pure. Raises InvalidPatch (422)
+    for a malformed patch or one that does not apply (a failed `test`, a missing path); the
+    result is then validated like a whole state (state_normalize).
+    """
+    if not isinstance(patch, list) or not all(isinstance(op, dict) for op in patch):
+        raise InvalidPatch(
+            "A JSON Patch is a list of operations: [{op, path, value?, from?}, …] (RFC 6902).",
+            details={"fields": {"patch": ["Must be a list of operation objects."]}},
+        )
+    try:
+        patched = jsonpatch.JsonPatch(patch).apply(document, in_place=True)
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError, KeyError) as exc:
+        raise InvalidPatch(
+            f"The JSON Patch does not apply to the current state: {exc}. Nothing was stored.",
+            details={"fields": {"patch": [str(exc)]}},
+        ) from None
+    if not isinstance(patched, dict):
+        raise InvalidPatch(
+            "The JSON Patch replaced the whole state with a non-object.",
+            details={"fields": {"patch": ["The result must be a state object."]}},
+        )
+    return state_normalize({"schema_version": STATE_SCHEMA_VERSION, **patched})[0]
 
 
 def _check_size(text: str, field: str) -> None:
@@ -338,6 +460,9 @@ def _check_size(text: str, field: str) -> None:
         )
 
 
+STATE_WRITE_FIELDS = ["document", "schema_version", "version", "updated_at"]
+
+
 def _write_state(
     *,
     tenant: Tenant,
@@ -346,42 +471,53 @@ def _write_state(
     document: dict[str, Any],
     event_type: str,
     payload: dict[str, Any],
-) -> None:
+    previous: dict[str, Any] | None = None,
+    save: bool = True,
+) -> dict[str, Any]:
+    # save=False: the caller saves the row (with STATE_WRITE_FIELDS) in its own, single UPDATE,
+    # and records the returned event payload itself (with its own event, in one statement).
     text = json_text(document)
     _check_size(text, "state")
-    previous = state_load(row.document, row.schema_version)
+    previous = _row_state(row)[0] if previous is None else previous
     row.document = text
     row.schema_version = STATE_SCHEMA_VERSION
     row.version += 1
     row.updated_at = timezone.now()
-    row.save(update_fields=["document", "schema_version", "version", "updated_at"])
+    if save:
+        row.save(update_fields=STATE_WRITE_FIELDS)
     changed = [field for field in STATE_FIELDS if not _same(previous[field], document[field])]
-    recorder.event_append(
-        tenant=tenant,
-        type=event_type,
-        agent=agent,
-        payload={
-            "version": row.version,
-            "schema_version": STATE_SCHEMA_VERSION,
-            "changed": changed,
-            **payload,
-        },
-    )
+    event_payload = {
+        "version": row.version,
+        "schema_version": STATE_SCHEMA_VERSION,
+        "changed": changed,
+        **payload,
+    }
+    if save:
+        recorder.event_append(tenant=tenant, type=event_type, agent=agent, payload=event_payload)
+    return event_payload
 
 
-def state_put(*, tenant: Tenant, agent: Agent, raw: Any, expected_version: int | None = None) -> StateView:
-    """Replace the agent's cognitive state with `raw` (validated and upgraded, see state_normalize).
+def state_put(
+    *, tenant: Tenant, agent: Agent, raw: Any = None, patch: Any = None, expected_version: int | None = None
+) -> StateView:
+    """Replace the agent's cognitive state with `raw` (validated and upgraded, see state_normalize),
+    or change it by the JSON Patch `patch` (RFC 6902, applied under the row lock; see state_patched).
 
     Not idempotent by itself (each write is a new version; use an Idempotency-Key). With
     `expected_version`, raises VersionConflict (409) when the stored version differs. Records
     `state.updated` (version and the names of the changed fields; never the content).
     """
-    document, came_in = state_normalize(raw)
+    document, came_in = state_normalize(raw) if patch is None else ({}, STATE_SCHEMA_VERSION)
     with transaction.atomic():
         row = _state_row_for_update(tenant=tenant, agent=agent)
         if expected_version is not None and expected_version != row.version:
             raise VersionConflict(details={"expected_version": expected_version, "version": row.version})
+        previous = None
+        if patch is not None:
+            previous = _row_state(row)[0]
+            document = state_patched(document=copy.deepcopy(previous), patch=patch)
         _write_state(
+            previous=previous,
             tenant=tenant,
             agent=agent,
             row=row,
@@ -395,8 +531,9 @@ def state_put(*, tenant: Tenant, agent: Agent, raw: Any, expected_version: int |
 # --- checkpoints -------------------------------------------------------------------------------
 
 
-def _full_every(tenant: Tenant) -> int:
-    return max(1, CheckpointPolicy.for_tenant(tenant).full_snapshot_every)
+def _full_every(tenant: Tenant, row: CognitiveState | None = None) -> int:
+    known = getattr(row, "policy_full_every", None)  # read with the locked state row
+    return max(1, known if known is not None else CheckpointPolicy.for_tenant(tenant).full_snapshot_every)
 
 
 def _storage_for(
@@ -424,30 +561,57 @@ def checkpoint_create(
     step: int | None = None,
     produced_by: str = "",
     state: Any = None,
+    patch: Any = None,
 ) -> Checkpoint:
-    """Snapshot the agent's cognitive state as its next checkpoint (writing `state` first if given).
+    """Snapshot the agent's cognitive state as its next checkpoint (writing `state` first if given,
+    or changing the state by the JSON Patch `patch` first; see state_patched).
 
     Seqs are gapless per agent (allocated under the state row's lock). The checkpoint covers the
     agent's stream up to its own `checkpoint.created` event, and carries the fold of the agent's
     events up to there (recovery folds only what came after). Not idempotent by itself; use an
-    Idempotency-Key. Raises what state_normalize raises.
+    Idempotency-Key. Raises what state_normalize raises, InvalidPatch for a patch that does not apply.
     """
     from memory.services import recovery
 
     document = state_normalize(state)[0] if state is not None else None
     with transaction.atomic():
         row = _state_row_for_update(tenant=tenant, agent=agent)
+        stored, stored_sha = _row_state(row)  # the state before this call
+        if patch is not None:
+            document = state_patched(document=copy.deepcopy(stored), patch=patch)
+        current = stored
+        state_event: dict[str, Any] | None = None
         if document is not None:
-            _write_state(
-                tenant=tenant, agent=agent, row=row, document=document, event_type="state.updated", payload={}
+            state_event = _write_state(
+                tenant=tenant,
+                agent=agent,
+                row=row,
+                document=document,
+                event_type="state.updated",
+                payload={},
+                previous=stored,
+                save=False,  # one UPDATE of the row below, with the checkpoint pointer
             )
-        current = state_load(row.document, row.schema_version)
-        previous = Checkpoint.objects.filter(agent=agent).order_by("-seq").first()
-        previous_state = checkpoint_state(checkpoint=previous) if previous is not None else None
+            current = document
+        previous = _checkpoint_newest(agent=agent, row=row)
+        previous_state = None
+        if previous is not None:
+            # The usual step (write, checkpoint, write, checkpoint): the state before this call is
+            # the previous checkpoint's, so no need to rebuild it from its delta chain. The hash
+            # recorded on that checkpoint proves it; otherwise rebuild (and verify) as before.
+            same = (stored_sha or json_sha256(stored)) == previous.state_sha256
+            previous_state = stored if same else None
+            if previous_state is None:
+                previous_state = checkpoint_state(checkpoint=previous)
         storage, base_seq, depth, payload = _storage_for(
-            state=current, previous=previous, previous_state=previous_state, full_every=_full_every(tenant)
+            state=current,
+            previous=previous,
+            previous_state=previous_state,
+            full_every=_full_every(tenant, row),
         )
         row.checkpoint_seq += 1
+        current_text = row.document if document is not None else json_text(current)
+        current_sha = stored_sha if document is None and stored_sha else json_sha256(current)
         checkpoint = Checkpoint(
             tenant=tenant,
             agent=agent,
@@ -460,35 +624,68 @@ def checkpoint_create(
             base_seq=base_seq,
             delta_depth=depth,
             payload=payload,
-            state_sha256=json_sha256(current),
-            state_bytes=len(json_text(current).encode()),
+            state_sha256=current_sha,
+            state_bytes=len(current_text.encode()),
             covers_event_seq=0,
         )
-        event = recorder.event_append(
-            tenant=tenant,
-            type="checkpoint.created",
-            agent=agent,
-            payload={
-                "checkpoint": checkpoint.public_id,
-                "seq": checkpoint.seq,
-                "reason": reason,
-                "step": step,
-                "storage": storage,
-                "state_version": row.version,
-            },
-        )
+        created = {
+            "checkpoint": checkpoint.public_id,
+            "seq": checkpoint.seq,
+            "reason": reason,
+            "step": step,
+            "storage": storage,
+            "state_version": row.version,
+        }
+        # `state.updated` (when this call wrote the state) and `checkpoint.created`, in one statement.
+        entries: list[tuple[str, dict[str, Any]]] = []
+        if state_event is not None:
+            entries.append(("state.updated", state_event))
+        entries.append(("checkpoint.created", created))
+        event = recorder.events_append(tenant=tenant, agent=agent, entries=entries)[-1]
         checkpoint.covers_event_seq = event.seq
         fold, reducers_sha = recovery.fold_through(tenant=tenant, agent=agent, through_seq=event.seq)
         checkpoint.fold_state = json_text(fold)
         checkpoint.reducers_sha256 = reducers_sha
         checkpoint.save()
-        if previous is not None and previous.storage == CheckpointStorage.DELTA:
-            # Folds are a cache: keep them on the newest checkpoint and on full snapshots only, so
-            # a fold that grows (an `append` reducer) is not stored once per checkpoint.
-            Checkpoint.objects.filter(pk=previous.pk).update(fold_state="", reducers_sha256="")
         row.checkpoint = checkpoint
-        row.save(update_fields=["checkpoint_seq", "checkpoint"])
+        written: list[str] = []
+        if document is not None:
+            # The state is stored once, in the checkpoint: the row derives from it (see _row_state).
+            row.document = ""
+            written = STATE_WRITE_FIELDS
+            _state_remember(current_sha, current_text)
+        # Folds are a cache: keep them on the newest checkpoint and on full snapshots only, so a
+        # fold that grows (an `append` reducer) is not stored once per checkpoint.
+        clear = previous.pk if previous is not None and previous.storage == CheckpointStorage.DELTA else None
+        _state_row_save(row=row, fields=[*written, "checkpoint_seq", "checkpoint"], clear_fold_of=clear)
         return checkpoint
+
+
+def _state_row_save(*, row: CognitiveState, fields: list[str], clear_fold_of: int | None) -> None:
+    """Save `fields` of the state row and, in the same statement, clear checkpoint `clear_fold_of`'s
+    stored fold (one round trip instead of two on every checkpoint)."""
+    if clear_fold_of is None:
+        row.save(update_fields=fields)
+        return
+    model_fields: list[Any] = [CognitiveState._meta.get_field(name) for name in fields]
+    assignments = ", ".join(f'"{field.column}" = %s' for field in model_fields)
+    values = [field.get_db_prep_save(getattr(row, field.attname), connection) for field in model_fields]
+    checkpoints, states = Checkpoint._meta.db_table, CognitiveState._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH cleared AS (UPDATE {checkpoints} SET fold_state = '', reducers_sha256 = '' WHERE id = %s) "
+            f"UPDATE {states} SET {assignments} WHERE id = %s",
+            [clear_fold_of, *values, row.pk],
+        )
+
+
+def _checkpoint_newest(*, agent: Agent, row: CognitiveState) -> Checkpoint | None:
+    # The state row points at the newest checkpoint in the usual case (it was the last one taken);
+    # after a restore or pruning it may not, and then the query answers.
+    checkpoint = _row_checkpoint(row)
+    if checkpoint is not None and checkpoint.seq == row.checkpoint_seq:
+        return checkpoint
+    return Checkpoint.objects.filter(agent=agent).order_by("-seq").first()
 
 
 def checkpoint_get(*, tenant: Tenant, agent: Agent, ref: str | int) -> Checkpoint:
@@ -504,7 +701,8 @@ def checkpoint_get(*, tenant: Tenant, agent: Agent, ref: str | int) -> Checkpoin
 
 
 def checkpoint_latest(*, tenant: Tenant, agent: Agent) -> Checkpoint | None:
-    return Checkpoint.objects.filter(tenant=tenant, agent=agent).order_by("-seq").first()
+    """The agent's newest checkpoint (without its stored fold, loaded on access). Read-only."""
+    return Checkpoint.objects.filter(tenant=tenant, agent=agent).defer("fold_state").order_by("-seq").first()
 
 
 def checkpoint_state(*, checkpoint: Checkpoint) -> dict[str, Any]:
@@ -515,22 +713,22 @@ def checkpoint_state(*, checkpoint: Checkpoint) -> dict[str, Any]:
     if checkpoint.storage == CheckpointStorage.FULL:
         state = state_load(checkpoint.payload, checkpoint.schema_version)
     else:
-        base = (
+        # The chain in one round trip: every row from the nearest full snapshot below, up to it.
+        base = Subquery(
             Checkpoint.objects.filter(
                 agent_id=checkpoint.agent_id, storage=CheckpointStorage.FULL, seq__lt=checkpoint.seq
             )
             .order_by("-seq")
-            .values_list("seq", flat=True)
-            .first()
+            .values("seq")[:1]
         )
-        if base is None:
-            raise CheckpointCorrupt(details={"checkpoint": checkpoint.public_id, "missing": "full snapshot"})
         rows = {
             seq: (storage, base_seq, payload, version)
             for seq, storage, base_seq, payload, version in Checkpoint.objects.filter(
                 agent_id=checkpoint.agent_id, seq__gte=base, seq__lt=checkpoint.seq
             ).values_list("seq", "storage", "base_seq", "payload", "schema_version")
         }
+        if not any(row[0] == CheckpointStorage.FULL for row in rows.values()):
+            raise CheckpointCorrupt(details={"checkpoint": checkpoint.public_id, "missing": "full snapshot"})
         rows[checkpoint.seq] = (
             checkpoint.storage,
             checkpoint.base_seq,

@@ -180,25 +180,43 @@ def _cosine(a: list[float], b: list[float]) -> float:
 # --- rounds ------------------------------------------------------------------------------------
 
 
-def _rounds_advance(*, tenant: Tenant, session: Session, user_messages: int, last_user_seq: int) -> int:
-    """Add `user_messages` rounds to the session's counter and return the new total.
+def _rounds_advance(
+    *, tenant: Tenant, session: Session, user_messages: int, last_user_seq: int
+) -> tuple[int, bool]:
+    """Add `user_messages` rounds to the session's counter; return the new total and whether the
+    session tracks any fact (one round trip: the append hot path).
 
     Runs under the session row lock messages_append holds, so counters never race. The first
     call counts the session's user messages (the new ones included: they are already inserted).
     """
-    table = FactRoundCounter._meta.db_table
+    table, facts = FactRoundCounter._meta.db_table, TrackedFact._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} SET rounds = rounds + %s, last_user_seq = %s "
-            "WHERE session_id = %s RETURNING rounds",
-            [user_messages, last_user_seq, session.pk],
+            f"UPDATE {table} SET rounds = rounds + %s, last_user_seq = %s WHERE session_id = %s "
+            f"RETURNING rounds, EXISTS (SELECT 1 FROM {facts} WHERE session_id = %s)",
+            [user_messages, last_user_seq, session.pk, session.pk],
         )
         row = cursor.fetchone()
     if row is not None:
-        return int(row[0])
+        return int(row[0]), bool(row[1])
     total = Message.objects.filter(session=session, role=MessageRole.USER).count()
     FactRoundCounter.objects.create(tenant=tenant, session=session, rounds=total, last_user_seq=last_user_seq)
-    return total
+    return total, TrackedFact.objects.filter(session=session).exists()
+
+
+def _round_and_facts(*, session: Session) -> tuple[int, bool]:
+    """The session's current round and whether it tracks any fact, in one round trip. Read-only."""
+    table, facts = FactRoundCounter._meta.db_table, TrackedFact._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT (SELECT rounds FROM {table} WHERE session_id = %s), "
+            f"EXISTS (SELECT 1 FROM {facts} WHERE session_id = %s)",
+            [session.pk, session.pk],
+        )
+        rounds, has_facts = cursor.fetchone()
+    if rounds is None:
+        rounds = Message.objects.filter(session=session, role=MessageRole.USER).count()
+    return int(rounds), bool(has_facts)
 
 
 def session_round(*, session: Session) -> int:
@@ -395,11 +413,11 @@ def facts_observe_messages(*, tenant: Any, session: Any, messages: list[Any]) ->
     ordered = sorted(messages, key=lambda m: m.seq)
     user_seqs = [m.seq for m in ordered if m.role == MessageRole.USER]
     if user_seqs:
-        total = _rounds_advance(
+        total, has_facts = _rounds_advance(
             tenant=tenant, session=session, user_messages=len(user_seqs), last_user_seq=user_seqs[-1]
         )
     else:
-        total = session_round(session=session)
+        total, has_facts = _round_and_facts(session=session)
     start = total - len(user_seqs)
     rounds: dict[int, int] = {}
     current = start
@@ -409,9 +427,9 @@ def facts_observe_messages(*, tenant: Any, session: Any, messages: list[Any]) ->
         rounds[message.seq] = current
 
     registering = [m for m in ordered if m.event_kind in EVENT_KIND_FACT_TYPES and m.content.strip()]
-    facts = _facts_to_observe(session)
-    if not facts and not registering:
+    if not has_facts and not registering:  # most appends: nothing to observe, no further query
         return
+    facts = _facts_to_observe(session)
     policy = DecayPolicy.for_tenant(tenant)
     registered_by: dict[int, int] = {}
     if registering and policy.auto_register:

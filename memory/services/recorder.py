@@ -42,13 +42,15 @@ def _insert_events(*, tenant: Tenant, key: str, events: list[Event]) -> None:
             "RETURNING last_seq) "
             f"INSERT INTO {table} "
             "(tenant_id, public_id, stream, seq, type, agent_id, session_id, payload, created_at) "
-            "SELECT %s, e.public_id, %s, s.last_seq - %s + e.ord, %s, %s, %s, e.payload, %s "
-            "FROM s, unnest(%s::varchar[], %s::jsonb[]) WITH ORDINALITY AS e(public_id, payload, ord) "
+            "SELECT %s, e.public_id, %s, s.last_seq - %s + e.ord, e.type, %s, %s, e.payload, %s "
+            "FROM s, unnest(%s::varchar[], %s::varchar[], %s::jsonb[]) WITH ORDINALITY "
+            "AS e(public_id, type, payload, ord) "
             "RETURNING public_id, id, seq",
             [
                 tenant.pk, key, len(events),
-                tenant.pk, key, len(events), first.type, first.agent_id, first.session_id, first.created_at,
-                [e.public_id for e in events], [json.dumps(e.payload) for e in events],
+                tenant.pk, key, len(events), first.agent_id, first.session_id, first.created_at,
+                [e.public_id for e in events], [e.type for e in events],
+                [json.dumps(e.payload) for e in events],
             ],
         )  # fmt: skip
         assigned = {public_id: (pk, seq) for public_id, pk, seq in cursor.fetchall()}
@@ -96,11 +98,25 @@ def event_append_many(
     session: Session | None = None,
 ) -> list[Event]:
     """Append several events of one type to one stream with consecutive seqs (see event_append)."""
+    return events_append(
+        tenant=tenant, entries=[(type, payload) for payload in payloads], agent=agent, session=session
+    )
+
+
+def events_append(
+    *,
+    tenant: Tenant,
+    entries: list[tuple[str, dict[str, Any]]],
+    agent: Agent | None = None,
+    session: Session | None = None,
+) -> list[Event]:
+    """Append events (type, payload) to one stream with consecutive seqs, in this order, in one
+    statement (see event_append)."""
     if not connection.in_atomic_block:
         raise RuntimeError("event_append must run inside the transaction of the write it records")
     if agent is None and session is not None:
         agent = session.agent
-    if not payloads:
+    if not entries:
         return []
     key = stream_key(agent)
     otel = _otel_fields(agent, session)
@@ -116,7 +132,7 @@ def event_append_many(
             payload={**otel, **payload},
             created_at=now,
         )
-        for payload in payloads
+        for type, payload in entries
     ]
     _insert_events(tenant=tenant, key=key, events=events)
     for event in events:

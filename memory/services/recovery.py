@@ -333,14 +333,9 @@ def _fold_start(
     if through is not None:
         queryset = queryset.filter(covers_event_seq__lte=through)
         cached = cached.filter(fold_seq__lte=through)
-    candidates = [
-        row
-        for row in (
-            queryset.order_by("-covers_event_seq").values_list("covers_event_seq", "fold_state").first(),
-            cached.values_list("fold_seq", "fold_state").first(),
-        )
-        if row is not None
-    ]
+    # Both candidates in one round trip (checkpoint_create runs this on every checkpoint).
+    newest = queryset.order_by("-covers_event_seq").values_list("covers_event_seq", "fold_state")[:1]
+    candidates = list(newest.union(cached.values_list("fold_seq", "fold_state")[:1], all=True))
     if not candidates:
         return fold_initial(), 0
     seq, text = max(candidates, key=lambda row: row[0])

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import secrets
+import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import QuerySet
@@ -14,6 +20,8 @@ from django.utils import timezone
 
 from memory.exceptions import AgentMismatch, NotFound
 from memory.models import ApiKey, ApiKeyScope, Membership, MembershipRole, Session, Task, Tenant
+
+logger = logging.getLogger(__name__)
 
 DEMO_TENANT_SLUG = "demo"
 DEMO_ADMIN_USERNAME = "admin"
@@ -66,9 +74,60 @@ def api_key_revoke(*, api_key: ApiKey, actor: str | None = None) -> ApiKey:
             revoked_at=timezone.now()
         )
         api_key.refresh_from_db(fields=["revoked_at"])
+        if changed:
+            api_keys_changed()
         if changed and actor is not None:
             _record(tenant=api_key.tenant, type="api_key.revoked", api_key=api_key, actor=actor)
     return api_key
+
+
+# --- the API-key cache's generation ------------------------------------------------------------
+# Web processes cache API-key lookups for CTXAPP_API_KEY_CACHE_SECONDS (memory/api/auth.py). A
+# revocation, an expiry change or a tenant being disabled must be honoured at once, by every
+# process on the host: each change writes a new generation to a small file in the data
+# directory, and a cached lookup is used only while the file still holds the generation it was
+# read under (one small file read per request instead of a database round trip).
+
+
+def _generation_path() -> str:
+    return str(settings.DATA_DIR / "api-key-generation")
+
+
+def api_keys_generation() -> str:
+    """The current generation of API keys and tenants (changes whenever one may have been revoked)."""
+    try:
+        with open(_generation_path()) as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return ""
+
+
+def api_keys_changed(**_: Any) -> None:
+    """Start a new generation: every process drops its cached API-key lookups before the next request.
+
+    Called when a key is revoked or saved, and when a tenant is saved (signals in memory.apps).
+    Inside a transaction it starts one now and another after the commit: a process that re-read
+    the key before the commit (and cached the old row) drops it then.
+    """
+    _generation_write()
+    if transaction.get_connection().in_atomic_block:
+        transaction.on_commit(_generation_write)
+
+
+def _generation_write() -> None:
+    # Atomically (temp file + rename): a reader sees the old or the new generation, never half.
+    path = _generation_path()
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=".api-key-generation-")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"{time.time_ns()}-{os.getpid()}-{secrets.token_hex(4)}")
+        os.replace(temporary, path)
+    except OSError:
+        # A read-only data directory must not fail the revocation itself: caches then expire
+        # within CTXAPP_API_KEY_CACHE_SECONDS instead of at once.
+        logger.warning("could not write %s; cached API keys expire within their TTL", path, exc_info=True)
 
 
 def api_key_get(*, tenant: Tenant, prefix: str) -> ApiKey:
