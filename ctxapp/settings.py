@@ -191,7 +191,7 @@ if not REDIS_URL:
 
 # --- shared cache (API throttles) ---------------------------------------------------------------
 # Throttle counters must be shared by every web process: Redis when there is one, else a table
-# in PostgreSQL (created by the migrations, `memory/migrations/0002_harden.py`).
+# in PostgreSQL (created by the migrations, `memory/migrations/0005_harden.py`).
 if REDIS_URL:
     CACHES = {
         "default": {

@@ -60,7 +60,7 @@ def parse_rate(rate: str | None) -> tuple[int, int] | None:
     return int(count), DURATIONS[unit[0]]
 
 
-DB_CACHE_TABLE = "ctxapp_cache"  # the database cache's table (memory/migrations/0002_harden.py)
+DB_CACHE_TABLE = "ctxapp_cache"  # the database cache's table (memory/migrations/0005_harden.py)
 DB_CLEANUP_EVERY = 500  # about one request in this many deletes the database's expired windows
 
 

@@ -28,10 +28,8 @@ BINDING_FIELDS = ("agent", "session", "task")  # query parameters and body field
 
 # Operations that name no agent, session or task: what they touch is the tenant's, not an agent's.
 AGENT_INDEPENDENT = {
-    "v1_experiences_list": "experiences are the tenant's shared long-term memory, not an agent's",
     "v1_experiences_retrieve": "experiences are the tenant's shared long-term memory",
     "v1_experiences_embeddings_retry_create": "re-queues the tenant's experience embeddings",
-    "v1_experiences_search_create": "searches the tenant's shared experiences",
     "v1_models_list": "the model profile table is global",
     "v1_models_retrieve": "the model profile table is global",
     "v1_tenant_retrieve": "describes the tenant",

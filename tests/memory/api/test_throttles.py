@@ -87,7 +87,7 @@ def database_cache(settings):
 
     from django.db import connection
 
-    migration = importlib.import_module("memory.migrations.0002_harden")
+    migration = importlib.import_module("memory.migrations.0005_harden")
     with connection.cursor() as cursor:
         cursor.execute(migration.CREATE)
     settings.CACHES = {
