@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -186,20 +187,51 @@ def _fetch(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
         return list(cursor.fetchall())
 
 
-def _corpus_stats(*, where: _Sql, terms: list[str], config: str) -> ranking.CorpusStats:
-    """Rows, mean lexeme count and per-term document frequency over the scope's messages."""
+LARGE_TERM_CAP = 5_000  # large scopes: a term matching more rows than this counts as common
+LARGE_STATS_SECONDS = 300.0  # large scopes: rows and mean length are re-measured this often
+_large_stats: dict[tuple[Any, ...], tuple[float, int, float]] = {}
+
+
+def _scope_key(where: _Sql) -> tuple[Any, ...]:
+    return (where.where, *[tuple(p) if isinstance(p, list) else p for p in where.params])
+
+
+def _term_counts(*, where: _Sql, terms: list[str], config: str) -> dict[str, int | None]:
+    """Rows matching each term, counted through the GIN index up to LARGE_TERM_CAP (None: more,
+    or a word PostgreSQL's configuration ignores). One query."""
+    if not terms:
+        return {}
     table = Message._meta.db_table
-    selects = ["count(*)", "coalesce(avg(length(m.search_vector)), 0)"]
-    params: list[Any] = []
+    selects, params = [], []
     for term in terms:
         selects.append(
-            "CASE WHEN numnode(plainto_tsquery(%s::regconfig, %s)) = 0 THEN NULL "
-            "ELSE count(*) FILTER (WHERE m.search_vector @@ plainto_tsquery(%s::regconfig, %s)) END"
+            "CASE WHEN numnode(plainto_tsquery(%s::regconfig, %s)) = 0 THEN NULL ELSE "
+            f"(SELECT count(*) FROM (SELECT 1 FROM {table} m WHERE {where.where} "
+            "AND m.search_vector @@ plainto_tsquery(%s::regconfig, %s) LIMIT %s) capped) END"
         )
-        params += [config, term, config, term]
-    row = _fetch(f"SELECT {', '.join(selects)} FROM {table} m WHERE {where.where}", params + where.params)[0]
-    df = {term: int(value) for term, value in zip(terms, row[2:], strict=True) if value is not None}
-    return ranking.CorpusStats(n_docs=int(row[0]), avg_len=float(row[1]), df=df)
+        params += [config, term, *where.params, config, term, LARGE_TERM_CAP + 1]
+    row = _fetch(f"SELECT {', '.join(selects)}", params)[0]
+    return {
+        term: (None if value is None or value > LARGE_TERM_CAP else int(value))
+        for term, value in zip(terms, row, strict=True)
+    }
+
+
+def _corpus_stats(*, where: _Sql, counts: dict[str, int | None]) -> ranking.CorpusStats:
+    """Statistics of a large scope: rows and mean lexeme count (re-measured every 5 minutes), the
+    exact document frequency of its rarer terms; common terms are counted in the pool (ranking)."""
+    key = _scope_key(where)
+    now = time.monotonic()
+    cached = _large_stats.get(key)
+    if cached is None or now - cached[0] > LARGE_STATS_SECONDS:
+        table = Message._meta.db_table
+        row = _fetch(
+            f"SELECT count(*), coalesce(avg(length(m.search_vector)), 0) FROM {table} m WHERE {where.where}",
+            where.params,
+        )[0]
+        cached = _large_stats[key] = (now, int(row[0]), float(row[1]))
+    df = {term: count for term, count in counts.items() if count is not None}
+    return ranking.CorpusStats(n_docs=cached[1], avg_len=cached[2], df=df)
 
 
 SCOPE_CORPUS_MAX = 20_000  # scopes up to this many messages get exact BM25 statistics (cached)
@@ -223,15 +255,23 @@ _corpora: OrderedDict[tuple[Any, ...], tuple[tuple[int, int], _ScopeCorpus]] = O
 _corpora_lock = threading.Lock()
 
 
+_large_scopes: dict[tuple[Any, ...], float] = {}
+LARGE_SCOPE_RECHECK_SECONDS = 60.0
+
+
 def _scope_corpus(where: _Sql) -> _ScopeCorpus | None:
     """The cached corpus of the scope, refreshed when its messages changed; None if too large."""
     table = Message._meta.db_table
+    seen_large = _large_scopes.get(_scope_key(where))
+    if seen_large is not None and time.monotonic() - seen_large < LARGE_SCOPE_RECHECK_SECONDS:
+        return None
     count, max_id = _fetch(
         f"SELECT count(*), coalesce(max(m.id), 0) FROM {table} m WHERE {where.where}", where.params
     )[0]
+    key = _scope_key(where)
     if count > SCOPE_CORPUS_MAX:
+        _large_scopes[key] = time.monotonic()
         return None
-    key = (where.where, *[tuple(p) if isinstance(p, list) else p for p in where.params])
     version = (int(count), int(max_id))
     with _corpora_lock:
         cached = _corpora.get(key)
@@ -340,6 +380,7 @@ def _message_candidates(
     vector: np.ndarray | None,
     config: str,
     plan: ranking.Plan,
+    counts: dict[str, int | None],
 ) -> list[ranking.Candidate]:
     table = Message._meta.db_table
     sessions_table = Session._meta.db_table
@@ -355,7 +396,10 @@ def _message_candidates(
             )
         ]
     lexical_ids: list[int] = []
-    or_query = _or_query(query)
+    # Rank only rows matching the rarer terms (or, if every term is common, all of them): an OR
+    # of common words would make PostgreSQL rank most of a large scope.
+    rare = [term for term, count in counts.items() if count]
+    or_query = " | ".join(rare) if rare else " & ".join(t for t, c in counts.items() if c is None)
     if or_query:
         lexical_ids = [
             r[0]
@@ -583,12 +627,12 @@ def memory_search(
             )
             candidates += found
         else:  # a very large scope: PostgreSQL's full text approximates the pool and statistics
+            terms = list(dict.fromkeys(ranking.tokenize(query)))
+            counts = _term_counts(where=where, terms=terms, config=config)
             candidates += _message_candidates(
-                where=where, query=query, vector=vector, config=config, plan=plan
+                where=where, query=query, vector=vector, config=config, plan=plan, counts=counts
             )
-            stats = _corpus_stats(
-                where=where, terms=list(dict.fromkeys(ranking.tokenize(query))), config=config
-            )
+            stats = _corpus_stats(where=where, counts=counts)
     candidates += _other_candidates(
         tenant=tenant, kinds=kind_set, session_pks=session_pks, scope=scope, query=query,
         vector=vector, config=config, time_from=time_from, time_to=time_to,

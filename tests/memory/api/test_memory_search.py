@@ -234,3 +234,16 @@ def test_a_read_only_key_may_search(make_client, tenant_a, history):
 def test_index_status_counts_messages_per_state(api_a, history):
     body = api_a.get("/api/v1/memory/index").json()
     assert body == {"pending": 0, "completed": 7, "failed": 0, "skipped": 0}
+
+
+def test_a_scope_too_large_to_cache_is_searched_by_postgresql_alone(api_a, history, monkeypatch):
+    from memory.services import memory_search
+
+    monkeypatch.setattr(memory_search, "SCOPE_CORPUS_MAX", 0)  # every scope counts as large
+    memory_search._large_scopes.clear()
+    body = search(
+        api_a, {"query": "What is the name of Caroline's dog?", "scope": {"user_id": "u1"}, "limit": 3}
+    )
+    assert (body["results"][0]["session"], body["results"][0]["seq"]) == (history["first"], 1)
+    violin = search(api_a, {"query": "violin", "scope": {"user_id": "u1"}, "kinds": ["message"], "limit": 1})
+    assert violin["results"][0]["seq"] == 4
