@@ -419,18 +419,20 @@ def _message_candidates(
     radius = plan.neighbour_radius if plan.neighbour_weight > 0 else 0
     cosine = "1 - (m.embedding <=> %s::vector)" if vector is not None else "NULL::float8"
     cosine_params = [_vector_literal(vector)] if vector is not None else []
-    conditions = "m.id = ANY(%s)"
+    # Neighbours by the (session, seq) index, one nested-loop probe per seed: an EXISTS in the
+    # WHERE clause would be evaluated for every row of the scope.
+    chosen = "SELECT unnest(%s::bigint[])"
     params: list[Any] = [ids]
     if radius and seeds:
-        conditions += (
-            f" OR EXISTS (SELECT 1 FROM {table} seed WHERE seed.id = ANY(%s) "
-            "AND seed.session_id = m.session_id AND m.seq BETWEEN seed.seq - %s AND seed.seq + %s)"
+        chosen += (
+            f" UNION SELECT near.id FROM {table} seed JOIN {table} near ON near.session_id = seed.session_id "
+            "AND near.seq BETWEEN seed.seq - %s AND seed.seq + %s WHERE seed.id = ANY(%s::bigint[])"
         )
-        params += [seeds, radius, radius]
+        params += [radius, radius, seeds]
     rows = _fetch(
         f"SELECT m.id, s.public_id, m.seq, m.name, m.content, m.occurred_at, {cosine} "
         f"FROM {table} m JOIN {sessions_table} s ON s.id = m.session_id "
-        f"WHERE {where.where} AND ({conditions})",
+        f"WHERE {where.where} AND m.id IN ({chosen})",
         [*cosine_params, *where.params, *params],
     )
     return [
