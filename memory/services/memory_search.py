@@ -22,6 +22,7 @@ import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import zip_longest
 from typing import Any
 
 import numpy as np
@@ -606,6 +607,7 @@ def memory_search(
         raise InvalidInput(details={"fields": {"scope.sessions": ["Must be 'current' or 'all'."]}})
     if scope.sessions == "current" and not scope.session:
         raise InvalidInput(details={"fields": {"scope.session": ["Required when sessions is 'current'."]}})
+    plan_given = plan is not None
     plan = plan or ranking.DEFAULT_PLAN
     session_pks, _ = scope_sessions(tenant=tenant, scope=scope)
     config = memory_policy_get(tenant=tenant).text_search_config or "english"
@@ -639,7 +641,19 @@ def memory_search(
         tenant=tenant, kinds=kind_set, session_pks=session_pks, scope=scope, query=query,
         vector=vector, config=config, time_from=time_from, time_to=time_to,
     )  # fmt: skip
-    ranked = ranking.rank(query=query, candidates=candidates, stats=stats, plan=plan, now=timezone.now())
+    # Experiences (problem/solution texts) rank in their own pool under EXPERIENCE_PLAN unless the
+    # caller chose a plan; the two lists merge by rank (ranking.py: "rank the two kinds in separate
+    # pools and merge by rank"), conversational memory first on a tie.
+    conversational = [c for c in candidates if c.kind != "experience"]
+    distilled = [c for c in candidates if c.kind == "experience"]
+    now = timezone.now()
+    ranked_lists = [ranking.rank(query=query, candidates=conversational, stats=stats, plan=plan, now=now)]
+    if distilled:
+        experience_plan = plan if plan_given else ranking.EXPERIENCE_PLAN
+        ranked_lists.append(
+            ranking.rank(query=query, candidates=distilled, stats=stats, plan=experience_plan, now=now)
+        )
+    ranked = [item for group in zip_longest(*ranked_lists) for item in group if item is not None]
     hits: list[SearchHit] = []
     excluded = exclude_messages or set()
     for item in ranked:

@@ -142,6 +142,10 @@ def test_kinds_filter(api_a, history, tenant_a):
     assert body["results"] and {hit["kind"] for hit in body["results"]} == {"experience"}
     body = search(api_a, {"query": "violin", "scope": {"user_id": "u1"}, "kinds": ["message"]})
     assert {hit["kind"] for hit in body["results"]} == {"message"}
+    # Experiences rank in their own pool (EXPERIENCE_PLAN) and merge by rank with the conversation.
+    both = search(api_a, {"query": "violin", "scope": {"user_id": "u1"}, "kinds": ["message", "experience"]})
+    assert [hit["kind"] for hit in both["results"][:2]] == ["message", "experience"]
+    assert both["results"][0]["seq"] == 4
 
 
 def test_summaries_and_facts_are_searchable(api_a, history, tenant_a):
