@@ -140,7 +140,7 @@ class MemorySearchApi(TenantApiView):
             limit=data["limit"],
             time_from=time_range.get("from"),
             time_to=time_range.get("to"),
-            plan=memory_search.plan_parse(data.get("plan")),
+            plan=memory_search.plan_parse(data["plan"]) if "plan" in data else None,
             neighbours=data["neighbours"],
         )
         return Response(

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import zip_longest
 from typing import Any
 
 import numpy as np
@@ -186,20 +188,51 @@ def _fetch(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
         return list(cursor.fetchall())
 
 
-def _corpus_stats(*, where: _Sql, terms: list[str], config: str) -> ranking.CorpusStats:
-    """Rows, mean lexeme count and per-term document frequency over the scope's messages."""
+LARGE_TERM_CAP = 5_000  # large scopes: a term matching more rows than this counts as common
+LARGE_STATS_SECONDS = 300.0  # large scopes: rows and mean length are re-measured this often
+_large_stats: dict[tuple[Any, ...], tuple[float, int, float]] = {}
+
+
+def _scope_key(where: _Sql) -> tuple[Any, ...]:
+    return (where.where, *[tuple(p) if isinstance(p, list) else p for p in where.params])
+
+
+def _term_counts(*, where: _Sql, terms: list[str], config: str) -> dict[str, int | None]:
+    """Rows matching each term, counted through the GIN index up to LARGE_TERM_CAP (None: more,
+    or a word PostgreSQL's configuration ignores). One query."""
+    if not terms:
+        return {}
     table = Message._meta.db_table
-    selects = ["count(*)", "coalesce(avg(length(m.search_vector)), 0)"]
-    params: list[Any] = []
+    selects, params = [], []
     for term in terms:
         selects.append(
-            "CASE WHEN numnode(plainto_tsquery(%s::regconfig, %s)) = 0 THEN NULL "
-            "ELSE count(*) FILTER (WHERE m.search_vector @@ plainto_tsquery(%s::regconfig, %s)) END"
+            "CASE WHEN numnode(plainto_tsquery(%s::regconfig, %s)) = 0 THEN NULL ELSE "
+            f"(SELECT count(*) FROM (SELECT 1 FROM {table} m WHERE {where.where} "
+            "AND m.search_vector @@ plainto_tsquery(%s::regconfig, %s) LIMIT %s) capped) END"
         )
-        params += [config, term, config, term]
-    row = _fetch(f"SELECT {', '.join(selects)} FROM {table} m WHERE {where.where}", params + where.params)[0]
-    df = {term: int(value) for term, value in zip(terms, row[2:], strict=True) if value is not None}
-    return ranking.CorpusStats(n_docs=int(row[0]), avg_len=float(row[1]), df=df)
+        params += [config, term, *where.params, config, term, LARGE_TERM_CAP + 1]
+    row = _fetch(f"SELECT {', '.join(selects)}", params)[0]
+    return {
+        term: (None if value is None or value > LARGE_TERM_CAP else int(value))
+        for term, value in zip(terms, row, strict=True)
+    }
+
+
+def _corpus_stats(*, where: _Sql, counts: dict[str, int | None]) -> ranking.CorpusStats:
+    """Statistics of a large scope: rows and mean lexeme count (re-measured every 5 minutes), the
+    exact document frequency of its rarer terms; common terms are counted in the pool (ranking)."""
+    key = _scope_key(where)
+    now = time.monotonic()
+    cached = _large_stats.get(key)
+    if cached is None or now - cached[0] > LARGE_STATS_SECONDS:
+        table = Message._meta.db_table
+        row = _fetch(
+            f"SELECT count(*), coalesce(avg(length(m.search_vector)), 0) FROM {table} m WHERE {where.where}",
+            where.params,
+        )[0]
+        cached = _large_stats[key] = (now, int(row[0]), float(row[1]))
+    df = {term: count for term, count in counts.items() if count is not None}
+    return ranking.CorpusStats(n_docs=cached[1], avg_len=cached[2], df=df)
 
 
 SCOPE_CORPUS_MAX = 20_000  # scopes up to this many messages get exact BM25 statistics (cached)
@@ -223,15 +256,23 @@ _corpora: OrderedDict[tuple[Any, ...], tuple[tuple[int, int], _ScopeCorpus]] = O
 _corpora_lock = threading.Lock()
 
 
+_large_scopes: dict[tuple[Any, ...], float] = {}
+LARGE_SCOPE_RECHECK_SECONDS = 60.0
+
+
 def _scope_corpus(where: _Sql) -> _ScopeCorpus | None:
     """The cached corpus of the scope, refreshed when its messages changed; None if too large."""
     table = Message._meta.db_table
+    seen_large = _large_scopes.get(_scope_key(where))
+    if seen_large is not None and time.monotonic() - seen_large < LARGE_SCOPE_RECHECK_SECONDS:
+        return None
     count, max_id = _fetch(
         f"SELECT count(*), coalesce(max(m.id), 0) FROM {table} m WHERE {where.where}", where.params
     )[0]
+    key = _scope_key(where)
     if count > SCOPE_CORPUS_MAX:
+        _large_scopes[key] = time.monotonic()
         return None
-    key = (where.where, *[tuple(p) if isinstance(p, list) else p for p in where.params])
     version = (int(count), int(max_id))
     with _corpora_lock:
         cached = _corpora.get(key)
@@ -340,6 +381,7 @@ def _message_candidates(
     vector: np.ndarray | None,
     config: str,
     plan: ranking.Plan,
+    counts: dict[str, int | None],
 ) -> list[ranking.Candidate]:
     table = Message._meta.db_table
     sessions_table = Session._meta.db_table
@@ -355,7 +397,10 @@ def _message_candidates(
             )
         ]
     lexical_ids: list[int] = []
-    or_query = _or_query(query)
+    # Rank only rows matching the rarer terms (or, if every term is common, all of them): an OR
+    # of common words would make PostgreSQL rank most of a large scope.
+    rare = [term for term, count in counts.items() if count]
+    or_query = " | ".join(rare) if rare else " & ".join(t for t, c in counts.items() if c is None)
     if or_query:
         lexical_ids = [
             r[0]
@@ -375,18 +420,20 @@ def _message_candidates(
     radius = plan.neighbour_radius if plan.neighbour_weight > 0 else 0
     cosine = "1 - (m.embedding <=> %s::vector)" if vector is not None else "NULL::float8"
     cosine_params = [_vector_literal(vector)] if vector is not None else []
-    conditions = "m.id = ANY(%s)"
+    # Neighbours by the (session, seq) index, one nested-loop probe per seed: an EXISTS in the
+    # WHERE clause would be evaluated for every row of the scope.
+    chosen = "SELECT unnest(%s::bigint[])"
     params: list[Any] = [ids]
     if radius and seeds:
-        conditions += (
-            f" OR EXISTS (SELECT 1 FROM {table} seed WHERE seed.id = ANY(%s) "
-            "AND seed.session_id = m.session_id AND m.seq BETWEEN seed.seq - %s AND seed.seq + %s)"
+        chosen += (
+            f" UNION SELECT near.id FROM {table} seed JOIN {table} near ON near.session_id = seed.session_id "
+            "AND near.seq BETWEEN seed.seq - %s AND seed.seq + %s WHERE seed.id = ANY(%s::bigint[])"
         )
-        params += [seeds, radius, radius]
+        params += [radius, radius, seeds]
     rows = _fetch(
         f"SELECT m.id, s.public_id, m.seq, m.name, m.content, m.occurred_at, {cosine} "
         f"FROM {table} m JOIN {sessions_table} s ON s.id = m.session_id "
-        f"WHERE {where.where} AND ({conditions})",
+        f"WHERE {where.where} AND m.id IN ({chosen})",
         [*cosine_params, *where.params, *params],
     )
     return [
@@ -560,6 +607,7 @@ def memory_search(
         raise InvalidInput(details={"fields": {"scope.sessions": ["Must be 'current' or 'all'."]}})
     if scope.sessions == "current" and not scope.session:
         raise InvalidInput(details={"fields": {"scope.session": ["Required when sessions is 'current'."]}})
+    plan_given = plan is not None
     plan = plan or ranking.DEFAULT_PLAN
     session_pks, _ = scope_sessions(tenant=tenant, scope=scope)
     config = memory_policy_get(tenant=tenant).text_search_config or "english"
@@ -583,17 +631,29 @@ def memory_search(
             )
             candidates += found
         else:  # a very large scope: PostgreSQL's full text approximates the pool and statistics
+            terms = list(dict.fromkeys(ranking.tokenize(query)))
+            counts = _term_counts(where=where, terms=terms, config=config)
             candidates += _message_candidates(
-                where=where, query=query, vector=vector, config=config, plan=plan
+                where=where, query=query, vector=vector, config=config, plan=plan, counts=counts
             )
-            stats = _corpus_stats(
-                where=where, terms=list(dict.fromkeys(ranking.tokenize(query))), config=config
-            )
+            stats = _corpus_stats(where=where, counts=counts)
     candidates += _other_candidates(
         tenant=tenant, kinds=kind_set, session_pks=session_pks, scope=scope, query=query,
         vector=vector, config=config, time_from=time_from, time_to=time_to,
     )  # fmt: skip
-    ranked = ranking.rank(query=query, candidates=candidates, stats=stats, plan=plan, now=timezone.now())
+    # Experiences (problem/solution texts) rank in their own pool under EXPERIENCE_PLAN unless the
+    # caller chose a plan; the two lists merge by rank (ranking.py: "rank the two kinds in separate
+    # pools and merge by rank"), conversational memory first on a tie.
+    conversational = [c for c in candidates if c.kind != "experience"]
+    distilled = [c for c in candidates if c.kind == "experience"]
+    now = timezone.now()
+    ranked_lists = [ranking.rank(query=query, candidates=conversational, stats=stats, plan=plan, now=now)]
+    if distilled:
+        experience_plan = plan if plan_given else ranking.EXPERIENCE_PLAN
+        ranked_lists.append(
+            ranking.rank(query=query, candidates=distilled, stats=stats, plan=experience_plan, now=now)
+        )
+    ranked = [item for group in zip_longest(*ranked_lists) for item in group if item is not None]
     hits: list[SearchHit] = []
     excluded = exclude_messages or set()
     for item in ranked:

@@ -45,15 +45,15 @@ class Command(BaseCommand):
         if options["messages"]:
             from memory.services.memory_index import messages_reembed
 
-            result = messages_reembed(
+            drained = messages_reembed(
                 tenant=tenant, only_failed=options["failed"], batch_size=options["batch_size"]
             )
             self.stdout.write(
-                f"re-embedded {result.completed} messages in {len(result.batches)} batches, "
-                f"{result.failed} failed, {result.skipped} skipped"
+                f"re-embedded {drained.completed} messages in {len(drained.batches)} batches, "
+                f"{drained.failed} failed, {drained.skipped} skipped"
             )
-            if result.failed:
-                raise CommandError(f"{result.failed} messages failed to embed; see their embedding error.")
+            if drained.failed:
+                raise CommandError(f"{drained.failed} messages failed to embed; see their embedding error.")
             return
         if options["queue"]:
             if not options["failed"]:

@@ -142,6 +142,10 @@ def test_kinds_filter(api_a, history, tenant_a):
     assert body["results"] and {hit["kind"] for hit in body["results"]} == {"experience"}
     body = search(api_a, {"query": "violin", "scope": {"user_id": "u1"}, "kinds": ["message"]})
     assert {hit["kind"] for hit in body["results"]} == {"message"}
+    # Experiences rank in their own pool (EXPERIENCE_PLAN) and merge by rank with the conversation.
+    both = search(api_a, {"query": "violin", "scope": {"user_id": "u1"}, "kinds": ["message", "experience"]})
+    assert [hit["kind"] for hit in both["results"][:2]] == ["message", "experience"]
+    assert both["results"][0]["seq"] == 4
 
 
 def test_summaries_and_facts_are_searchable(api_a, history, tenant_a):
@@ -252,3 +256,16 @@ def test_a_key_bound_to_an_agent_searches_only_that_agents_memory(
     # Without an agent in the scope, the bound key's own (empty) memory is searched: nothing of bot's.
     assert search(bound, {"query": "golden retriever puppy"})["results"] == []
     assert search(api_a, {"query": "golden retriever puppy"})["results"]  # bot's memory has it
+
+
+def test_a_scope_too_large_to_cache_is_searched_by_postgresql_alone(api_a, history, monkeypatch):
+    from memory.services import memory_search
+
+    monkeypatch.setattr(memory_search, "SCOPE_CORPUS_MAX", 0)  # every scope counts as large
+    memory_search._large_scopes.clear()
+    body = search(
+        api_a, {"query": "What is the name of Caroline's dog?", "scope": {"user_id": "u1"}, "limit": 3}
+    )
+    assert (body["results"][0]["session"], body["results"][0]["seq"]) == (history["first"], 1)
+    violin = search(api_a, {"query": "violin", "scope": {"user_id": "u1"}, "kinds": ["message"], "limit": 1})
+    assert violin["results"][0]["seq"] == 4
