@@ -16,6 +16,7 @@ class SessionOut(TypedDict):
     created_at: str
     last_accessed_at: str
     expires_at: str | None
+    idle_ttl_seconds: int
     ended_at: str | None
     last_seq: int
     message_count: int
@@ -65,6 +66,7 @@ class MemoryHit(TypedDict, total=False):
     speaker: str
     text: str
     score: float
+    similarity: float | None  # raw cosine to the query (None: no vector)
     contributions: dict[str, float]  # dense, lexical, neighbour, recency
     neighbours: list[MemoryNeighbour]  # only when asked
 
@@ -77,11 +79,16 @@ class MemorySearchOut(TypedDict):
     candidates: int
 
 
+class AppendedMessage(TypedDict):
+    seq: int
+    token_count: int
+
+
 class AppendOut(TypedDict):
     session: str
     first_seq: int
     last_seq: int
-    messages: list[MessageOut]
+    messages: list[AppendedMessage]
 
 
 class TaskOut(TypedDict):
@@ -171,3 +178,70 @@ class MessagePage(TypedDict):
 class EventPage(TypedDict):
     items: list[EventOut]
     next_after: int | None
+
+
+class ExperienceOut(TypedDict):
+    id: str
+    problem: str
+    cause: str
+    solution: str
+    text: str
+    confidence: float
+    extraction_method: str
+    kind: str
+    key: str
+    scope: str
+    user_id: str
+    agent: str
+    aliases: list[str]
+    source_task: str | None
+    source_session: str | None
+    provenance: dict[str, Any]
+    embedding: dict[str, Any]  # status, model, dimensions, error, attempts, embedded_at
+    use_count: int
+    last_used_at: str | None
+    helpful_count: int
+    unhelpful_count: int
+    merge_count: int
+    active: bool
+    merged_into: str | None
+    merged_at: str | None
+    superseded_by: str | None
+    superseded_at: str | None
+    created_at: str
+    updated_at: str
+
+
+class ExperienceDetailOut(ExperienceOut):
+    merged_from: list[str]
+    supersedes: list[str]
+
+
+class ExperiencePage(TypedDict):
+    results: list[ExperienceOut]
+    next_cursor: str | None
+
+
+class _CheckpointState(TypedDict, total=False):
+    state: dict[str, Any]  # only on checkpoint_get
+
+
+class CheckpointOut(_CheckpointState):
+    id: str
+    agent: str
+    seq: int
+    reason: str
+    step: int | None
+    produced_by: str
+    covers_event_seq: int
+    schema_version: int
+    storage: str  # full | delta
+    base_seq: int | None
+    state_bytes: int
+    state_sha256: str
+    created_at: str
+
+
+class CheckpointPage(TypedDict):
+    items: list[CheckpointOut]
+    next_cursor: str | None
