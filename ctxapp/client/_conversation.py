@@ -34,6 +34,9 @@ from ctxapp.client.types import (
 
 
 class ConversationOps:
+    """Request builders (no `self`: `@operation` / `@paginated` bind them to a client, which
+    sends what they return). `ConversationOps.name.build(...)` is the `Request` itself, unsent."""
+
     @operation
     def request(
         method: str,

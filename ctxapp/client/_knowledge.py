@@ -12,6 +12,9 @@ from ctxapp.client.types import ExperienceBulkOut, ExperiencePolicyOut, Page
 
 
 class KnowledgeOps:
+    """Request builders (no `self`: `@operation` / `@paginated` bind them to a client, which
+    sends what they return). `KnowledgeOps.name.build(...)` is the `Request` itself, unsent."""
+
     # --- experiences ---
     @operation
     def experience_create(
