@@ -364,7 +364,7 @@ def build_server() -> MCPServer:
         }
         if session:
             scope["sessions"] = sessions
-        chosen = list(kinds) if kinds else None
+        chosen: list[str] | None = [str(k) for k in kinds] if kinds else None
         return await _call(
             lambda b: b.search(query=query, scope=scope, kinds=chosen, limit=limit, neighbours=neighbours)
         )
