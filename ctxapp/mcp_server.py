@@ -109,6 +109,8 @@ class ServiceBackend:
         bound = self.api_key.agent_external_id
         if bound:  # a key bound to an agent searches only that agent's memory (as on /api/v1)
             self._act_as(scope.get("agent") or bound)
+            if scope.get("session"):  # nor another agent's session (even with sessions="current")
+                self._session(scope["session"], touch=False)
             scope = {**scope, "agent": bound}
         return _search(
             tenant=self.tenant, query=query, scope=scope, kinds=kinds, limit=limit, neighbours=neighbours

@@ -321,12 +321,16 @@ def test_a_bound_key_searches_only_its_agents_memory(server: str, keys: dict[str
                 "other": await client.call_tool(
                     "memory_search", {"query": "launch code", "agent": "other-bot"}
                 ),
+                "other_session": await client.call_tool(  # sid: other-bot's session
+                    "memory_search", {"query": "launch code", "session": sid, "sessions": "current"}
+                ),
             }
 
     seen = asyncio.run(go())
     texts = [hit["text"] for hit in seen["own"]["results"]]
     assert any("AZURE" in t for t in texts) and not any("CRIMSON" in t for t in texts)
     assert seen["other"].is_error and "agent_mismatch" in seen["other"].content[0].text
+    assert seen["other_session"].is_error and "agent_mismatch" in seen["other_session"].content[0].text
 
 
 def test_ctxapp_mcp_without_a_key_says_so(tmp_path: Any) -> None:
