@@ -84,3 +84,22 @@ def test_time_range_and_limit(tenant_a: Tenant) -> None:
     both = digest_candidates(tenant=tenant_a, query="deploy broke", session_pks=None)
     assert len(both) == 2 and both[0].text.startswith("Findings: the deploy broke again")  # best match first
     assert len(digest_candidates(tenant=tenant_a, query="deploy", session_pks=None, limit=1)) == 1
+
+
+def test_memory_search_finds_an_earlier_sessions_digest(tenant_a: Tenant, tenant_b: Tenant) -> None:
+    from memory.services.memory_search import memory_search
+
+    trip = session_create(tenant=tenant_a, agent_external_id="planner", user_id="mia")
+    _digest(trip, 1, "Decisions: fly to Lisbon for the wedding in June.")
+    later = session_create(tenant=tenant_a, agent_external_id="planner", user_id="mia")
+    result = memory_search(
+        tenant=tenant_a, query="where is the wedding", scope=SearchScope(user_id="mia"), kinds=["summary"],
+        limit=5,
+    )  # fmt: skip
+    assert [hit.as_dict()["id"] for hit in result.results] == [digest_id(session_id=trip.public_id, version=1)]
+    assert later.public_id  # the new session has no digest of its own yet
+    foreign = memory_search(
+        tenant=tenant_b, query="where is the wedding", scope=SearchScope(user_id="mia"), kinds=["summary"],
+        limit=5,
+    )  # fmt: skip
+    assert foreign.results == []
