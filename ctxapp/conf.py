@@ -456,6 +456,15 @@ SETTINGS: list[Setting] = [
         "Live dashboard: events are coalesced and each page is re-rendered at most once per this many ms.",
         group="dashboard",
     ),
+    Setting(
+        "CTXAPP_CHANNEL_GROUP_EXPIRY",
+        parse_positive_int,
+        300,
+        "Live dashboard: seconds a page's membership of its tenant's channel group lasts unless "
+        "renewed (open pages renew it every third of this); a page whose process died stops "
+        "receiving events after this.",
+        group="dashboard",
+    ),
 ]
 
 

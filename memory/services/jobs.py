@@ -121,24 +121,33 @@ def job_dispatch(*, intent_ids: list[int], countdown: float | None = None) -> in
     A broker that refuses is logged (at most once a minute); the intents stay pending and the
     sweep dispatches them again once the broker is back.
     """
+    from ctxapp.celery import app
     from memory.tasks.jobs import job_run_task
 
+    # Our own connection, told not to retry: Kombu's default retries a refused connection for
+    # about 6 s, inside the request. A failure here costs the request nothing; the sweep retries.
+    options = dict(app.conf.broker_transport_options or {})
+    if str(app.conf.broker_write_url or app.conf.broker_url).startswith(("redis", "rediss", "amqp")):
+        options["max_retries"] = 0  # (the SQLAlchemy transport would hand it to create_engine)
     sent = 0
-    for intent_id in intent_ids:
-        try:
-            job_run_task.apply_async((intent_id,), countdown=countdown, retry=False)
+    conn = app.connection_for_write(transport_options=options)
+    try:
+        producer = conn.Producer()
+        for intent_id in intent_ids:
+            job_run_task.apply_async((intent_id,), countdown=countdown, retry=False, producer=producer)
             sent += 1
-        except Exception as exc:  # any broker failure: the outbox keeps the job
-            now = time.monotonic()
-            if now - _last_broker_warning[0] > 60:
-                _last_broker_warning[0] = now
-                logger.warning(
-                    "broker unavailable, job %s kept in the outbox for the sweep: %s: %s",
-                    intent_id,
-                    type(exc).__name__,
-                    exc,
-                )
-            break  # the broker is down: the rest would fail the same way
+    except Exception as exc:  # any broker failure: the outbox keeps the job
+        now = time.monotonic()
+        if now - _last_broker_warning[0] > 60:
+            _last_broker_warning[0] = now
+            logger.warning(
+                "broker unavailable, %d jobs kept in the outbox for the sweep: %s: %s",
+                len(intent_ids) - sent,
+                type(exc).__name__,
+                exc,
+            )
+    finally:
+        conn.release()
     return sent
 
 
