@@ -5,9 +5,7 @@ Needs committed data (the consumer reads from other threads), hence transactiona
 
 from __future__ import annotations
 
-import importlib
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,48 +24,6 @@ from memory.models import Tenant
 from memory.services import sessions as sessions_service
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def install_postgres_layer_trigger() -> None:
-    """Tests build tables from the models (--nomigrations); channels_postgres's NOTIFY trigger
-    comes from its migrations, which `ctxapp up` runs: install it the same way here."""
-    latest = importlib.import_module("channels_postgres.migrations.0004_notify_ensure_payload_not_too_big")
-    with connection.cursor() as cursor:
-        cursor.execute(latest.Migration.setup_database_sql)
-
-
-def close_postgres_layer_pool() -> None:
-    """channels_postgres keeps one module-level pool bound to the event loop that made it (each
-    test's loop is gone by now): close its connections, so the next test and the database drop
-    start clean."""
-    from channels_postgres import db as layer_db
-
-    pool, layer_db.connection_pool = layer_db.connection_pool, None
-    if pool is not None:
-        for conn in list(pool._pool):
-            conn.pgconn.finish()
-
-
-@pytest.fixture(autouse=True, params=["redis", "postgres"])
-def channel_layer(request: Any, settings: Any, transactional_db: None) -> Iterator[str]:
-    """Every test here runs on both channel layers: Redis, and the embedded mode's PostgreSQL."""
-    if request.param == "postgres":
-        install_postgres_layer_trigger()
-        settings.CHANNEL_LAYERS = {
-            "default": {
-                "BACKEND": "ctxapp.channel_layer.PostgresChannelLayer",
-                "CONFIG": {
-                    **connection.settings_dict,
-                    "TIME_ZONE": None,
-                    "prefix": f"{settings.QUEUE_PREFIX}_asgi",
-                    "group_expiry": 300,
-                },
-            }
-        }
-    yield request.param
-    if request.param == "postgres":
-        close_postgres_layer_pool()
-
 
 application = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
 
