@@ -78,9 +78,8 @@ DEFAULT_GROUP_EXPIRY = 300
 class PostgresChannelLayer(core.PostgresChannelLayer):
     def __init__(self, *args: Any, group_expiry: int = DEFAULT_GROUP_EXPIRY, **kwargs: Any) -> None:
         super().__init__(*args, group_expiry=group_expiry, **kwargs)
-        self.django_db = _Database(
-            self.django_db.psycopg_options, self.db_params, logger=self.django_db.logger
-        )
+        base: DatabaseLayer = self.django_db  # type: ignore[has-type]
+        self.django_db = _Database(base.psycopg_options, self.db_params, logger=base.logger)
 
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
         # channels_postgres looks the members up by the bare group name (never matching) only to
