@@ -264,7 +264,10 @@ def jobs_sweep(*, redispatch_after: float | None = None) -> int:
             .exclude(run_after__gt=now)
         )
         pending = stale.filter(status=JobStatus.PENDING, dispatched_at__lt=cutoff)
-        orphaned = stale.filter(status=JobStatus.RUNNING).exclude(dispatched_at__gte=cutoff)
+        # A running intent nobody holds lost its runner (the lock dies with it): dispatched again
+        # after one sweep period (not the redispatch bound), once per period while it waits.
+        orphan_cutoff = now - timedelta(seconds=float(settings.CTXAPP["CTXAPP_JOB_SWEEP_SECONDS"]))
+        orphaned = stale.filter(status=JobStatus.RUNNING).exclude(dispatched_at__gte=orphan_cutoff)
         ids = sorted(
             {
                 *pending.values_list("pk", flat=True)[:SWEEP_LIMIT],
