@@ -33,7 +33,6 @@ for i in range(3):
 @pytest.mark.django_db(transaction=True)
 def test_worker_events_reach_a_dashboard_group_without_redis(tenant_a: Any) -> None:
     from ctxapp.channel_layer import PostgresChannelLayer
-
     from memory import broadcast
 
     # Tests build tables from the models (--nomigrations); channels_postgres's NOTIFY trigger

@@ -6,34 +6,72 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('memory', '0001_initial'),
+        ("memory", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='JobIntent',
+            name="JobIntent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(max_length=64)),
-                ('key', models.CharField(max_length=200)),
-                ('payload', models.JSONField(blank=True, default=dict)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('done', 'Done'), ('failed', 'Failed')], default='pending', max_length=16)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('error', models.TextField(blank=True, default='')),
-                ('result', models.JSONField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('dispatched_at', models.DateTimeField(blank=True, null=True)),
-                ('run_after', models.DateTimeField(blank=True, null=True)),
-                ('taken_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('merged_into', models.BigIntegerField(blank=True, null=True)),
-                ('tenant', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='memory.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("kind", models.CharField(max_length=64)),
+                ("key", models.CharField(max_length=200)),
+                ("payload", models.JSONField(blank=True, default=dict)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("done", "Done"),
+                            ("failed", "Failed"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("error", models.TextField(blank=True, default="")),
+                ("result", models.JSONField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("dispatched_at", models.DateTimeField(blank=True, null=True)),
+                ("run_after", models.DateTimeField(blank=True, null=True)),
+                ("taken_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("merged_into", models.BigIntegerField(blank=True, null=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="memory.tenant",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(condition=models.Q(('status__in', ['pending', 'running'])), fields=['status', 'dispatched_at'], name='jobintent_open_idx'), models.Index(fields=['tenant', 'status', '-finished_at'], name='jobintent_tenant_idx')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('status', 'pending')), fields=('kind', 'key'), name='jobintent_pending_unique')],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("status__in", ["pending", "running"])),
+                        fields=["status", "dispatched_at"],
+                        name="jobintent_open_idx",
+                    ),
+                    models.Index(fields=["tenant", "status", "-finished_at"], name="jobintent_tenant_idx"),
+                ],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("status", "pending")),
+                        fields=("kind", "key"),
+                        name="jobintent_pending_unique",
+                    )
+                ],
             },
         ),
     ]

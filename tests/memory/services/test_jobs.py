@@ -86,7 +86,9 @@ def test_a_job_runs_once_however_often_it_is_delivered(tenant_a: Tenant) -> None
     assert jobs.job_run(intent_id=intent.pk) == "done"
     assert jobs.job_run(intent_id=intent.pk) == "skipped"  # a redelivered message
     intent.refresh_from_db()
-    assert intent.status == "done" and intent.attempts == 1 and (intent.result or {})["task"] == task.public_id
+    assert (
+        intent.status == "done" and intent.attempts == 1 and (intent.result or {})["task"] == task.public_id
+    )
     full = Event.objects.filter(type="memory.distilled", payload__task=task.public_id, payload__path="full")
     assert full.count() == 1
 
