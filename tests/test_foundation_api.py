@@ -376,4 +376,3 @@ def test_readyz_reports_a_broker_outage_as_degraded(anon: Any, monkeypatch: Any)
     assert body["checks"]["broker"]["jobs_waiting"] == 0
     assert "refused" in body["checks"]["broker"]["error"].lower()
     assert body["checks"]["database"]["ok"] and body["checks"]["channel_layer"]["ok"]
-
