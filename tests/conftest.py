@@ -150,3 +150,24 @@ def celery_worker(transactional_db: None) -> Iterator[subprocess.Popen[bytes]]:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)
+
+
+@pytest.fixture
+def broker_down() -> Iterator[None]:
+    """Celery's producer pointed at a port where nothing listens (a real refused connection)."""
+    from ctxapp.celery import app
+
+    # Celery may swap `app.conf` for its finalized settings object during the test, so the URLs are
+    # restored on whatever `app.conf` is at the end (monkeypatch would restore the stale object).
+    saved_urls = {"broker_url": app.conf.broker_url, "broker_write_url": app.conf.get("broker_write_url")}
+    app.conf.broker_url = app.conf.broker_write_url = "redis://127.0.0.1:1/0"
+    saved = app._pool
+    app._pool = None
+    app.amqp._producer_pool = None
+    yield
+    if app._pool is not None:
+        app._pool.force_close_all()
+    for name, value in saved_urls.items():
+        setattr(app.conf, name, value)
+    app._pool = saved
+    app.amqp._producer_pool = None

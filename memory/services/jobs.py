@@ -121,8 +121,18 @@ def job_dispatch(*, intent_ids: list[int], countdown: float | None = None) -> in
     A broker that refuses is logged (at most once a minute); the intents stay pending and the
     sweep dispatches them again once the broker is back.
     """
-    from ctxapp.celery import app
     from memory.tasks.jobs import job_run_task
+
+    return tasks_send(job_run_task, [(intent_id,) for intent_id in intent_ids], countdown=countdown)
+
+
+def tasks_send(task: Any, calls: list[tuple[Any, ...]], *, countdown: float | None = None) -> int:
+    """Send `task` once per argument tuple in `calls`, without waiting on a broker that is down.
+
+    Never raises: returns how many were sent. Callers keep what was not sent (an intent, a
+    pending row) for a sweep to send again.
+    """
+    from ctxapp.celery import app
 
     # Our own connection, told not to retry: Kombu's default retries a refused connection for
     # about 6 s, inside the request. A failure here costs the request nothing; the sweep retries.
@@ -133,16 +143,16 @@ def job_dispatch(*, intent_ids: list[int], countdown: float | None = None) -> in
     conn = app.connection_for_write(transport_options=options)
     try:
         producer = conn.Producer()
-        for intent_id in intent_ids:
-            job_run_task.apply_async((intent_id,), countdown=countdown, retry=False, producer=producer)
+        for args in calls:
+            task.apply_async(args, countdown=countdown, retry=False, producer=producer)
             sent += 1
-    except Exception as exc:  # any broker failure: the outbox keeps the job
+    except Exception as exc:  # any broker failure: the caller keeps the job
         now = time.monotonic()
         if now - _last_broker_warning[0] > 60:
             _last_broker_warning[0] = now
             logger.warning(
-                "broker unavailable, %d jobs kept in the outbox for the sweep: %s: %s",
-                len(intent_ids) - sent,
+                "broker unavailable, %d jobs kept for the sweep: %s: %s",
+                len(calls) - sent,
                 type(exc).__name__,
                 exc,
             )

@@ -45,6 +45,7 @@ from memory.models import (
     MessageEmbeddingStatus,
     Tenant,
 )
+from memory.services import jobs
 from memory.services.embedding import EmbedderError, EmbedderUnavailable, embedder_get, text_hash
 from memory.services.ranking import index_text
 
@@ -143,10 +144,7 @@ def memory_index_dispatch(*, force: bool = False) -> bool:
         return False
     if not claimed:
         return False
-    try:
-        memory_index_drain_task.delay()
-    except Exception:
-        logger.exception("memory index: could not queue a drain job; the sweep will retry")
+    if not jobs.tasks_send(memory_index_drain_task, [()]):  # never waits on a broker that is down
         MemoryIndexState.objects.filter(pk=1).update(drain_scheduled=False)
         return False
     return True

@@ -48,21 +48,22 @@ def text_search(client, query, **extra):
 # --- bulk -------------------------------------------------------------------------------------
 
 
-def test_bulk_create_stores_all_and_queues_their_embedding_in_one_coalesced_batch(
-    api_a, tenant_a, django_capture_on_commit_callbacks
-):
-    with django_capture_on_commit_callbacks() as callbacks:
-        response = api_a.post("/api/v1/experiences/bulk", {"items": items(130)}, format="json")
-        pending = list(service._local.embed_pending)
+def test_bulk_create_stores_all_and_queues_their_embedding_in_one_coalesced_batch(api_a, tenant_a):
+    from memory.models import JobIntent
+    from memory.services import jobs
+
+    response = api_a.post("/api/v1/experiences/bulk", {"items": items(130)}, format="json")
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["created"] == 130 and body["merged"] == 0 and len(body["results"]) == 130
     assert [r["problem"] for r in body["results"]][:2] == ["problem number 0", "problem number 1"]
     assert all(r["outcome"] == "created" and r["embedding"]["status"] == "pending" for r in body["results"])
     assert Experience.objects.filter(tenant=tenant_a).count() == 130
-    # one after-commit flush for the whole call, carrying every row: 3 jobs of ≤ 64, not 130
-    assert [c for c in callbacks if c is service._flush_embedding] == [service._flush_embedding]
-    assert sorted(pending) == sorted(Experience.objects.filter(tenant=tenant_a).values_list("pk", flat=True))
+    # the whole call's embedding is recorded as 3 job intents of <= 64 rows, not 130 jobs
+    intents = list(JobIntent.objects.filter(kind=jobs.EMBED))
+    assert sorted(len(i.payload["ids"]) for i in intents) == [2, 64, 64]
+    queued = sorted(pk for i in intents for pk in i.payload["ids"])
+    assert queued == sorted(Experience.objects.filter(tenant=tenant_a).values_list("pk", flat=True))
 
 
 def test_bulk_create_refuses_more_than_the_limit_with_a_clear_message(api_a, tenant_a):

@@ -7,7 +7,6 @@ The broker is real: a Redis URL on a port nothing listens on is a broker that is
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -21,23 +20,6 @@ from memory.services.experiences import experience_create
 from memory.services.sessions import session_create, task_create, task_update
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def broker_down(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Celery's producer pointed at a port where nothing listens (a real refused connection)."""
-    from ctxapp.celery import app
-
-    monkeypatch.setattr(app.conf, "broker_url", "redis://127.0.0.1:1/0")
-    monkeypatch.setattr(app.conf, "broker_write_url", "redis://127.0.0.1:1/0")
-    saved = app._pool
-    app._pool = None
-    app.amqp._producer_pool = None
-    yield
-    if app._pool is not None:
-        app._pool.force_close_all()
-    app._pool = saved
-    app.amqp._producer_pool = None
 
 
 def finished_task(tenant: Tenant, *, distill: str = "full") -> Any:
