@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -25,7 +24,7 @@ class PinnedFact:
     restated: bool  # True when it decayed and is being restated
 
 
-def facts_for_context(*, tenant: Any, session: Any) -> list[PinnedFact]:
+def facts_for_context(*, tenant: Tenant, session: Session) -> list[PinnedFact]:
     """The facts to pin at the start of the next built context, most important first. Read-only.
 
     Decayed high-importance facts come first (restated=True), then — when the policy pins them
@@ -73,7 +72,12 @@ def _alert(*, tenant: Tenant, session: Session, fact: TrackedFact, reason: str, 
 
 
 def facts_after_build(
-    *, tenant: Any, session: Any, included_fact_ids: list[str], dropped_fact_ids: list[str], prompt_text: str
+    *,
+    tenant: Tenant,
+    session: Session,
+    included_fact_ids: list[str],
+    dropped_fact_ids: list[str],
+    prompt_text: str,
 ) -> list[str]:
     """Record which facts a built context carried (references, injections); return warnings.
 
@@ -145,7 +149,9 @@ def facts_after_build(
     return warnings
 
 
-def facts_after_summary(*, tenant: Any, session: Any, summary_text: str, folded_seqs: list[int]) -> list[str]:
+def facts_after_summary(
+    *, tenant: Tenant, session: Session, summary_text: str, folded_seqs: list[int]
+) -> list[str]:
     """Check that no high-importance fact was lost from a new summary; return alerts.
 
     The facts checked are the high-importance ones stated in a folded message (the message that

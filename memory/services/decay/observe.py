@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -47,7 +45,7 @@ EVENT_KIND_FACT_TYPES: dict[str, str] = {
 FACT_KEY_METADATA = "fact_key"
 
 
-def facts_observe_messages(*, tenant: Any, session: Any, messages: list[Any]) -> None:
+def facts_observe_messages(*, tenant: Tenant, session: Session, messages: list[Message]) -> None:
     """Advance the round counter, register facts from marked messages, detect references, sweep decay.
 
     Runs inside messages_append's transaction (under the session row lock), on every append, so it
@@ -66,14 +64,7 @@ def facts_observe_messages(*, tenant: Any, session: Any, messages: list[Any]) ->
         )
     else:
         total, has_facts = round_and_facts(session=session)
-    start = total - len(user_seqs)
-    rounds: dict[int, int] = {}
-    current = start
-    for message in ordered:
-        if message.role == MessageRole.USER:
-            current += 1
-        rounds[message.seq] = current
-
+    rounds = _message_rounds(ordered, start=total - len(user_seqs))
     registering = [m for m in ordered if m.event_kind in EVENT_KIND_FACT_TYPES and m.content.strip()]
     if not has_facts and not registering:  # most appends: nothing to observe, no further query
         return
@@ -81,23 +72,7 @@ def facts_observe_messages(*, tenant: Any, session: Any, messages: list[Any]) ->
     policy = DecayPolicy.for_tenant(tenant)
     registered_by: dict[int, int] = {}
     if registering and policy.auto_register:
-        for message in registering:
-            fact_type = EVENT_KIND_FACT_TYPES[message.event_kind]
-            metadata = message.metadata if isinstance(message.metadata, dict) else {}
-            key = str(metadata.get(FACT_KEY_METADATA) or "").strip()[:200] or derive_key(
-                fact_type, message.content
-            )
-            registration = fact_register(
-                tenant=tenant,
-                session=session,
-                key=key,
-                fact_type=fact_type,
-                content=message.content.strip(),
-                source="message",
-                source_seq=message.seq,
-                round=rounds[message.seq],
-            )
-            registered_by[registration.fact.pk] = message.seq
+        registered_by = _register_marked(tenant=tenant, session=session, messages=registering, rounds=rounds)
         facts = _facts_to_observe(session)
     if not facts:
         return
@@ -117,6 +92,41 @@ def facts_observe_messages(*, tenant: Any, session: Any, messages: list[Any]) ->
         for fact in facts
     ):
         decay_sweep(tenant=tenant, session=session, policy=policy, current_round=total)
+
+
+def _message_rounds(ordered: list[Message], *, start: int) -> dict[int, int]:
+    """seq → round for messages in seq order, the first of them following round `start`."""
+    rounds: dict[int, int] = {}
+    current = start
+    for message in ordered:
+        if message.role == MessageRole.USER:
+            current += 1
+        rounds[message.seq] = current
+    return rounds
+
+
+def _register_marked(
+    *, tenant: Tenant, session: Session, messages: list[Message], rounds: dict[int, int]
+) -> dict[int, int]:
+    """Register (or update) the fact each marked message states; return fact pk → message seq."""
+    registered_by: dict[int, int] = {}
+    for message in messages:
+        fact_type = EVENT_KIND_FACT_TYPES[message.event_kind]
+        metadata = message.metadata if isinstance(message.metadata, dict) else {}
+        named = str(metadata.get(FACT_KEY_METADATA) or "").strip()[:200]
+        key = named or derive_key(fact_type, message.content)
+        registration = fact_register(
+            tenant=tenant,
+            session=session,
+            key=key,
+            fact_type=fact_type,
+            content=message.content.strip(),
+            source="message",
+            source_seq=message.seq,
+            round=rounds[message.seq],
+        )
+        registered_by[registration.fact.pk] = message.seq
+    return registered_by
 
 
 def _facts_to_observe(session: Session) -> list[TrackedFact]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
@@ -44,7 +43,7 @@ def facts_to_promote(*, session: Session) -> list[TrackedFact]:
     )
 
 
-def facts_on_session_end(*, tenant: Any, session: Any) -> None:
+def facts_on_session_end(*, tenant: Tenant, session: Session) -> None:
     """Promote high-importance facts, preferences and project configuration to long-term memory.
 
     Runs inside session_end's transaction. See facts_promote.
