@@ -29,8 +29,6 @@ from memory.services.decay.terms import (
     normalized_text,
 )
 
-# --- automatic registration --------------------------------------------------------------------
-
 # A message whose event_kind is one of these registers (or updates) a tracked fact of that type.
 EVENT_KIND_FACT_TYPES: dict[str, str] = {
     "decision": "decision",

@@ -85,6 +85,3 @@ def facts_list(
 def fact_references(*, fact: TrackedFact, limit: int = 50) -> list[FactReference]:
     """The fact's latest references, newest first. Read-only."""
     return list(fact.references.order_by("-pk")[:limit])
-
-
-# --- restatement, build and summary checks -----------------------------------------------------
