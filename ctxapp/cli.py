@@ -363,7 +363,10 @@ def _wait_ready(
                 )
         try:
             with urllib.request.urlopen(url, timeout=10) as response:
-                return dict(json.loads(response.read()))
+                answer = dict(json.loads(response.read()))
+            if answer.get("status") == "ok":
+                return answer
+            last = answer.get("checks", answer)  # degraded: the broker is not ready yet
         except urllib.error.HTTPError as exc:  # 503: a dependency is not ready yet
             with contextlib.suppress(ValueError):
                 last = json.loads(exc.read()).get("checks", exc)

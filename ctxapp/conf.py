@@ -235,6 +235,26 @@ SETTINGS: list[Setting] = [
         "Prefix of Celery queue names and channel groups; lets several installations share one Redis.",
     ),
     Setting(
+        "CTXAPP_JOB_SWEEP_SECONDS",
+        parse_positive_float,
+        15.0,
+        "How often Celery beat sweeps the job intents: re-dispatches jobs whose broker message was "
+        "lost or never sent, and jobs whose worker died (the bound on recovery after a worker is killed).",
+    ),
+    Setting(
+        "CTXAPP_JOB_REDISPATCH_SECONDS",
+        parse_positive_float,
+        60.0,
+        "A job intent not taken by a worker this long after it was dispatched is dispatched again "
+        "(a broker outage or a broker that lost its messages). Duplicates are harmless.",
+    ),
+    Setting(
+        "CTXAPP_JOB_KEEP_DAYS",
+        parse_positive_int,
+        7,
+        "Finished job intents (done or failed) are kept this many days for the jobs page.",
+    ),
+    Setting(
         "CTXAPP_BROKER_POLL_SECONDS",
         parse_positive_float,
         0.1,
@@ -605,6 +625,15 @@ SETTINGS: list[Setting] = [
         "API key the command-line clients send. Unset: api_key in ~/.config/ctxapp/config.toml.",
         secret=True,
         group="client",
+    ),
+    Setting(
+        "CTXAPP_CHANNEL_GROUP_EXPIRY",
+        parse_positive_int,
+        300,
+        "Live dashboard: seconds a page's membership of its tenant's channel group lasts unless "
+        "renewed (open pages renew it every third of this); a page whose process died stops "
+        "receiving events after this.",
+        group="dashboard",
     ),
 ]
 

@@ -167,6 +167,11 @@ def do_compress(client: Any, args: argparse.Namespace) -> Result:
 
 def do_enhance(client: Any, args: argparse.Namespace) -> Result:
     built = client.context_build(args.session, args.query)
+    # What memory search finds for the query in this session and the same user's (or agent's) others.
+    found = client.memory_search(
+        args.query, scope={"session": args.session, "sessions": "all"}, limit=args.limit
+    )
+    built = {**built, "memory_search": found["results"]}
     items = built.get("manifest", {}).get("items", [])
     shown = [i for i in items if i.get("kind") != "message" or not i.get("included", True)]
     rows = [[i.get("component"), i.get("kind"), i.get("id"), i.get("tokens"), i.get("score"),
@@ -183,7 +188,12 @@ def do_enhance(client: Any, args: argparse.Namespace) -> Result:
         ["component", "kind", "id", "tokens", "score", "included", "reason"],
         rows,
     )
-    return built, [summary, table, *warnings]
+    search_table = _table(
+        f"Memory search for this query (this and earlier sessions): {args.query}",
+        ["score", "kind", "where", "speaker", "text"],
+        [[r[0], r[1], r[2], r[4], r[5]] for r in map(_hit_row, found["results"])],
+    )
+    return built, [summary, table, search_table, *warnings]
 
 
 def do_register(client: Any, args: argparse.Namespace) -> Result:
@@ -267,14 +277,25 @@ def do_summarize(client: Any, args: argparse.Namespace) -> Result:
     ]
 
 
+def _hit_row(hit: dict[str, Any]) -> list[Any]:
+    """score, kind, where (session:seq or id), when, speaker, text — one memory search hit."""
+    return [round(hit["score"], 4), hit["kind"], hit["id"], (hit.get("occurred_at") or "")[:10],
+            hit.get("speaker") or "", _short(hit.get("text"), 70)]  # fmt: skip
+
+
 def do_search(client: Any, args: argparse.Namespace) -> Result:
-    result = client.experiences_search(args.query, limit=args.limit, user_id=args.user_id)
-    rows = [[round(h["score"], 4), h["experience"]["id"], h["experience"].get("kind"),
-             _short(h["experience"].get("problem"), 50), _short(h["experience"].get("solution"), 50)]
-            for h in result["results"]]  # fmt: skip
-    return result, [
-        _table(f"Memory search: {args.query}", ["score", "id", "kind", "problem", "solution"], rows)
+    scope = {k: v for k, v in {"session": args.session, "agent": args.agent, "user_id": args.user_id}.items()
+             if v is not None}  # fmt: skip
+    if args.current:
+        if not args.session:
+            raise CtxError("--current needs --session.")
+        scope["sessions"] = "current"
+    result = client.memory_search(args.query, scope=scope or None, kinds=args.kind or None, limit=args.limit)
+    rows = [_hit_row(h) for h in result["results"]]
+    tables = [
+        _table(f"Memory search: {args.query}", ["score", "kind", "where", "when", "speaker", "text"], rows)
     ]
+    return result, tables + [f"warning: {w}" for w in result.get("warnings", [])]
 
 
 COMMANDS: dict[str, Callable[[Any, argparse.Namespace], Result]] = {
@@ -313,6 +334,7 @@ def add_parser(sub: Any) -> None:
     enhance = command("enhance", "build the context for QUERY and show what was recalled and retrieved")
     enhance.add_argument("session")
     enhance.add_argument("query")
+    enhance.add_argument("--limit", type=int, default=5, help="memory search hits to show (default 5)")
     register = command("register", "track a fact of the session (a constraint, decision, goal, …)")
     register.add_argument("session")
     register.add_argument("text")
@@ -331,10 +353,21 @@ def add_parser(sub: Any) -> None:
     command("summarize", "queue the session's summarisation and show its latest summaries").add_argument(
         "session"
     )
-    search = command("search", "search long-term memory")
+    search = command(
+        "search", "search memory: earlier turns of every session, summaries, facts and experiences"
+    )
     search.add_argument("query")
-    search.add_argument("--limit", type=int, default=10)
-    search.add_argument("--user-id", default=None)
+    search.add_argument("--limit", type=int, default=10, help="1 to 100 (default 10)")
+    search.add_argument(
+        "--session", default=None, help="this session and the other sessions of its user (or agent)"
+    )
+    search.add_argument("--current", action="store_true", help="only --session itself")
+    search.add_argument("--agent", default=None, help="only this agent's sessions")
+    search.add_argument("--user-id", default=None, help="only this user's sessions")
+    search.add_argument(
+        "--kind", action="append", choices=["message", "summary", "fact", "experience"],
+        help="only these kinds (repeatable; default all)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """`ctxapp demo`: a simulated on-call agent that makes every dashboard panel move.
 
-It drives a running ctxapp through the Python client (ctxapp/client.py), like a real agent:
+It drives a running ctxapp through the Python client (ctxapp/client/), like a real agent:
 
 1. incident 1 — agent `ops-copilot` investigates checkout 502s with the on-call engineer:
    a session, nine tracked facts (constraints, goals, preferences, critical info, …), a task,

@@ -31,7 +31,8 @@ T = TypeVar("T")
 
 INSTRUCTIONS = (
     "ctxapp is the agent's memory. Start a session with session_start, store each turn with remember, "
-    "ask context_build for the next prompt, search past experiences with memory_search, record what "
+    "ask context_build for the next prompt, search earlier turns, summaries, facts and experiences (this "
+    "and earlier sessions) with memory_search, record what "
     "worked with experience_record, and end the session with session_end. After a crash, "
     "recovered_state returns everything needed to resume."
 )
@@ -40,7 +41,9 @@ INSTRUCTIONS = (
 class Backend(Protocol):
     """What the tools need; one call each. Every method returns JSON-ready data or raises."""
 
-    def search(self, *, query: str, user_id: str | None, limit: int) -> dict[str, Any]: ...
+    def search(
+        self, *, query: str, scope: dict[str, Any], kinds: list[str] | None, limit: int, neighbours: int
+    ) -> dict[str, Any]: ...
     def message_append(self, *, session: str, role: str, content: str) -> dict[str, Any]: ...
     def fact_register(self, *, session: str, key: str, fact_type: str, content: str) -> dict[str, Any]: ...
     def context_build(self, *, session: str, input: str, model: str | None) -> dict[str, Any]: ...
@@ -99,9 +102,19 @@ class ServiceBackend:
             self._act_as(row.agent.external_id)
         return row
 
-    def search(self, *, query: str, user_id: str | None, limit: int) -> dict[str, Any]:
+    def search(
+        self, *, query: str, scope: dict[str, Any], kinds: list[str] | None, limit: int, neighbours: int
+    ) -> dict[str, Any]:
         self._require("read")
-        return _search(tenant=self.tenant, query=query, user_id=user_id, limit=limit)
+        bound = self.api_key.agent_external_id
+        if bound:  # a key bound to an agent searches only that agent's memory (as on /api/v1)
+            self._act_as(scope.get("agent") or bound)
+            if scope.get("session"):  # nor another agent's session (even with sessions="current")
+                self._session(scope["session"], touch=False)
+            scope = {**scope, "agent": bound}
+        return _search(
+            tenant=self.tenant, query=query, scope=scope, kinds=kinds, limit=limit, neighbours=neighbours
+        )
 
     def message_append(self, *, session: str, role: str, content: str) -> dict[str, Any]:
         from memory.api.sessions import message_out
@@ -199,17 +212,32 @@ class ServiceBackend:
         }
 
 
-def _search(*, tenant: Any, query: str, user_id: str | None, limit: int) -> dict[str, Any]:
-    """Memory search for the HTTP transport: experiences search today (one call to switch at merge)."""
-    from memory.api.experiences import SearchHitSerializer
-    from memory.services import retrieval
+def _search(
+    *, tenant: Any, query: str, scope: dict[str, Any], kinds: list[str] | None, limit: int, neighbours: int
+) -> dict[str, Any]:
+    """Memory search for the HTTP transport: the service behind POST /api/v1/memory/search, same body."""
+    from memory.services import memory_search
 
-    result = retrieval.experiences_search(tenant=tenant, query=query, user_id=user_id, limit=limit)
+    result = memory_search.memory_search(
+        tenant=tenant,
+        query=query,
+        scope=memory_search.SearchScope(
+            agent=scope.get("agent") or None,
+            user_id=scope.get("user_id"),
+            session=scope.get("session") or None,
+            sessions=scope.get("sessions", "all"),
+        ),
+        kinds=kinds,
+        limit=limit,
+        neighbours=neighbours,
+    )
     return _json(
         {
-            "results": SearchHitSerializer(result.hits, many=True).data,
+            "query": result.query,
+            "results": [hit.as_dict() for hit in result.results],
             "plan": result.plan,
             "warnings": result.warnings,
+            "candidates": result.candidates,
         }
     )
 
@@ -227,8 +255,14 @@ class ClientBackend:
     def __init__(self, client: Any) -> None:
         self.client = client
 
-    def search(self, *, query: str, user_id: str | None, limit: int) -> dict[str, Any]:
-        return self.client.experiences_search(query, user_id=user_id, limit=limit)
+    def search(
+        self, *, query: str, scope: dict[str, Any], kinds: list[str] | None, limit: int, neighbours: int
+    ) -> dict[str, Any]:
+        return dict(
+            self.client.memory_search(
+                query, scope=scope or None, kinds=kinds, limit=limit, neighbours=neighbours or None
+            )
+        )
 
     def message_append(self, *, session: str, role: str, content: str) -> dict[str, Any]:
         return dict(self.client.message_append(session, role=role, content=content))
@@ -298,17 +332,44 @@ def build_server() -> MCPServer:
     server: MCPServer = MCPServer("ctxapp", instructions=INSTRUCTIONS, version=_version())
 
     @server.tool()
-    async def memory_search(query: str, user_id: str | None = None, limit: int = 10) -> dict[str, Any]:
-        """Search long-term memory (stored experiences: problems, causes, solutions) by meaning and keywords.
+    async def memory_search(
+        query: str,
+        session: str | None = None,
+        sessions: Literal["all", "current"] = "all",
+        agent: str | None = None,
+        user_id: str | None = None,
+        kinds: list[Literal["message", "summary", "fact", "experience"]] | None = None,
+        limit: int = 10,
+        neighbours: int = 0,
+    ) -> dict[str, Any]:
+        """Search the agent's memory by meaning and keywords: earlier conversation turns (also from past
+        sessions), session summaries, tracked facts and stored experiences.
 
-        Returns `results`, best first, each with the memory, its score and each signal's contribution.
-        `user_id` also searches that user's own memories; `limit` is 1 to 100.
+        Scope: `session` with sessions="all" (default) searches every session of that session's user
+        (or agent, when it has no user), sessions="current" only that session; `agent` and `user_id`
+        narrow to that agent's / user's sessions; nothing searches the whole tenant. `kinds` picks any
+        of message, summary, fact, experience (default all); `limit` is 1 to 100; `neighbours` (0 to
+        5) adds that many turns either side of each message hit.
+        Returns `results`, best first: kind, id, session, seq, occurred_at, speaker, text, score and
+        each signal's contribution.
         """
         if not query.strip():
             raise ToolError("validation_error: query must not be empty.")
         if not 1 <= limit <= 100:
             raise ToolError("validation_error: limit must be between 1 and 100.")
-        return await _call(lambda b: b.search(query=query, user_id=user_id, limit=limit))
+        if not 0 <= neighbours <= 5:
+            raise ToolError("validation_error: neighbours must be between 0 and 5.")
+        if sessions == "current" and not session:
+            raise ToolError("validation_error: sessions='current' needs a session.")
+        scope: dict[str, Any] = {
+            k: v for k, v in {"agent": agent, "user_id": user_id, "session": session}.items() if v is not None
+        }
+        if session:
+            scope["sessions"] = sessions
+        chosen: list[str] | None = [str(k) for k in kinds] if kinds else None
+        return await _call(
+            lambda b: b.search(query=query, scope=scope, kinds=chosen, limit=limit, neighbours=neighbours)
+        )
 
     @server.tool()
     async def remember(

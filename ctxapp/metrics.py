@@ -213,30 +213,39 @@ class DatabaseCollector(Collector):
         yield rate
 
     def _embedding(self) -> Iterator[Metric]:
+        """Backlog and lag of each embedded kind: experiences, and messages (memory search's index;
+        summaries and facts have no stored vector or status: they are embedded at query time)."""
         from django.db.models import Count, Min
         from django.utils import timezone
 
-        from memory.models import Experience
+        from memory.models import Experience, Message
 
-        queue = _queue_for("memory.tasks.experiences.experiences_embed_task")
-        rows = dict(
-            Experience.objects.values_list("embedding_status")
-            .annotate(n=Count("id"))
-            .values_list("embedding_status", "n")
-        )
+        kinds: list[tuple[str, Any, str, tuple[str, ...]]] = [
+            ("experience", Experience, _queue_for("memory.tasks.experiences.experiences_embed_task"),
+             ("pending", "failed", "completed")),
+            ("message", Message, _queue_for("memory.index.drain"),
+             ("pending", "failed", "completed", "skipped")),
+        ]  # fmt: skip
         backlog = GaugeMetricFamily(
             "ctxapp_embedding_backlog", "Rows by embedding status.", labels=["queue", "kind", "status"]
         )
-        for status in ("pending", "failed", "completed"):
-            backlog.add_metric([queue, "experience", status], float(rows.get(status, 0)))
-        yield backlog
-        oldest = Experience.objects.filter(embedding_status="pending").aggregate(t=Min("created_at"))["t"]
         lag = GaugeMetricFamily(
             "ctxapp_embedding_lag_seconds",
             "Age of the oldest row still waiting for its embedding (0 when none waits).",
             labels=["queue", "kind"],
         )
-        lag.add_metric([queue, "experience"], (timezone.now() - oldest).total_seconds() if oldest else 0.0)
+        now = timezone.now()
+        for kind, model, queue, statuses in kinds:
+            rows = dict(
+                model.objects.values_list("embedding_status")
+                .annotate(n=Count("id"))
+                .values_list("embedding_status", "n")
+            )
+            for status in statuses:
+                backlog.add_metric([queue, kind, status], float(rows.get(status, 0)))
+            oldest = model.objects.filter(embedding_status="pending").aggregate(t=Min("created_at"))["t"]
+            lag.add_metric([queue, kind], (now - oldest).total_seconds() if oldest else 0.0)
+        yield backlog
         yield lag
 
     def _queues(self) -> Iterator[Metric]:

@@ -158,17 +158,26 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{QUEUE_PREFIX}:asgi"},
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                "prefix": f"{QUEUE_PREFIX}:asgi",
+                "group_expiry": CTXAPP["CTXAPP_CHANNEL_GROUP_EXPIRY"],
+            },
         }
     }
 else:
     CELERY_BROKER_URL = _sqlalchemy_url(DATABASES["default"]) if DATABASE_URL else "memory://"
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_postgres.core.PostgresChannelLayer",
+            "BACKEND": "ctxapp.channel_layer.PostgresChannelLayer",
             # channels_postgres builds its own Django DatabaseWrapper from this dict, so it needs
             # the keys Django would otherwise fill in for DATABASES entries (TIME_ZONE, …).
-            "CONFIG": {**DATABASES["default"], "TIME_ZONE": None, "prefix": f"{QUEUE_PREFIX}_asgi"},
+            "CONFIG": {
+                **DATABASES["default"],
+                "TIME_ZONE": None,
+                "prefix": f"{QUEUE_PREFIX}_asgi",
+                "group_expiry": CTXAPP["CTXAPP_CHANNEL_GROUP_EXPIRY"],
+            },
         }
     }
 

@@ -64,6 +64,18 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         self.group = tenant_group(self.tenant.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        self.renew_task = asyncio.create_task(self._renew_membership())
+
+    async def _renew_membership(self) -> None:
+        # Group membership expires (CTXAPP_CHANNEL_GROUP_EXPIRY) so a page whose process died
+        # without discarding stops costing a message per event; an open page renews it.
+        every = max(1.0, float(settings.CTXAPP.get("CTXAPP_CHANNEL_GROUP_EXPIRY", 300)) / 3)
+        while self.group is not None:
+            await asyncio.sleep(every)
+            try:
+                await self.channel_layer.group_add(self.group, self.channel_name)
+            except Exception:  # the layer is down: try again next time
+                logger.warning("dashboard group membership not renewed", exc_info=True)
 
     def _resolve(self, user: Any, params: dict[str, str]) -> bool | None:
         """Tenant and page scope, or None to refuse (not allowed, unknown page, foreign id)."""
@@ -100,8 +112,12 @@ class DashboardConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.flush_task is not None:
             self.flush_task.cancel()
+        renew_task = getattr(self, "renew_task", None)
+        if renew_task is not None:
+            renew_task.cancel()
         if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            group, self.group = self.group, None
+            await self.channel_layer.group_discard(group, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:

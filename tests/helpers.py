@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
+from asgiref.sync import async_to_sync
 from django.core import signals
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
@@ -26,3 +28,16 @@ def in_process_transport() -> Iterator[httpx.WSGITransport]:
     finally:
         signals.request_started.connect(close_old_connections)
         signals.request_finished.connect(close_old_connections)
+
+
+def body_of(response: Any) -> bytes:
+    """The whole body of a Django test response, streamed (sync or async iterator) or not."""
+    if not getattr(response, "streaming", False):
+        return bytes(response.content)
+    if getattr(response, "is_async", False):
+
+        async def read() -> bytes:
+            return b"".join([chunk async for chunk in response.streaming_content])
+
+        return async_to_sync(read)()
+    return b"".join(response.streaming_content)

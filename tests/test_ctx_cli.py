@@ -109,6 +109,9 @@ def test_enhance_check_position_compress_summarize_and_search(session: str, caps
     assert code == 0 and "prompt tokens" in out and "Recalled and retrieved" in out
     built = json.loads(ctx(capsys, "enhance", session, "When can I deploy billing?", "--json")[1])
     assert "change ticket" in json.dumps(built["messages"])
+    # memory search over this session and the user's others: the Friday turn about billing deploys
+    assert any(h["kind"] == "message" and "billing" in h["text"] for h in built["memory_search"])
+    assert "Memory search for this query" in out
 
     code, out, _ = ctx(capsys, "check-position", session, "--json")
     position = json.loads(out)
@@ -130,7 +133,36 @@ def test_enhance_check_position_compress_summarize_and_search(session: str, caps
     code, out, _ = ctx(capsys, "search", "billing ticket")
     assert code == 0 and "Billing deploy blocked" in out
     found = json.loads(ctx(capsys, "search", "billing ticket", "--json")[1])
-    assert found["results"][0]["experience"]["problem"] == "Billing deploy blocked by missing ticket"
+    assert any(h["kind"] == "experience" and "Billing deploy blocked" in h["text"] for h in found["results"])
+
+
+def test_search_finds_a_turn_of_an_earlier_session_and_narrows_by_scope(session: str, capsys: Any) -> None:
+    with Client(*_target()) as client:
+        later = client.session_create("cli-bot", user_id="u-7")["id"]
+        client.message_append(later, role="user", content="Remind me of our deploy day?")
+        other = client.session_create("cli-bot", user_id="u-9")["id"]
+        client.message_append(other, role="user", content="Billing deploys for u-9 are on Mondays.")
+    code, out, _ = ctx(capsys, "search", "which day do we deploy billing", "--session", later)
+    assert code == 0 and "Fridays" in out and "Memory search" in out
+    found = json.loads(
+        ctx(capsys, "search", "which day do we deploy billing", "--session", later, "--kind", "message",
+            "--json")[1]
+    )  # fmt: skip
+    hits = found["results"]
+    fridays = [h for h in hits if "Fridays" in h["text"]]
+    assert fridays and {h["session"] for h in fridays} == {session}  # said in the earlier session
+    assert {h["kind"] for h in hits} == {"message"}
+    assert not any("Mondays" in h["text"] for h in hits)  # another user's session is outside the scope
+    current = json.loads(
+        ctx(capsys, "search", "deploy billing", "--session", later, "--current", "--json")[1]
+    )["results"]
+    assert current and {h["session"] for h in current if h["kind"] == "message"} == {later}
+    users = json.loads(ctx(capsys, "search", "deploy billing", "--user-id", "u-9", "--json")[1])["results"]
+    assert [h["text"] for h in users if h["kind"] == "message"] == ["Billing deploys for u-9 are on Mondays."]
+    code, _, err = ctx(capsys, "search", "billing", "--session", "ses_nope")
+    assert code == 4 and "not found" in err
+    code, _, err = ctx(capsys, "search", "billing", "--current")
+    assert code == 2 and "--current needs --session" in err
 
 
 def test_config_file_supplies_url_and_key(

@@ -362,15 +362,17 @@ def test_readyz_reports_each_dependency(anon: Any) -> None:
         assert body["checks"]["channel_layer"]["backend"] == "RedisChannelLayer"
 
 
-def test_readyz_reports_a_failing_dependency_as_503(anon: Any, monkeypatch: Any) -> None:
+def test_readyz_reports_a_broker_outage_as_degraded(anon: Any, monkeypatch: Any) -> None:
     from ctxapp.celery import app
 
-    # A real broker that is not there: nothing listens on port 1.
+    # A real broker that is not there: nothing listens on port 1. Writes still work (their jobs
+    # wait in the outbox), so the web process is degraded, not down.
     monkeypatch.setattr(app.conf, "broker_write_url", "redis://127.0.0.1:1/0")
     response = anon.get("/readyz")
-    assert response.status_code == 503
+    assert response.status_code == 200
     body = response.json()
-    assert body["status"] == "unavailable"
-    assert body["checks"]["broker"]["ok"] is False
+    assert body["status"] == "degraded"
+    assert body["checks"]["broker"]["ok"] is False and body["checks"]["broker"]["degraded"] is True
+    assert body["checks"]["broker"]["jobs_waiting"] == 0
     assert "refused" in body["checks"]["broker"]["error"].lower()
     assert body["checks"]["database"]["ok"] and body["checks"]["channel_layer"]["ok"]

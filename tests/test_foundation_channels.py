@@ -25,7 +25,7 @@ import django
 django.setup()
 from django.conf import settings
 from memory import broadcast
-assert settings.CHANNEL_LAYERS["default"]["BACKEND"].startswith("channels_postgres"), settings.CHANNEL_LAYERS
+assert settings.CHANNEL_LAYERS["default"]["BACKEND"].endswith("PostgresChannelLayer"), settings.CHANNEL_LAYERS
 for i in range(3):
     broadcast.send({tenant_id}, [{{"type": "message.added", "i": i}}])
 """
@@ -33,8 +33,7 @@ for i in range(3):
 
 @pytest.mark.django_db(transaction=True)
 def test_worker_events_reach_a_dashboard_group_without_redis(tenant_a: Any) -> None:
-    from channels_postgres.core import PostgresChannelLayer
-
+    from ctxapp.channel_layer import PostgresChannelLayer
     from memory import broadcast
 
     # Tests build tables from the models (--nomigrations); channels_postgres's NOTIFY trigger

@@ -131,7 +131,12 @@ def _assert_conversation(seen: dict[str, Any], tenant: Tenant) -> None:
     assert "ENOSPC" in contents and "Never restart the primary" in contents
     assert seen["context"]["budget"]["prompt_tokens"] > 0
     assert Experience.objects.filter(tenant=tenant, problem="Deploy fails with ENOSPC on /var").exists()
-    assert seen["search"]["results"][0]["experience"]["id"] == seen["experience"]["id"]
+    found = {(hit["kind"], hit["id"]) for hit in seen["search"]["results"]}
+    assert ("experience", seen["experience"]["id"]) in found
+    assert ("message", f"{session.public_id}:1") in found  # the turn itself, found by its words
+    assert set(
+        seen["tools"]["memory_search"].input_schema["properties"]["kinds"]["anyOf"][0]["items"]["enum"]
+    ) == {"message", "summary", "fact", "experience"}
     assert seen["decay"]["session"] == session.public_id and seen["decay"]["items"] == []
     assert seen["recovered"]["session"]["id"] == session.public_id
     assert seen["ended"]["status"] == "ended"
@@ -242,6 +247,90 @@ def test_a_key_bound_to_an_agent_acts_only_as_that_agent(server: str, keys: dict
         assert seen[name].is_error and "agent_mismatch" in seen[name].content[0].text, name
     assert not seen["recover_own"].is_error
     assert Message.objects.count() == 0
+
+
+async def _earlier_session_recalled(client: Client) -> dict[str, Any]:
+    """Session 1 says something; session 2 (same agent and user) asks about it through memory_search."""
+    async with client:
+        first = data(await client.call_tool("session_start", {"agent": "travel-bot", "user_id": "mia"}))
+        for content in ("Hi, I need help planning a trip.", "My sister's wedding is in Lisbon on June 14.",
+                        "Also book me a window seat."):  # fmt: skip
+            data(await client.call_tool("remember", {"session": first["id"], "content": content}))
+        data(await client.call_tool("session_end", {"session": first["id"]}))
+        second = data(await client.call_tool("session_start", {"agent": "travel-bot", "user_id": "mia"}))
+        data(
+            await client.call_tool(
+                "remember", {"session": second["id"], "content": "Where is the wedding again?"}
+            )
+        )
+        query = "which city is my sister's wedding in"
+        return {
+            "first": first["id"],
+            "second": second["id"],
+            "all": data(await client.call_tool("memory_search", {"query": query, "session": second["id"]})),
+            "current": data(
+                await client.call_tool(
+                    "memory_search", {"query": query, "session": second["id"], "sessions": "current"}
+                )
+            ),
+            "messages_only": data(
+                await client.call_tool(
+                    "memory_search",
+                    {"query": query, "user_id": "mia", "kinds": ["message"], "neighbours": 1, "limit": 3},
+                )
+            ),
+            "bad_kind": await client.call_tool("memory_search", {"query": query, "kinds": ["nope"]}),
+            "empty": await client.call_tool("memory_search", {"query": "  "}),
+        }
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_memory_search_finds_what_was_said_in_an_earlier_session(
+    server: str, keys: dict[str, Any], transport: str
+) -> None:
+    make = http_client if transport == "http" else stdio_client
+    seen = asyncio.run(_earlier_session_recalled(make(server, keys["alice_key"])))
+    best = seen["all"]["results"][0]
+    assert (best["kind"], best["session"], best["seq"]) == ("message", seen["first"], 2)
+    assert "Lisbon" in best["text"] and best["score"] > 0 and "lexical" in best["contributions"]
+    # only the current session: the earlier session's turn is not there
+    assert all(
+        hit["session"] == seen["second"] for hit in seen["current"]["results"] if hit["kind"] == "message"
+    )
+    assert not any("Lisbon" in hit["text"] for hit in seen["current"]["results"])
+    hits = seen["messages_only"]["results"]
+    assert hits and {hit["kind"] for hit in hits} == {"message"} and len(hits) <= 3
+    assert hits[0]["id"] == f"{seen['first']}:2"
+    assert [n["seq"] for n in hits[0]["neighbours"]] == [1, 3]
+    assert seen["bad_kind"].is_error and seen["empty"].is_error
+    assert "validation_error" in seen["empty"].content[0].text
+
+
+def test_a_bound_key_searches_only_its_agents_memory(server: str, keys: dict[str, Any]) -> None:
+    _, bound = api_key_create(tenant=keys["alice"], name="bound", agent_external_id="alice-bot")
+
+    async def go() -> dict[str, Any]:
+        async with http_client(server, keys["alice_key"]) as client:
+            for agent, text in (("alice-bot", "The alpha launch code is AZURE."),
+                                ("other-bot", "The beta launch code is CRIMSON.")):  # fmt: skip
+                sid = data(await client.call_tool("session_start", {"agent": agent}))["id"]
+                data(await client.call_tool("remember", {"session": sid, "content": text}))
+        async with http_client(server, bound) as client:
+            return {
+                "own": data(await client.call_tool("memory_search", {"query": "launch code"})),
+                "other": await client.call_tool(
+                    "memory_search", {"query": "launch code", "agent": "other-bot"}
+                ),
+                "other_session": await client.call_tool(  # sid: other-bot's session
+                    "memory_search", {"query": "launch code", "session": sid, "sessions": "current"}
+                ),
+            }
+
+    seen = asyncio.run(go())
+    texts = [hit["text"] for hit in seen["own"]["results"]]
+    assert any("AZURE" in t for t in texts) and not any("CRIMSON" in t for t in texts)
+    assert seen["other"].is_error and "agent_mismatch" in seen["other"].content[0].text
+    assert seen["other_session"].is_error and "agent_mismatch" in seen["other_session"].content[0].text
 
 
 def test_ctxapp_mcp_without_a_key_says_so(tmp_path: Any) -> None:

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
 from ctxapp import metrics
-from memory.models import BudgetSample, Event, Experience, Tenant
+from memory.models import BudgetSample, Event, Experience, Message, Tenant
 
 pytestmark = pytest.mark.django_db
 
@@ -73,6 +73,15 @@ def test_scrape_after_api_calls_and_a_context_build(api_a: APIClient, tenant_a: 
     assert value(after, "ctxapp_embedding_backlog", queue=queue, kind="experience", status="pending") == 1
     assert value(after, "ctxapp_embedding_lag_seconds", queue=queue, kind="experience") > 0
     assert ("ctxapp_queue_depth", (("queue", queue),)) in after
+    # the message appended above waits for memory search's embedding drain (no worker here)
+    drain = metrics._queue_for("memory.index.drain")
+    assert value(after, "ctxapp_embedding_backlog", queue=drain, kind="message", status="pending") == 1
+    assert value(after, "ctxapp_embedding_lag_seconds", queue=drain, kind="message") > 0
+    Message.objects.update(embedding_status="completed")
+    drained = scrape()
+    assert value(drained, "ctxapp_embedding_backlog", queue=drain, kind="message", status="pending") == 0
+    assert value(drained, "ctxapp_embedding_backlog", queue=drain, kind="message", status="completed") == 1
+    assert value(drained, "ctxapp_embedding_lag_seconds", queue=drain, kind="message") == 0
     assert value(after, "ctxapp_broker_up") == 1
 
 

@@ -1,2 +1,2 @@
-"""Framework adapters over ctxapp's REST client (ctxapp/client.py), each an optional extra:
+"""Framework adapters over ctxapp's REST client (ctxapp/client/), each an optional extra:
 `pip install 'ctxapp[langchain]'` (langchain.py), `'ctxapp[langgraph]'` (langgraph.py)."""

@@ -9,8 +9,8 @@ ctxapp's memory search.
     history = CtxappChatMessageHistory(Client(url, key), agent="support-bot", user_id="u-7")
     history.add_messages([HumanMessage("My parcel is late"), AIMessage("Let me check.")])
 
-    retriever = CtxappRetriever(client=Client(url, key), k=5)
-    docs = retriever.invoke("parcel delayed at customs")
+    retriever = CtxappRetriever(client=Client(url, key), k=5, session=history.session_id)
+    docs = retriever.invoke("parcel delayed at customs")  # this and the user's earlier sessions
 
 Roles: HumanMessage ↔ user, AIMessage ↔ assistant (its `tool_calls` ↔ ctxapp tool calls, arguments
 as JSON text), ToolMessage ↔ tool (`tool_call_id`), SystemMessage ↔ system; a ChatMessage keeps
@@ -222,13 +222,19 @@ class CtxappChatMessageHistory(BaseChatMessageHistory):
 
 
 class CtxappRetriever(BaseRetriever):
-    """A LangChain retriever over ctxapp's memory search.
+    """A LangChain retriever over ctxapp's memory search (`POST /api/v1/memory/search`).
 
-    Today it searches experiences (`POST /api/v1/experiences/search`, hybrid vector + text);
-    every call goes through `_search` / `_asearch`, the one place to switch to
-    `POST /api/v1/memory/search` when the client has it. Each Document's page_content is the
-    experience's text and its metadata carries id, kind, score, contributions and the source
-    session and task.
+    It finds earlier conversation turns (of this and earlier sessions), session summaries, tracked
+    facts and experiences, ranked by meaning and words. Scope, as the API's: `session` with
+    `sessions="all"` (default) covers every session of that session's user (or agent, when it
+    has no user), `sessions="current"` only that session; `agent` and `user_id` narrow to that
+    agent's / user's sessions; none of them searches the whole tenant. `kinds` picks any of
+    message, summary, fact, experience (default all); `neighbours` (0..5) adds the turns around
+    each message hit; `search_kwargs` passes other fields (`time_range`, `plan`) through.
+
+    Each Document's page_content is the hit's text; its metadata carries kind, id (messages:
+    `<session>:<seq>`), score, similarity, contributions, session, seq, occurred_at, speaker and,
+    when asked for, neighbours.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -236,41 +242,52 @@ class CtxappRetriever(BaseRetriever):
     client: Client | None = None
     async_client: AsyncClient | None = None
     k: int = 5
+    agent: str | None = None
     user_id: str | None = None
+    session: str | None = None
+    sessions: Literal["all", "current"] = "all"
+    kinds: list[Literal["message", "summary", "fact", "experience"]] | None = None
+    neighbours: int = 0
     search_kwargs: dict[str, Any] = {}
+
+    def _request(self) -> dict[str, Any]:
+        scope: dict[str, Any] = {
+            k: v
+            for k, v in {"agent": self.agent, "user_id": self.user_id, "session": self.session}.items()
+            if v is not None
+        }
+        if self.session is not None:
+            scope["sessions"] = self.sessions
+        return {
+            "scope": scope or None,
+            "kinds": list(self.kinds) if self.kinds else None,
+            "limit": self.k,
+            "neighbours": self.neighbours or None,
+            **self.search_kwargs,
+        }
 
     def _search(self, query: str) -> list[dict[str, Any]]:
         if self.client is None:
             raise RuntimeError("This retriever has only an AsyncClient: use ainvoke.")
-        found = self.client.experiences_search(
-            query, user_id=self.user_id, limit=self.k, **self.search_kwargs
-        )
-        return list(found["results"])
+        found = self.client.memory_search(query, **self._request())
+        return [dict(hit) for hit in found["results"]]
 
     async def _asearch(self, query: str) -> list[dict[str, Any]]:
         if self.async_client is None:
             raise RuntimeError("This retriever has only a sync Client: use invoke.")
-        found = await self.async_client.experiences_search(
-            query, user_id=self.user_id, limit=self.k, **self.search_kwargs
-        )
-        return list(found["results"])
+        found = await self.async_client.memory_search(query, **self._request())
+        return [dict(hit) for hit in found["results"]]
 
     @staticmethod
     def _document(hit: dict[str, Any]) -> Document:
-        experience = hit["experience"]
-        return Document(
-            page_content=experience["text"],
-            metadata={
-                "id": experience["id"],
-                "kind": "experience",
-                "score": hit["score"],
-                "contributions": hit.get("contributions", {}),
-                "session": experience.get("source_session"),
-                "task": experience.get("source_task"),
-                "problem": experience["problem"],
-                "solution": experience["solution"],
-            },
-        )
+        metadata = {
+            key: hit.get(key)
+            for key in ("id", "kind", "score", "similarity", "session", "seq", "occurred_at", "speaker")
+        }
+        metadata["contributions"] = hit.get("contributions", {})
+        if "neighbours" in hit:
+            metadata["neighbours"] = hit["neighbours"]
+        return Document(page_content=hit["text"], metadata=metadata)
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun

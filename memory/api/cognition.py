@@ -117,6 +117,30 @@ def checkpoint_out(checkpoint: Checkpoint, state: dict[str, Any] | None = None) 
     return out
 
 
+class CheckpointOutputSerializer(serializers.Serializer):
+    """The shape `checkpoint_out` answers (for the schema; `state` only on the detail)."""
+
+    id = serializers.CharField()
+    agent = serializers.CharField()
+    seq = serializers.IntegerField()
+    reason = serializers.CharField()
+    step = serializers.IntegerField(allow_null=True)
+    produced_by = serializers.CharField()
+    covers_event_seq = serializers.IntegerField()
+    schema_version = serializers.IntegerField()
+    storage = serializers.CharField(help_text="full | delta")
+    base_seq = serializers.IntegerField(allow_null=True)
+    state_bytes = serializers.IntegerField()
+    state_sha256 = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    state = serializers.JSONField(required=False, help_text="The recorded state (one checkpoint only).")
+
+
+class CheckpointPageSerializer(serializers.Serializer):
+    items = CheckpointOutputSerializer(many=True)
+    next_cursor = serializers.CharField(allow_null=True)
+
+
 STATE_OUT = inline_serializer(
     "CognitiveStateOut",
     {
@@ -204,7 +228,8 @@ class AgentStateRestoreApi(AgentScopedView):
         request=InputSerializer,
         responses={
             201: inline_serializer(
-                "StateRestoredOut", {"state": serializers.JSONField(), "checkpoint": serializers.JSONField()}
+                "StateRestoredOut",
+                {"state": serializers.JSONField(), "checkpoint": CheckpointOutputSerializer()},
             )
         },
         summary="Restore the state of a checkpoint (writes a new state and checkpoint; history is kept)",
@@ -251,7 +276,9 @@ class AgentCheckpointsApi(AgentScopedView):
             return attrs
 
     @extend_schema(
-        parameters=[CursorSerializer], responses=FREE_JSON, summary="The agent's checkpoints, newest first"
+        parameters=[CursorSerializer],
+        responses=CheckpointPageSerializer,
+        summary="The agent's checkpoints, newest first",
     )
     def get(self, request: Any, agent: str) -> Response:
         data = self.validate_query(CursorSerializer)
@@ -264,7 +291,7 @@ class AgentCheckpointsApi(AgentScopedView):
 
     @extend_schema(
         request=InputSerializer,
-        responses={201: FREE_JSON},
+        responses={201: CheckpointOutputSerializer},
         summary="Take a checkpoint of the agent's cognitive state",
     )
     def post(self, request: Any, agent: str) -> Response:
@@ -274,7 +301,10 @@ class AgentCheckpointsApi(AgentScopedView):
 
 
 class AgentCheckpointDetailApi(AgentScopedView):
-    @extend_schema(responses=FREE_JSON, summary="One checkpoint (by seq or id) with the state it recorded")
+    @extend_schema(
+        responses=CheckpointOutputSerializer,
+        summary="One checkpoint (by seq or id) with the state it recorded",
+    )
     def get(self, request: Any, agent: str, ref: str) -> Response:
         checkpoint = cognition.checkpoint_get(tenant=self.tenant, agent=self.agent(agent), ref=ref)
         return Response(checkpoint_out(checkpoint, cognition.checkpoint_state(checkpoint=checkpoint)))

@@ -463,11 +463,16 @@ class SessionSummariesApi(TenantApiView):
         request=None, responses={202: OpenApiTypes.OBJECT}, summary="Queue summarisation of the session now"
     )
     def post(self, request: Any, session_id: str) -> Response:
-        from memory.tasks.context import session_summarise
+        from memory.services import jobs
 
         session = session_get(tenant=self.tenant, session_id=session_id)
-        session_pk = session.pk
-        transaction.on_commit(lambda: session_summarise.delay(session_pk))
+        with transaction.atomic():
+            jobs.job_enqueue(
+                tenant=self.tenant,
+                kind=jobs.SUMMARISE,
+                key=f"session:{session.pk}",
+                payload={"session": session.pk},
+            )
         return Response({"queued": True, "session": session.public_id}, status=202)
 
 

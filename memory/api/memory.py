@@ -15,8 +15,8 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from memory.api.base import TenantApiView
-from memory.exceptions import AgentMismatch
 from memory.services import memory_index, memory_search
+from memory.services.tenancy import api_key_binding_check
 
 
 class ScopeSerializer(serializers.Serializer):
@@ -119,12 +119,14 @@ class MemorySearchApi(TenantApiView):
         scope = dict(data.get("scope") or {})
         bound = self.request.auth.agent_external_id  # type: ignore[union-attr]
         if bound:
-            # A key bound to an agent searches only that agent's memory.
-            if scope.get("agent") and scope["agent"] != bound:
-                raise AgentMismatch(
-                    f"This API key is bound to agent {bound!r}; it cannot search {scope['agent']!r}.",
-                    details={"bound_agent": bound, "requested_agent": scope["agent"]},
-                )
+            # A key bound to an agent searches only that agent's memory: another agent, or another
+            # agent's session (even as the "current" one), in the scope is refused.
+            api_key_binding_check(
+                tenant=self.tenant,
+                bound_agent=bound,
+                agents=[scope.get("agent") or ""],
+                session_ids=[scope.get("session") or ""],
+            )
             scope["agent"] = bound
         time_range = data.get("time_range") or {}
         result = memory_search.memory_search(

@@ -832,10 +832,14 @@ def context_build(
             },
         )
         if summarise:
-            from memory.tasks.context import session_summarise
+            from memory.services import jobs
 
-            session_id = session.pk
-            transaction.on_commit(lambda: session_summarise.delay(session_id))
+            jobs.job_enqueue(
+                tenant=tenant,
+                kind=jobs.SUMMARISE,
+                key=f"session:{session.pk}",
+                payload={"session": session.pk},
+            )
 
     return BuiltContext(
         build_id=sample.public_id,

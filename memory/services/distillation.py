@@ -383,9 +383,10 @@ def task_distill(*, tenant: Tenant, task: Task, mode: str = "full") -> DistillRe
     _require_finished(task)
     if mode == "light":
         return task_distill_light(tenant=tenant, task=task)
-    from memory.tasks.experiences import task_distill_task
+    from memory.services import jobs
 
-    transaction.on_commit(lambda: task_distill_task.delay(task.pk))
+    # The job intent is written in the caller's transaction (durable outbox); dispatched on commit.
+    jobs.job_enqueue(tenant=tenant, kind=jobs.DISTILL, key=f"task:{task.pk}", payload={"task": task.pk})
     return DistillResult(task=task, mode="full", queued=True)
 
 

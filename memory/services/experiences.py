@@ -58,11 +58,13 @@ from memory.models import (
     ExperiencePolicy,
     ExperienceScope,
     ExtractionMethod,
+    JobIntent,
+    JobStatus,
     Session,
     Task,
     Tenant,
 )
-from memory.services import recorder
+from memory.services import jobs, recorder
 from memory.services.embedding import EmbedderError, embedder_get, text_hash
 
 logger = logging.getLogger(__name__)
@@ -195,37 +197,53 @@ _local = threading.local()
 
 
 def _enqueue_embedding(ids: list[int]) -> None:
-    """Queue embedding of `ids` when the current transaction commits, in batches.
+    """Record the embedding job of `ids` in the current transaction (memory.services.jobs).
 
-    All experiences created in one transaction share their jobs (a distillation that yields
-    three experiences queues one job, not three).
+    Coalesced: all experiences written in one transaction share one job intent per batch
+    (CTXAPP_EMBEDDING_BATCH_SIZE), and a worker taking one intent also takes other pending
+    ones up to a batch, so 42 single-row writes cost a few jobs, not 42. The job is
+    dispatched after commit; a broker that is down never fails the write.
     """
     if not ids:
         return
-    connection_ = transaction.get_connection()
-    if not connection_.in_atomic_block:
-        _send_embedding_jobs(ids)
-        return
-    pending: list[int] | None = getattr(_local, "embed_pending", None)
-    # After a rollback our flush callback is gone from the connection: start a new list.
-    if pending is None or not any(entry[1] is _flush_embedding for entry in connection_.run_on_commit):
-        pending = _local.embed_pending = []
-        transaction.on_commit(_flush_embedding)
-    pending.extend(ids)
+    with transaction.atomic():
+        connection_ = transaction.get_connection()
+        batch = settings.CTXAPP["CTXAPP_EMBEDDING_BATCH_SIZE"]
+        open_intent: tuple[int, list[int]] | None = getattr(_local, "embed_intent", None)
+        # Our intent belongs to this transaction only while its dispatch callback is registered
+        # (after a commit or a rollback the callback list is cleared): otherwise start a new one.
+        if open_intent is not None and not any(
+            entry[1] is _embed_marker for entry in connection_.run_on_commit
+        ):
+            open_intent = None
+        while ids:
+            if open_intent is None or len(open_intent[1]) >= batch:
+                chunk, ids = ids[:batch], ids[batch:]
+                intent_id = jobs.job_enqueue(
+                    tenant=None, kind=jobs.EMBED, key=f"tx-{secrets.token_hex(8)}", payload={"ids": chunk}
+                )
+                assert intent_id is not None  # a fresh key never coalesces
+                open_intent = _local.embed_intent = (intent_id, list(chunk))
+                if not any(entry[1] is _embed_marker for entry in connection_.run_on_commit):
+                    transaction.on_commit(_embed_marker)
+            else:
+                room = batch - len(open_intent[1])
+                merged = [*open_intent[1], *ids[:room]]
+                if jobs.job_intent_update_payload(intent_id=open_intent[0], payload={"ids": merged}):
+                    open_intent[1][:] = merged
+                    ids = ids[room:]
+                else:  # no longer pending (taken meanwhile): a new intent for the rest
+                    open_intent = None
 
 
-def _flush_embedding() -> None:
-    ids: list[int] = getattr(_local, "embed_pending", None) or []
-    _local.embed_pending = None
-    _send_embedding_jobs(ids)
+def _embed_marker() -> None:
+    """Marks, in the connection's on-commit list, that this transaction has an open embedding intent."""
+    _local.embed_intent = None
 
 
 def _send_embedding_jobs(ids: list[int]) -> None:
-    from memory.tasks.experiences import experiences_embed_task
-
-    batch = settings.CTXAPP["CTXAPP_EMBEDDING_BATCH_SIZE"]
-    for start in range(0, len(ids), batch):
-        experiences_embed_task.delay(ids[start : start + batch])
+    """Queue the embedding of `ids` now (outside any caller's transaction): same as _enqueue_embedding."""
+    _enqueue_embedding(ids)
 
 
 def experience_input_errors(
@@ -905,6 +923,13 @@ def experiences_requeue_stale(*, older_than: timedelta | None = None) -> int:
         .order_by("pk")
         .values_list("pk", flat=True)[:10_000]
     )
+    # Rows an open job intent already holds (waiting, running, or backing off) are not lost.
+    held: set[int] = set()
+    for payload in JobIntent.objects.filter(
+        kind=jobs.EMBED, status__in=[JobStatus.PENDING, JobStatus.RUNNING]
+    ).values_list("payload", flat=True):
+        held.update(int(i) for i in (payload or {}).get("ids", []))
+    ids = [i for i in ids if i not in held]
     with transaction.atomic():
         _enqueue_embedding(ids)
     return len(ids)

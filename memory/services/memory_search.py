@@ -34,6 +34,7 @@ from memory.models import Message, Session, Summary, Tenant, TrackedFact
 from memory.models.experiences import Experience, ExperienceScope
 from memory.services import ranking
 from memory.services.embedding import EmbedderError, embed_query
+from memory.services.memory_digest import digest_candidates
 from memory.services.memory_index import memory_policy_get
 from memory.services.retrieval import _configure_hnsw
 from memory.services.sessions import agent_get, session_get
@@ -514,6 +515,11 @@ def _other_candidates(
                     position=None, occurred_at=row.created_at, dense=cos,
                 )
             )  # fmt: skip
+        # The sessions' digests (medium-term memory) are summaries too.
+        candidates += digest_candidates(
+            tenant=tenant, query=query, session_pks=session_pks, vector=vector,
+            time_from=time_from, time_to=time_to, limit=OTHER_KIND_POOL,
+        )  # fmt: skip
     if "fact" in kinds:
         facts = in_time(TrackedFact.objects.filter(tenant=tenant).select_related("session"), "created_at")
         if session_pks is not None:

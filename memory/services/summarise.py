@@ -311,10 +311,11 @@ def session_summarise(*, tenant: Tenant, session: Session) -> Summary | None:
             },
         )
     if summary.covers_up_to_seq < tail_start and fold_to < tail_start:
-        from memory.tasks.context import session_summarise as summarise_task
+        from memory.services import jobs
 
-        session_pk = session.pk
-        transaction.on_commit(lambda: summarise_task.delay(session_pk))
+        jobs.job_enqueue(
+            tenant=tenant, kind=jobs.SUMMARISE, key=f"session:{session.pk}", payload={"session": session.pk}
+        )
     return summary
 
 

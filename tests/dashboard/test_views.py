@@ -377,6 +377,8 @@ def test_the_forecast_reads_like_a_sentence() -> None:
 
 
 def test_favicon_is_served(client) -> None:  # type: ignore[no-untyped-def]
+    from tests.helpers import body_of
+
     response = client.get("/favicon.ico", follow=True)
     assert response.status_code == 200
-    assert b"<svg" in b"".join(response.streaming_content if response.streaming else [response.content])
+    assert b"<svg" in body_of(response)

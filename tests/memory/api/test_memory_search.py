@@ -269,3 +269,20 @@ def test_a_scope_too_large_to_cache_is_searched_by_postgresql_alone(api_a, histo
     assert (body["results"][0]["session"], body["results"][0]["seq"]) == (history["first"], 1)
     violin = search(api_a, {"query": "violin", "scope": {"user_id": "u1"}, "kinds": ["message"], "limit": 1})
     assert violin["results"][0]["seq"] == 4
+
+
+def test_a_bound_key_cannot_read_another_agents_session_as_the_current_one(
+    api_a: Any, history: dict[str, str], tenant_a: Any
+) -> None:
+    from rest_framework.test import APIClient
+
+    from memory.services.tenancy import api_key_create
+
+    _, secret = api_key_create(tenant=tenant_a, name="other bot", agent_external_id="other-bot")
+    bound = APIClient()
+    bound.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    create_session(bound, agent="other-bot")
+    body = {"query": "golden retriever", "scope": {"session": history["first"], "sessions": "current"}}
+    refused = search(bound, body, status=403)
+    assert refused["error"]["code"] == "agent_mismatch"
+    assert refused["error"]["details"] == {"bound_agent": "other-bot", "requested_agent": "bot"}

@@ -280,16 +280,18 @@ def test_reembed_failed_reports_failure_then_recovers(tenant_a, endpoint):
 
 
 def test_stale_pending_rows_are_requeued(tenant_a, django_capture_on_commit_callbacks):
-    from memory.services import experiences as service
+    from memory.models import JobIntent
     from memory.services.experiences import experiences_requeue_stale
 
-    with django_capture_on_commit_callbacks(execute=True):
-        row = create(tenant_a)  # its own job is queued here
+    with django_capture_on_commit_callbacks(execute=False):
+        row = create(tenant_a)  # its own job intent is written here
     Experience.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(hours=1))
-    with django_capture_on_commit_callbacks() as callbacks:
+    assert experiences_requeue_stale() == 0  # its intent still holds it: not lost
+    JobIntent.objects.all().delete()  # a row whose job is really gone (written before the outbox)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
         assert experiences_requeue_stale() == 1
-        assert service._local.embed_pending == [row.pk]
-    assert callbacks == [service._flush_embedding]
+    assert JobIntent.objects.get().payload == {"ids": [row.pk]}
+    assert callbacks  # dispatched after commit
 
 
 def test_the_beat_job_evicts_every_tenant_over_capacity(tenant_a, tenant_b):

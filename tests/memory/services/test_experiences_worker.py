@@ -192,3 +192,47 @@ def test_a_finished_task_is_distilled_and_embedded_by_the_worker(tenant, endpoin
     assert methods == {"direct", "pattern"}
     [distilled] = Event.objects.filter(tenant=tenant, type="memory.distilled")
     assert distilled.payload["path"] == "full" and distilled.payload["task"] == task.public_id
+
+
+def test_a_worker_killed_mid_batch_is_recovered_by_the_job_sweep_within_its_bound(tenant, endpoint):
+    """No broker redelivery here (the real settings: a one-hour visibility timeout): the job
+    sweep alone finds the intent whose runner died and dispatches it again."""
+    endpoint.mode = "hang"
+    rows = create_batch(tenant, 2)
+    sweep = 2.0
+    env = {"DJANGO_SETTINGS_MODULE": "ctxapp.settings", "CTXAPP_JOB_SWEEP_SECONDS": str(sweep)}
+    worker = start_worker(endpoint, **env)
+    try:
+        assert endpoint.request_arrived.wait(60), "the worker never called the embedder"
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        endpoint.release()
+        killed = time.monotonic()
+        schedule = f"/tmp/ctxapp-beat-{os.getpid()}"
+        worker = start_beat_worker(endpoint, schedule, **env)
+        wait_until(lambda: statuses(rows) == ["completed"] * 2, timeout=60)
+        recovered = time.monotonic() - killed
+    finally:
+        stop(worker)
+    print(f"\nkilled mid-embedding: completed {recovered:.1f} s later (sweep every {sweep} s)")
+    # Worker start-up (~5 s here) + at most two sweep periods + the embedding itself.
+    assert recovered < 30
+    assert Event.objects.filter(tenant=tenant, type="experience.embedded").count() == 2
+
+
+def start_beat_worker(endpoint: FakeOpenAI, schedule: str, **extra: str) -> subprocess.Popen[bytes]:
+    env = worker_env()
+    env.update(
+        {
+            "CTXAPP_EMBEDDER": "openai",
+            "CTXAPP_EMBEDDING_URL": endpoint.url,
+            "CTXAPP_EMBEDDING_TIMEOUT": "60",
+            **extra,
+        }
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "ctxapp", "worker", "-B", "-s", schedule,
+         "--loglevel", "warning", "--concurrency", "1", "--queues", f"{settings.QUEUE_PREFIX}-default",
+         "--without-gossip", "--without-mingle", "--pool", "solo"],
+        env=env, cwd=os.getcwd(),
+    )  # fmt: skip

@@ -97,10 +97,14 @@ def test_a_long_backlog_is_folded_in_bounded_chunks(
     monkeypatch.setattr(summarise, "MAX_FOLD_PER_JOB", 6)
     session = _session_with_history(tenant_a, 10)  # 20 messages, the tail starts after seq 15
     covered = []
+    from memory.models import JobIntent
+
     for _ in range(3):
-        with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        with django_capture_on_commit_callbacks(execute=False):
             summary = session_summarise(tenant=tenant_a, session=session)
-        covered.append((summary.folded_from_seq, summary.covers_up_to_seq, len(callbacks)))
+        follow_up = JobIntent.objects.filter(kind="session.summarise", status="pending")
+        covered.append((summary.folded_from_seq, summary.covers_up_to_seq, follow_up.count()))
+        follow_up.update(status="done")  # as if a worker ran it
     assert covered == [(1, 6, 1), (7, 12, 1), (13, 15, 0)]  # the last chunk queues no follow-up
     assert Summary.objects.filter(session=session, is_current=True).get().covers_up_to_seq == 15
     assert Event.objects.filter(type="summary.created").count() == 3

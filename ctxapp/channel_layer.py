@@ -1,0 +1,95 @@
+"""The Redis-less channel layer: channels_postgres, with group membership that cannot leak.
+
+channels_postgres 1.1 removes a channel from a group through the Django ORM on a database alias
+named `channels_postgres` (`GroupChannel.objects.using("channels_postgres")`), while everything
+else goes through its own psycopg pool built from the layer's CONFIG. Without that alias every
+`group_discard` (each closed dashboard tab) raised `ConnectionDoesNotExist` and left the
+membership row behind, and every later event was written once more per dead channel. It also
+inserted a new membership row on every `group_add`, never skipped expired ones, and with the
+default `group_expiry` of 0 never deleted them.
+
+This subclass (BACKEND `ctxapp.channel_layer.PostgresChannelLayer`):
+
+1. discards through the layer's own pool (no alias needed);
+2. keeps one row per (group, channel): `group_add` refreshes its expiry (a heartbeat), and
+   deletes memberships already expired;
+3. sends only to memberships not expired, so a channel whose process died without discarding
+   (SIGKILL, a crash) stops costing a row per event after `group_expiry` seconds
+   (CTXAPP_CHANNEL_GROUP_EXPIRY). Dashboard consumers renew their membership every third of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels_postgres import core
+from channels_postgres.db import GROUP_CHANNEL_TABLE, MESSAGE_TABLE, DatabaseLayer, utc_now
+from psycopg import sql
+
+
+class _Database(DatabaseLayer):
+    async def _execute(self, statement: Any, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        pool = await self.get_db_pool(db_params=self.db_params)
+        async with pool.connection() as conn, conn.cursor() as cursor:
+            await cursor.execute(statement, params)
+            return await cursor.fetchall() if cursor.description else []
+
+    async def delete_channel_group(self, group_key: str, channel: str) -> None:
+        await self._execute(
+            sql.SQL("DELETE FROM {table} WHERE group_key = %s AND channel = %s").format(
+                table=sql.Identifier(GROUP_CHANNEL_TABLE)
+            ),
+            (group_key, channel),
+        )
+
+    async def add_channel_to_group(self, group_key: str, channel: str, expire: int) -> None:
+        from datetime import timedelta
+
+        now = utc_now()
+        table = sql.Identifier(GROUP_CHANNEL_TABLE)
+        # One statement: drop this membership's old row and every expired one, insert the new row.
+        await self._execute(
+            sql.SQL(
+                "WITH gone AS (DELETE FROM {table} WHERE (group_key = %s AND channel = %s) OR expire < %s) "
+                "INSERT INTO {table} (group_key, channel, expire) VALUES (%s, %s, %s)"
+            ).format(table=table),
+            (group_key, channel, now, group_key, channel, now + timedelta(seconds=expire)),
+        )
+        # Messages delivered through NOTIFY stay in the table until they expire (60 s); this is
+        # where expired ones go (every join and every membership renewal).
+        await self._execute(
+            sql.SQL("DELETE FROM {table} WHERE expire < %s").format(table=sql.Identifier(MESSAGE_TABLE)),
+            (now,),
+        )
+
+    async def retrieve_group_channels(self, group_key: str) -> list[str]:
+        rows = await self._execute(
+            sql.SQL("SELECT DISTINCT channel FROM {table} WHERE group_key = %s AND expire >= %s").format(
+                table=sql.Identifier(GROUP_CHANNEL_TABLE)
+            ),
+            (group_key, utc_now()),
+        )
+        return [row[0] for row in rows]
+
+
+DEFAULT_GROUP_EXPIRY = 300
+
+
+class PostgresChannelLayer(core.PostgresChannelLayer):
+    def __init__(self, *args: Any, group_expiry: int = DEFAULT_GROUP_EXPIRY, **kwargs: Any) -> None:
+        super().__init__(*args, group_expiry=group_expiry, **kwargs)
+        base: DatabaseLayer = self.django_db  # type: ignore[has-type]
+        self.django_db = _Database(base.psycopg_options, self.db_params, logger=base.logger)
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        # channels_postgres looks the members up by the bare group name (never matching) only to
+        # create local queues, then sends by group key; send by group key alone.
+        self.require_valid_group_name(group)
+        await self.django_db.send_to_channel(self._group_key(group), self.serialize(message), self.expiry)
+
+    async def group_discard(self, group: str, channel: str, expire: int | None = None) -> None:
+        self.require_valid_group_name(group)
+        self.require_valid_channel_name(channel)
+        await self.django_db.delete_channel_group(self._group_key(group), channel)
+        # (channels_postgres would also start a task here that sleeps 10-20 minutes and then
+        # deletes expired messages; group_add prunes expired memberships instead.)

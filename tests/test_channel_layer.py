@@ -1,0 +1,86 @@
+"""The embedded mode's channel layer (ctxapp.channel_layer on channels_postgres) does not leak
+group membership: a closed page leaves no row behind, an event is written once per live page,
+and a page whose process died stops costing a row per event once its membership expires."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import time
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from ctxapp.channel_layer import PostgresChannelLayer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def rows(table: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {table}")
+        return int(cursor.fetchone()[0])
+
+
+def run(scenario: Any, *, group_expiry: int = 300) -> None:
+    """Run `scenario(layer)` on a fresh layer on the test database, then close the layer's pool."""
+    latest = importlib.import_module("channels_postgres.migrations.0004_notify_ensure_payload_not_too_big")
+    with connection.cursor() as cursor:
+        cursor.execute(latest.Migration.setup_database_sql)
+    config = {**connection.settings_dict, "TIME_ZONE": None, "prefix": f"{settings.QUEUE_PREFIX}_asgi"}
+    layer = PostgresChannelLayer(
+        **{k: v for k, v in config.items() if k != "BACKEND"}, group_expiry=group_expiry
+    )
+
+    async def main() -> None:
+        from channels_postgres import db as layer_db
+
+        try:
+            await scenario(layer)
+        finally:
+            if layer_db.connection_pool is not None:
+                await layer_db.connection_pool.close()
+                layer_db.connection_pool = None
+
+    asyncio.run(main())
+
+
+def test_closed_pages_leave_no_membership_and_events_go_to_live_pages_once() -> None:
+    async def scenario(layer: PostgresChannelLayer) -> None:
+        closed = [await layer.new_channel() for _ in range(20)]
+        live = await layer.new_channel()
+        for channel in [*closed, live]:
+            await layer.group_add("tenant.1", channel)
+        await layer.group_add("tenant.1", live)  # a renewal: still one row
+        for channel in closed:
+            await layer.group_discard("tenant.1", channel)  # raised ConnectionDoesNotExist before
+        for i in range(11):
+            await layer.group_send("tenant.1", {"type": "ctx.events", "i": i})
+
+    run(scenario)
+    assert rows("channels_postgres_groupchannel") == 1
+    assert rows("channels_postgres_message") == 11  # one per event for the one live page, not 21 each
+
+
+def test_a_dead_pages_membership_expires_and_a_renewed_one_does_not() -> None:
+    async def scenario(layer: PostgresChannelLayer) -> None:
+        dead, renewed = await layer.new_channel(), await layer.new_channel()
+        await layer.group_add("tenant.1", dead)  # its process is killed: never discarded
+        await layer.group_add("tenant.1", renewed)
+        deadline = time.monotonic() + 10
+        while (
+            time.monotonic() < deadline
+            and len(await layer.django_db.retrieve_group_channels(layer._group_key("tenant.1"))) == 2
+        ):
+            await asyncio.sleep(0.2)
+            await layer.group_add("tenant.1", renewed)  # an open page renews its membership
+        await layer.group_send("tenant.1", {"type": "ctx.events"})
+
+    run(scenario, group_expiry=1)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM channels_postgres_message")
+        assert cursor.fetchone()[0] == 1  # only the renewed page got it
+        cursor.execute("SELECT count(*) FROM channels_postgres_groupchannel")
+        assert cursor.fetchone()[0] == 1  # the expired row was pruned by the renewal
