@@ -32,7 +32,7 @@ from memory.models import (
     Tenant,
     ValueTier,
 )
-from memory.services import recorder, tokens
+from memory.services import decay, recorder, tokens
 
 DEFAULT_SESSION_TTL = timedelta(hours=24)
 # A read moves last_accessed_at at most this often (an UPDATE per read would be wasteful).
@@ -221,8 +221,6 @@ def session_end(*, tenant: Tenant, session: Session, now: datetime | None = None
         session.refresh_from_db()
         if not updated:
             return session
-        from memory.services import decay
-
         decay.facts_on_session_end(tenant=tenant, session=session)
         from memory.services.digest import session_digest_queue
 
@@ -351,8 +349,6 @@ def messages_append(*, tenant: Tenant, session: Session, items: list[MessageInpu
                     for m in messages
                 ],
             )
-            from memory.services import decay
-
             decay.facts_observe_messages(tenant=tenant, session=session, messages=messages)
             if index_fields["embedding_status"] == "pending":
                 memory_index.memory_index_dispatch_on_commit()
