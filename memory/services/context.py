@@ -55,6 +55,7 @@ from memory.services.context_policy import (
     session_context_policy_set,
 )
 from memory.services.model_profiles import ResolvedModel
+from memory.tasks.context import session_summarise
 
 __all__ = [
     "COMPONENTS",
@@ -373,10 +374,6 @@ def _persist(
 
 def _summarisation_enqueue(session: Session) -> None:
     """Enqueue the session's summarisation after the build's transaction commits."""
-    # memory.tasks.context imports the summariser, which reads this module's history helpers:
-    # imported here until services enqueue through the jobs facade (issue 13 item 8).
-    from memory.tasks.context import session_summarise
-
     session_id = session.pk
     transaction.on_commit(lambda: session_summarise.delay(session_id))
 
