@@ -159,7 +159,6 @@ def context_build(
     )
     input_check(request.next_input, policy)
     limits = limits_resolve(counting.model, policy)
-    warnings = model_warnings(counting.model)
     candidates = candidates_collect(
         tenant=tenant,
         session=session,
@@ -171,7 +170,6 @@ def context_build(
     outcome = _outcome(
         session=session, policy=policy, counting=counting, limits=limits, candidates=candidates
     )
-    outcome.warnings[:0] = warnings + candidates.warnings
     return _persist(
         tenant=tenant, session=session, policy=policy, counting=counting, request=request, outcome=outcome
     )
@@ -209,7 +207,8 @@ def _outcome(
     minimal_check(candidates, demand, limits, counting.model)
     history_dropped = budget_fit(candidates, demand=demand.total, budget=limits.budget)
     placement = items_place(candidates)
-    warnings = critical_positions(placement, policy)
+    warnings = model_warnings(counting.model) + candidates.warnings
+    warnings += critical_positions(placement, policy)
     warnings += fit_warnings(
         prompt_tokens=placement.prompt_tokens,
         budget=limits.budget,
