@@ -17,7 +17,7 @@ from dashboard.selectors import session_events
 from memory.exceptions import NotFound
 from memory.models import DIGEST_CATEGORIES, Agent, Session, Tenant
 from memory.services import cognition, retrieval
-from memory.services.context import budget_samples_list
+from memory.services.context import budget_samples_list, context_policy_read
 from memory.services.decay import facts_list
 from memory.services.digest import HEADINGS, session_digests_list
 from memory.services.experiences import experiences_list
@@ -36,7 +36,11 @@ def session_budget(*, tenant: Tenant, session: Session) -> Any:
     if not samples:
         return {"latest": None}
     latest = samples[-1]
-    threshold = latest.threshold_tokens / latest.input_limit if latest.input_limit else 0.85
+    threshold = (
+        latest.threshold_tokens / latest.input_limit
+        if latest.input_limit
+        else context_policy_read(tenant=tenant, session=session).summarise_threshold
+    )
     markers = [
         charts.Marker(
             at=event.created_at, label=f"summary up to #{event.payload.get('covers_up_to_seq', '?')}"
@@ -88,44 +92,30 @@ def _forecast_text(forecast: dict[str, Any]) -> str:
 
 
 def session_manifest(*, tenant: Tenant, session: Session) -> Any:
-    """The latest build's manifest: every item, included or dropped, and where critical ones sit."""
+    """The latest build's manifest: every item, included or dropped, and where critical ones sit.
+
+    Positions and the `risky` flag are the engine's (decided with the policy the build used); the
+    shaded middle band is the session's effective context policy."""
     latest = next(iter(budget_samples_list(tenant=tenant, session=session, limit=1)), None)
     if latest is None:
         return {"items": []}
+    policy = context_policy_read(tenant=tenant, session=session)
+    middle = (policy.middle_start, policy.middle_end)
     manifest = latest.manifest or {}
     total = manifest.get("total_tokens") or latest.prompt_tokens or 1
-    middle = (0.30, 0.70)
-    items = []
-    for entry in manifest.get("items", []):
-        position = entry.get("position")
-        if position is None and entry.get("offset") is not None:
-            position = entry["offset"] / total
-        items.append(
-            {
-                "label": entry.get("id") or entry.get("kind"),
-                "kind": entry.get("kind", ""),
-                "tokens": entry.get("tokens", 0),
-                "included": entry.get("included", True),
-                "critical": entry.get("critical", False),
-                "reason": entry.get("reason", ""),
-                "position": position * 100 if position is not None else None,
-                "risky": bool(
-                    entry["risky"]
-                    if "risky" in entry  # decided by the engine, with the tenant's policy
-                    else entry.get("critical") and position is not None and middle[0] <= position <= middle[1]
-                ),
-            }
-        )
+    items = [_manifest_row(entry, total=total) for entry in manifest.get("items", [])]
     strip = charts.position_strip(
         items=[
             (i["label"], i["position"] / 100, True)
             for i in items
             if i["critical"] and i["position"] is not None
-        ]
+        ],
+        middle=middle,
     )
     return {
         "items": items,
         "strip": strip,
+        "middle": {"start": round(middle[0] * 100), "end": round(middle[1] * 100)},
         "built_at": latest.created_at,
         "build_id": latest.public_id,
         "total_tokens": total,
@@ -137,6 +127,24 @@ def session_manifest(*, tenant: Tenant, session: Session) -> Any:
             w.get("message", w.get("code", "")) if isinstance(w, dict) else str(w)
             for w in latest.warnings or []
         ],
+    }
+
+
+def _manifest_row(entry: dict[str, Any], *, total: int) -> dict[str, Any]:
+    """One manifest entry for the table. The engine records the position of critical items; the
+    others are shown where their offset puts them."""
+    position = entry.get("position")
+    if position is None and entry.get("offset") is not None:
+        position = entry["offset"] / total
+    return {
+        "label": entry.get("id") or entry.get("kind"),
+        "kind": entry.get("kind", ""),
+        "tokens": entry.get("tokens", 0),
+        "included": entry.get("included", True),
+        "critical": entry.get("critical", False),
+        "reason": entry.get("reason", ""),
+        "position": position * 100 if position is not None else None,
+        "risky": bool(entry.get("risky")),
     }
 
 

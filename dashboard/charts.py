@@ -180,16 +180,21 @@ def sparkline(*, values: Sequence[float], width: int = 160, height: int = 32) ->
     )
 
 
-def position_strip(*, items: Sequence[tuple[str, float, bool]], width: int = 420) -> SafeString:
-    """Where items sit in a prompt (0 = start, 1 = end), with the risky middle 30-70 % shaded.
+def position_strip(
+    *, items: Sequence[tuple[str, float, bool]], middle: tuple[float, float], width: int = 420
+) -> SafeString:
+    """Where items sit in a prompt (0 = start, 1 = end), with the risky `middle` band shaded
+    (the context policy's middle_start..middle_end).
 
     `items` are (label, position 0..1, critical).
     """
     height = 40
+    start, end = middle
+    band = f"middle {start * 100:.0f}-{end * 100:.0f} %: easily lost"
     parts = [
         f'<rect class="gauge-track" x="1" y="12" width="{width}" height="12"/>',
-        f'<rect class="risky-zone" x="{1 + 0.3 * width:.1f}" y="12" width="{0.4 * width:.1f}" height="12">'
-        "<title>middle 30-70 %: easily lost</title></rect>",
+        f'<rect class="risky-zone" x="{1 + start * width:.1f}" y="12" width="{(end - start) * width:.1f}" '
+        f'height="12"><title>{band}</title></rect>',
         f'<text class="chart-label" x="1" y="{height - 2}">start</text>',
         f'<text class="chart-label" x="{width / 2:.0f}" y="{height - 2}" text-anchor="middle">middle</text>',
         f'<text class="chart-label" x="{width}" y="{height - 2}" text-anchor="end">end</text>',

@@ -21,6 +21,8 @@ from django.db import transaction
 
 from memory.models import Message, MessageRole, Session, Summary, SummaryMethod, Tenant
 from memory.services import decay, recorder, tokens
+from memory.services.context_history import history_groups
+from memory.services.context_policy import context_policy_effective
 
 logger = logging.getLogger(__name__)
 
@@ -210,8 +212,6 @@ def llm_summary(*, previous: str, rows: list[dict[str, Any]], max_tokens: int) -
 
 def _fold_rows(*, session: Session, covered: int, fold_to: int) -> list[dict[str, Any]]:
     """Rows (covered, fold_to], with fold_to moved back so no tool-call group is split."""
-    from memory.services.context import history_groups
-
     fields = ("seq", "role", "content", "tool_calls", "tool_call_id", "metadata", "token_count")
     rows = list(
         Message.objects.filter(session=session, seq__gt=covered, seq__lte=fold_to)
@@ -238,8 +238,6 @@ def session_summarise(*, tenant: Tenant, session: Session) -> Summary | None:
     failing summariser endpoint (falls back to offline). Folds at most MAX_FOLD_PER_JOB messages
     per call and, when more remain, queues the next job after commit.
     """
-    from memory.services.context import context_policy_effective
-
     session.refresh_from_db(fields=["message_seq", "status"])
     policy = context_policy_effective(tenant=tenant, session=session)
     current = Summary.objects.filter(session=session, is_current=True).first()

@@ -1,0 +1,91 @@
+"""The values the context pipeline passes between its steps: the build request, candidate items
+and what the collect step found. Plain dataclasses, no queries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memory.services.recall import RecallPolicy
+
+
+@dataclass(frozen=True)
+class SystemPart:
+    name: str
+    content: str
+    critical: bool = False
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What the caller asks for: the new input and the parts it supplies itself."""
+
+    next_input: str
+    system_parts: list[SystemPart] = field(default_factory=list)
+    tools: list[Any] = field(default_factory=list)
+    open_questions: list[str] = field(default_factory=list)
+    next_actions: list[str] = field(default_factory=list)
+    recall: dict[str, Any] | None = None
+
+
+@dataclass
+class ContextItem:
+    """One candidate for the prompt; its manifest entry says whether and why it was included."""
+
+    # system_part | tools | pinned_fact | memory | recall | summary | history | open_questions | input
+    kind: str
+    component: str
+    id: str
+    messages: list[dict[str, Any]]
+    tokens: int = 0
+    score: float | None = None
+    critical: bool = False
+    required: bool = False
+    group: str | None = None
+    included: bool = True
+    reason: str = "included"
+    offset: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def exclude(self, reason: str) -> None:
+        self.included, self.required, self.reason = False, False, reason
+
+    def manifest(self) -> dict[str, Any]:
+        entry = {
+            "kind": self.kind,
+            "id": self.id,
+            "component": self.component,
+            "tokens": self.tokens,
+            "score": self.score,
+            "critical": self.critical,
+            "required": self.required,
+            "included": self.included,
+            "reason": self.reason,
+        }
+        if self.group is not None:
+            entry["group"] = self.group
+        if self.offset is not None:
+            entry["offset"] = self.offset
+        entry.update(self.extra)
+        return entry
+
+
+@dataclass
+class Candidates:
+    """Everything the collect step found, in manifest order (`tools` is listed first)."""
+
+    items: list[ContextItem]
+    tools: ContextItem | None
+    history_units: list[list[ContextItem]]  # droppable history, oldest first, groups kept whole
+    questions: ContextItem | None
+    recall_policy: RecallPolicy
+    covered: int  # the current summary covers messages up to this seq (0: no summary)
+    outside: int  # history messages neither in the window nor in the summary
+    warnings: list[dict[str, Any]]
+
+    @property
+    def tools_tokens(self) -> int:
+        return self.tools.tokens if self.tools is not None and self.tools.included else 0
+
+    def of_kind(self, kind: str) -> list[ContextItem]:
+        return [i for i in self.items if i.kind == kind]

@@ -1,0 +1,154 @@
+"""The context policy: the tenant's defaults, layered with the session's and a request's overrides.
+
+Tenant ContextPolicy ← session metadata `context_policy` (set at create) ← SessionContextPolicy ←
+the request's `budget` overrides. `context_policy_effective` is what a build uses;
+`context_policy_read` is the same layering for views that only look (it never writes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from memory.exceptions import InvalidInput
+from memory.models import ContextPolicy, Session, SessionContextPolicy, Tenant
+from memory.services import recorder
+
+# name → (type, minimum, maximum); the keys a session or a request may override
+POLICY_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
+    "history_window": (int, 1, 10_000),
+    "summarise_threshold": (float, 0.05, 1.0),
+    "keep_verbatim": (int, 0, 10_000),
+    "output_reserve": (int, 0, 10_000_000),
+    "char_gate": (int, 0, 100_000_000),
+    "memory_limit": (int, 0, 100),
+    "memory_max_chars": (int, 0, 1_000_000),
+    "near_limit": (float, 0.1, 1.0),
+    "middle_start": (float, 0.0, 1.0),
+    "middle_end": (float, 0.0, 1.0),
+    "mode": (str, None, None),
+    "summary_max_tokens": (int, 50, 100_000),
+    "max_input_tokens": (int, 256, 100_000_000),  # caps the model's input limit (override only)
+}
+
+
+@dataclass(frozen=True)
+class EffectivePolicy:
+    history_window: int
+    summarise_threshold: float
+    keep_verbatim: int
+    output_reserve: int
+    char_gate: int
+    memory_limit: int
+    memory_max_chars: int
+    near_limit: float
+    middle_start: float
+    middle_end: float
+    mode: str
+    summary_max_tokens: int
+    max_input_tokens: int | None
+    mode_parts: dict[str, Any]
+    default_model: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def policy_overrides_validate(overrides: Any, *, field_name: str = "budget") -> dict[str, Any]:
+    """Check override keys, types and bounds. Raises InvalidInput naming the field."""
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, dict):
+        raise InvalidInput(details={"fields": {field_name: ["Expected an object."]}})
+    clean: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key not in POLICY_FIELDS:
+            raise InvalidInput(
+                f"Unknown policy key {key!r}; known: {', '.join(sorted(POLICY_FIELDS))}.",
+                details={"fields": {f"{field_name}.{key}": ["Unknown key."]}},
+            )
+        kind, low, high = POLICY_FIELDS[key]
+        ok = (
+            isinstance(value, str)
+            if kind is str
+            else (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and (kind is float or float(value).is_integer())
+            )
+        )
+        if not ok:
+            raise InvalidInput(details={"fields": {f"{field_name}.{key}": [f"Expected {kind.__name__}."]}})
+        if kind is not str:
+            value = kind(value)
+            if (low is not None and value < low) or (high is not None and value > high):
+                raise InvalidInput(
+                    details={"fields": {f"{field_name}.{key}": [f"Must be between {low} and {high}."]}}
+                )
+        clean[key] = value
+    return clean
+
+
+def _layered(*, base: ContextPolicy, session: Session, overrides: dict[str, Any] | None) -> dict[str, Any]:
+    values: dict[str, Any] = {key: getattr(base, key) for key in POLICY_FIELDS if key != "max_input_tokens"}
+    values["max_input_tokens"] = None
+    layers = [
+        policy_overrides_validate(
+            (session.metadata or {}).get("context_policy"), field_name="metadata.context_policy"
+        ),
+    ]
+    stored = SessionContextPolicy.objects.filter(session=session).values_list("overrides", flat=True).first()
+    layers.append(stored or {})
+    layers.append(overrides or {})
+    for layer in layers:
+        values.update(layer)
+    return values
+
+
+def context_policy_effective(
+    *, tenant: Tenant, session: Session, overrides: dict[str, Any] | None = None
+) -> EffectivePolicy:
+    """Tenant policy ← session metadata `context_policy` (set at create) ← SessionContextPolicy ←
+    this request's overrides. Read-only (creates the tenant's policy row on first use)."""
+    base = ContextPolicy.for_tenant(tenant)
+    values = _layered(base=base, session=session, overrides=overrides)
+    mode_parts = base.mode_parts or {}
+    if values["mode"] not in mode_parts:
+        raise InvalidInput(
+            f"Unknown mode {values['mode']!r}; this tenant's modes: {', '.join(sorted(mode_parts))}.",
+            details={"fields": {"mode": ["Unknown mode."]}},
+        )
+    if values["middle_start"] > values["middle_end"]:
+        raise InvalidInput(details={"fields": {"budget.middle_start": ["Must not exceed middle_end."]}})
+    return EffectivePolicy(**values, mode_parts=mode_parts, default_model=base.default_model)
+
+
+def context_policy_read(*, tenant: Tenant, session: Session) -> EffectivePolicy:
+    """The policy the session's next build would use, for views that only look: the same layers
+    as `context_policy_effective` without a request's overrides. Never writes (a tenant without a
+    policy row reads the model defaults) and does not check the mode. Raises InvalidInput only for
+    a session whose stored overrides are malformed."""
+    base = ContextPolicy.objects.filter(tenant=tenant).first() or ContextPolicy(tenant=tenant)
+    values = _layered(base=base, session=session, overrides=None)
+    return EffectivePolicy(**values, mode_parts=base.mode_parts or {}, default_model=base.default_model)
+
+
+def session_context_policy_set(
+    *, tenant: Tenant, session: Session, overrides: dict[str, Any]
+) -> SessionContextPolicy:
+    """Replace the session's policy overrides (validated). Records `context.policy_changed`. Idempotent."""
+    clean = policy_overrides_validate(overrides, field_name="overrides")
+    with transaction.atomic():
+        row, _ = SessionContextPolicy.objects.update_or_create(
+            session=session, defaults={"tenant": tenant, "overrides": clean, "updated_at": timezone.now()}
+        )
+        context_policy_effective(
+            tenant=tenant, session=session
+        )  # e.g. an unknown mode fails here, rolled back
+        recorder.event_append(
+            tenant=tenant, type="context.policy_changed", session=session, payload={"overrides": clean}
+        )
+    return row
