@@ -127,7 +127,7 @@ def part2(count: int) -> None:
         for step in range(count):
             mutate(state, rng, step)
             document = cognition.state_normalize(state)[0]
-            _, _, depth, payload = cognition._storage_for(
+            _, _, depth, payload = cognition.storage._storage_for(
                 state=document, previous=previous, previous_state=previous_state, full_every=every
             )
             total += len(payload.encode())
