@@ -16,7 +16,7 @@ import copy
 import hashlib
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,6 +197,79 @@ def _task_id(payload: dict[str, Any]) -> Any:
     return payload.get("task") or payload.get("task_id") or payload.get("id")
 
 
+def _fold_session(state: dict[str, Any], type: str, payload: dict[str, Any], session_id: Any) -> None:
+    sessions = state["sessions"]
+    if type == "session.created":
+        sessions["latest"] = session_id
+        sessions["created"] += 1
+        if session_id and session_id not in sessions["open"]:
+            sessions["open"].append(session_id)
+    elif type == "retention.evicted":
+        if payload.get("kind") == "session":
+            for sid in payload.get("sessions", []) or [session_id]:
+                _remove(sessions["open"], sid)
+    else:  # ended, expired, evicted, deleted
+        _remove(sessions["open"], session_id)
+
+
+def _fold_message(state: dict[str, Any], type: str, payload: dict[str, Any], session_id: Any) -> None:
+    messages = state["messages"]
+    messages["count"] += 1
+    messages["tokens"] += int(payload.get("tokens") or 0)
+    if session_id and isinstance(payload.get("seq"), int):
+        messages["last_seq"][session_id] = payload["seq"]
+
+
+def _fold_task(state: dict[str, Any], type: str, payload: dict[str, Any], session_id: Any) -> None:
+    task = _task_id(payload)
+    if type == "task.created":
+        if task and task not in state["tasks"]["open"]:
+            state["tasks"]["open"].append(task)
+        return
+    _remove(state["tasks"]["open"], task)
+    status = payload.get("status") or ("failed" if type == "task.failed" else "succeeded")
+    key = "failed" if status == "failed" else "succeeded"
+    state["tasks"][key] += 1
+
+
+def _fold_cognition(state: dict[str, Any], type: str, payload: dict[str, Any], session_id: Any) -> None:
+    cognition = state["cognition"]
+    if type == "checkpoint.created":
+        cognition["checkpoint"] = {"id": payload.get("checkpoint"), "seq": payload.get("seq")}
+        cognition["checkpoints"] += 1
+        if payload.get("state_version") is not None:
+            cognition["state_version"] = payload["state_version"]
+        return
+    cognition["state_version"] = payload.get("version", cognition["state_version"])
+    if type == "state.restored":
+        restored_from = {"checkpoint": payload.get("from_checkpoint"), "seq": payload.get("from_seq")}
+        cognition["restored_from"] = restored_from
+
+
+def _fold_recovered(state: dict[str, Any], type: str, payload: dict[str, Any], session_id: Any) -> None:
+    state["recoveries"] += 1
+
+
+# Which part of the fold each built-in event type changes (THE FOLD TABLE in docs/cognition.md).
+_FOLD_STEPS: dict[str, Callable[[dict[str, Any], str, dict[str, Any], Any], None]] = {
+    "session.created": _fold_session,
+    "session.ended": _fold_session,
+    "session.expired": _fold_session,
+    "session.evicted": _fold_session,
+    "session.deleted": _fold_session,
+    "retention.evicted": _fold_session,
+    "message.added": _fold_message,
+    "task.created": _fold_task,
+    "task.completed": _fold_task,
+    "task.failed": _fold_task,
+    "task.succeeded": _fold_task,
+    "state.updated": _fold_cognition,
+    "state.restored": _fold_cognition,
+    "checkpoint.created": _fold_cognition,
+    "agent.recovered": _fold_recovered,
+}
+
+
 def fold_apply(
     state: dict[str, Any], seq: int, type: str, payload: dict[str, Any], reducers: list[Reducer]
 ) -> None:
@@ -205,48 +278,9 @@ def fold_apply(
     state["event_count"] += 1
     counts = state["event_counts"]
     counts[type] = counts.get(type, 0) + 1
-    session_id = payload.get("gen_ai.conversation.id")
-    if type == "session.created":
-        sessions = state["sessions"]
-        sessions["latest"] = session_id
-        sessions["created"] += 1
-        if session_id and session_id not in sessions["open"]:
-            sessions["open"].append(session_id)
-    elif type in {"session.ended", "session.expired", "session.evicted", "session.deleted"}:
-        _remove(state["sessions"]["open"], session_id)
-    elif type == "retention.evicted" and payload.get("kind") == "session":
-        for sid in payload.get("sessions", []) or [session_id]:
-            _remove(state["sessions"]["open"], sid)
-    elif type == "message.added":
-        messages = state["messages"]
-        messages["count"] += 1
-        messages["tokens"] += int(payload.get("tokens") or 0)
-        if session_id and isinstance(payload.get("seq"), int):
-            messages["last_seq"][session_id] = payload["seq"]
-    elif type == "task.created":
-        task = _task_id(payload)
-        if task and task not in state["tasks"]["open"]:
-            state["tasks"]["open"].append(task)
-    elif type in {"task.completed", "task.failed", "task.succeeded"}:
-        task = _task_id(payload)
-        _remove(state["tasks"]["open"], task)
-        status = payload.get("status") or ("failed" if type == "task.failed" else "succeeded")
-        key = "failed" if status == "failed" else "succeeded"
-        state["tasks"][key] += 1
-    elif type in {"state.updated", "state.restored"}:
-        state["cognition"]["state_version"] = payload.get("version", state["cognition"]["state_version"])
-        if type == "state.restored":
-            state["cognition"]["restored_from"] = {
-                "checkpoint": payload.get("from_checkpoint"),
-                "seq": payload.get("from_seq"),
-            }
-    elif type == "checkpoint.created":
-        state["cognition"]["checkpoint"] = {"id": payload.get("checkpoint"), "seq": payload.get("seq")}
-        state["cognition"]["checkpoints"] += 1
-        if payload.get("state_version") is not None:
-            state["cognition"]["state_version"] = payload["state_version"]
-    elif type == "agent.recovered":
-        state["recoveries"] += 1
+    step = _FOLD_STEPS.get(type)
+    if step is not None:
+        step(state, type, payload, payload.get("gen_ai.conversation.id"))
     if type.startswith("agent.") and type != "agent.recovered":
         for reducer in reducers:
             if reducer.event_type == type:
