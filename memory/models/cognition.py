@@ -72,7 +72,7 @@ class Checkpoint(models.Model):
     """An immutable snapshot of an agent's cognitive state.
 
     Stored either in full or as a delta (a list of JSON-path operations, see
-    memory/services/cognition.py) from the checkpoint `base_seq` of the same agent. Pruning may
+    memory/services/cognition/storage.py) from the checkpoint `base_seq` of the same agent. Pruning may
     re-base a delta (rewrite its storage) but never changes the state it reconstructs to; that
     state's SHA-256 is kept in `state_sha256` and verified on every reconstruction.
     """
