@@ -29,14 +29,14 @@ from memory.services.cognition.schema import state_normalize, state_patched
 from memory.services.cognition.state import (
     STATE_WRITE_FIELDS,
     StateView,
-    _row_checkpoint,
-    _row_state,
-    _state_remember,
-    _state_row_for_update,
-    _write_state,
+    state_cache_put,
     state_get,
+    state_of_row,
+    state_row_checkpoint,
+    state_row_for_update,
+    state_write,
 )
-from memory.services.cognition.storage import _storage_for, checkpoint_state
+from memory.services.cognition.storage import checkpoint_state, checkpoint_storage_for
 from memory.services.fold import fold_through
 
 
@@ -66,14 +66,14 @@ def checkpoint_create(
 
     document = state_normalize(state)[0] if state is not None else None
     with transaction.atomic():
-        row = _state_row_for_update(tenant=tenant, agent=agent)
-        stored, stored_sha = _row_state(row)  # the state before this call
+        row = state_row_for_update(tenant=tenant, agent=agent)
+        stored, stored_sha = state_of_row(row)  # the state before this call
         if patch is not None:
             document = state_patched(document=copy.deepcopy(stored), patch=patch)
         current = stored
         state_event: dict[str, Any] | None = None
         if document is not None:
-            state_event = _write_state(
+            state_event = state_write(
                 tenant=tenant,
                 agent=agent,
                 row=row,
@@ -94,7 +94,7 @@ def checkpoint_create(
             previous_state = stored if same else None
             if previous_state is None:
                 previous_state = checkpoint_state(checkpoint=previous)
-        storage, base_seq, depth, payload = _storage_for(
+        storage, base_seq, depth, payload = checkpoint_storage_for(
             state=current,
             previous=previous,
             previous_state=previous_state,
@@ -141,10 +141,10 @@ def checkpoint_create(
         row.checkpoint = checkpoint
         written: list[str] = []
         if document is not None:
-            # The state is stored once, in the checkpoint: the row derives from it (see _row_state).
+            # The state is stored once, in the checkpoint: the row derives from it (see state_of_row).
             row.document = ""
             written = STATE_WRITE_FIELDS
-            _state_remember(current_sha, current_text)
+            state_cache_put(current_sha, current_text)
         # Folds are a cache: keep them on the newest checkpoint and on full snapshots only, so a
         # fold that grows (an `append` reducer) is not stored once per checkpoint.
         clear = previous.pk if previous is not None and previous.storage == CheckpointStorage.DELTA else None
@@ -173,7 +173,7 @@ def _state_row_save(*, row: CognitiveState, fields: list[str], clear_fold_of: in
 def _checkpoint_newest(*, agent: Agent, row: CognitiveState) -> Checkpoint | None:
     # The state row points at the newest checkpoint in the usual case (it was the last one taken);
     # after a restore or pruning it may not, and then the query answers.
-    checkpoint = _row_checkpoint(row)
+    checkpoint = state_row_checkpoint(row)
     if checkpoint is not None and checkpoint.seq == row.checkpoint_seq:
         return checkpoint
     return Checkpoint.objects.filter(agent=agent).order_by("-seq").first()
@@ -244,8 +244,8 @@ def state_restore(
     with transaction.atomic():
         source = checkpoint_get(tenant=tenant, agent=agent, ref=ref)
         document = checkpoint_state(checkpoint=source)
-        row = _state_row_for_update(tenant=tenant, agent=agent)
-        _write_state(
+        row = state_row_for_update(tenant=tenant, agent=agent)
+        state_write(
             tenant=tenant,
             agent=agent,
             row=row,

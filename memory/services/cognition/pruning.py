@@ -20,8 +20,8 @@ from memory.models import Agent, Checkpoint, CheckpointPolicy, CheckpointStorage
 from memory.services import recorder
 from memory.services.cognition.jsondiff import json_patch_apply, json_sha256
 from memory.services.cognition.schema import state_load
-from memory.services.cognition.state import _state_row_for_update
-from memory.services.cognition.storage import _storage_for
+from memory.services.cognition.state import state_row_for_update
+from memory.services.cognition.storage import checkpoint_storage_for
 
 
 def checkpoints_to_keep(
@@ -55,7 +55,7 @@ def checkpoints_prune(*, tenant: Tenant, agent: Agent, now: datetime | None = No
     policy = CheckpointPolicy.for_tenant(tenant)
     full_every = max(1, policy.full_snapshot_every)
     with transaction.atomic():
-        row = _state_row_for_update(tenant=tenant, agent=agent)
+        row = state_row_for_update(tenant=tenant, agent=agent)
         metas = list(Checkpoint.objects.filter(agent=agent).order_by("seq").values_list("seq", "created_at"))
         pinned = {row.checkpoint.seq} if row.checkpoint is not None else set()
         keep = checkpoints_to_keep(metas, policy=policy, now=now, pinned=pinned)
@@ -89,7 +89,7 @@ def checkpoints_prune(*, tenant: Tenant, agent: Agent, now: datetime | None = No
             if needs_rebase:
                 if json_sha256(running) != checkpoint.state_sha256:
                     raise CheckpointCorrupt(details={"checkpoint": checkpoint.public_id})
-                storage, base_seq, depth, payload = _storage_for(
+                storage, base_seq, depth, payload = checkpoint_storage_for(
                     state=running,
                     previous=previous_kept,
                     previous_state=previous_kept_state,

@@ -83,7 +83,8 @@ _recent_states_bytes = 0
 _recent_states_lock = threading.Lock()
 
 
-def _state_remember(sha: str, text: str) -> None:
+def state_cache_put(sha: str, text: str) -> None:
+    """Keep the state JSON `text` (SHA-256 `sha`) in this process's cache; oldest out past the cap."""
     global _recent_states_bytes
     if len(text) > RECENT_STATES_MAX_BYTES // 4:
         return
@@ -98,29 +99,30 @@ def _state_remember(sha: str, text: str) -> None:
             _recent_states_bytes -= len(dropped)
 
 
-def _state_recall(sha: str) -> dict[str, Any] | None:
+def state_cache_get(sha: str) -> dict[str, Any] | None:
+    """The cached state of SHA-256 `sha` (a fresh copy), or None."""
     text = _recent_states.get(sha)
     return None if text is None else dict(json.loads(text))  # a fresh copy
 
 
-def _row_state(row: CognitiveState) -> tuple[dict[str, Any], str | None]:
+def state_of_row(row: CognitiveState) -> tuple[dict[str, Any], str | None]:
     """The current state a state row stands for, and its SHA-256 when known without hashing.
 
     Raises CheckpointCorrupt if the row defers to a checkpoint that is missing or does not verify.
     """
     if row.document:
         return state_load(row.document, row.schema_version), None
-    checkpoint = _row_checkpoint(row)
+    checkpoint = state_row_checkpoint(row)
     if checkpoint is None:
         raise CheckpointCorrupt(details={"state": "derived from a checkpoint that is gone"})
-    state = _state_recall(checkpoint.state_sha256)
+    state = state_cache_get(checkpoint.state_sha256)
     if state is None:
         state = checkpoint_state(checkpoint=Checkpoint.objects.get(pk=checkpoint.pk))
-        _state_remember(checkpoint.state_sha256, json_text(state))
+        state_cache_put(checkpoint.state_sha256, json_text(state))
     return state, checkpoint.state_sha256
 
 
-def _row_checkpoint(row: CognitiveState) -> Checkpoint | None:
+def state_row_checkpoint(row: CognitiveState) -> Checkpoint | None:
     """The checkpoint the row points at. The one joined by the row's SELECT … FOR UPDATE may be
     stale or missing: after waiting for the lock, PostgreSQL re-reads the locked row but not the
     joined one; then it is read again here."""
@@ -147,7 +149,7 @@ def _view(agent: Agent, row: CognitiveState | None, upgraded_from: int | None = 
     return StateView(
         agent=agent.external_id,
         schema_version=STATE_SCHEMA_VERSION,
-        document=_row_state(row)[0],
+        document=state_of_row(row)[0],
         version=row.version,
         checkpoint=_checkpoint_ref(row.checkpoint),
         updated_at=row.updated_at,
@@ -173,7 +175,7 @@ def state_get(*, tenant: Tenant, agent: Agent) -> StateView:
     return _view(agent, row)
 
 
-def _state_row_for_update(*, tenant: Tenant, agent: Agent) -> CognitiveState:
+def state_row_for_update(*, tenant: Tenant, agent: Agent) -> CognitiveState:
     """The agent's state row, created if missing, locked until the transaction ends."""
     # The tenant's full-snapshot interval comes along (checkpoint_create needs it): one round trip.
     policy = CheckpointPolicy.objects.filter(tenant=OuterRef("tenant_id")).values("full_snapshot_every")[:1]
@@ -195,7 +197,7 @@ def _state_row_for_update(*, tenant: Tenant, agent: Agent) -> CognitiveState:
 STATE_WRITE_FIELDS = ["document", "schema_version", "version", "updated_at"]
 
 
-def _write_state(
+def state_write(
     *,
     tenant: Tenant,
     agent: Agent,
@@ -206,11 +208,15 @@ def _write_state(
     previous: dict[str, Any] | None = None,
     save: bool = True,
 ) -> dict[str, Any]:
+    """Write `document` as the locked `row`'s next version; return the `event_type` event's payload.
+
+    Raises PayloadTooLarge. The caller holds the row lock (state_row_for_update).
+    """
     # save=False: the caller saves the row (with STATE_WRITE_FIELDS) in its own, single UPDATE,
     # and records the returned event payload itself (with its own event, in one statement).
     text = json_text(document)
     state_check_size(text, "state")
-    previous = _row_state(row)[0] if previous is None else previous
+    previous = state_of_row(row)[0] if previous is None else previous
     row.document = text
     row.schema_version = STATE_SCHEMA_VERSION
     row.version += 1
@@ -241,14 +247,14 @@ def state_put(
     """
     document, came_in = state_normalize(raw) if patch is None else ({}, STATE_SCHEMA_VERSION)
     with transaction.atomic():
-        row = _state_row_for_update(tenant=tenant, agent=agent)
+        row = state_row_for_update(tenant=tenant, agent=agent)
         if expected_version is not None and expected_version != row.version:
             raise VersionConflict(details={"expected_version": expected_version, "version": row.version})
         previous = None
         if patch is not None:
-            previous = _row_state(row)[0]
+            previous = state_of_row(row)[0]
             document = state_patched(document=copy.deepcopy(previous), patch=patch)
-        _write_state(
+        state_write(
             previous=previous,
             tenant=tenant,
             agent=agent,

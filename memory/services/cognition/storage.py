@@ -18,7 +18,7 @@ from memory.services.cognition.jsondiff import json_diff, json_patch_apply, json
 from memory.services.cognition.schema import state_load
 
 
-def _storage_for(
+def checkpoint_storage_for(
     *,
     state: dict[str, Any],
     previous: Checkpoint | None,
