@@ -120,14 +120,14 @@ def part2(count: int) -> None:
         state = fifty_kb_state(rng)
         total, previous_state, previous = 0, None, None
 
-        class Prev:  # the two fields _storage_for reads
+        class Prev:  # the two fields checkpoint_storage_for reads
             def __init__(self, seq: int, depth: int) -> None:
                 self.seq, self.delta_depth = seq, depth
 
         for step in range(count):
             mutate(state, rng, step)
             document = cognition.state_normalize(state)[0]
-            _, _, depth, payload = cognition._storage_for(
+            _, _, depth, payload = cognition.storage.checkpoint_storage_for(
                 state=document, previous=previous, previous_state=previous_state, full_every=every
             )
             total += len(payload.encode())

@@ -223,6 +223,7 @@ class TrackedFactAdmin(admin.ModelAdmin):
 
 # --- cognition -----------------------------------------------------------------------------------
 from memory.models import Checkpoint, CheckpointPolicy, CognitiveState  # noqa: E402
+from memory.services.cognition import state_materialize_before_delete  # noqa: E402
 
 
 class CheckpointPolicyInline(PolicyInline):
@@ -264,14 +265,10 @@ class CheckpointAdmin(admin.ModelAdmin):
     # An agent's current state may be stored only in its latest checkpoint (memory.services.cognition):
     # copy it onto the state row before deleting that checkpoint by hand.
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
-        from memory.services.cognition import state_materialize_before_delete
-
         state_materialize_before_delete(checkpoint=obj)
         super().delete_model(request, obj)
 
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
-        from memory.services.cognition import state_materialize_before_delete
-
         for checkpoint in queryset:
             state_materialize_before_delete(checkpoint=checkpoint)
         super().delete_queryset(request, queryset)

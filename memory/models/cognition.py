@@ -6,7 +6,7 @@ jsonb: PostgreSQL's jsonb reorders object keys, and a state must round-trip exac
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from django.db import models
 from django.utils import timezone
@@ -16,6 +16,17 @@ from memory.models.sessions import Agent, Task
 from memory.models.tenancy import Tenant, TenantPolicyBase
 
 STATE_SCHEMA_VERSION = 1
+
+
+def empty_state() -> dict[str, Any]:
+    """The empty schema-1 state document (what an agent that never wrote a state has)."""
+    return {
+        "context": {"goal": None, "constraints": []},
+        "observation": None,
+        "working_memory": {},
+        "decision": None,
+        "tool_state": {},
+    }
 
 
 def new_ipc_id() -> str:
@@ -61,7 +72,7 @@ class Checkpoint(models.Model):
     """An immutable snapshot of an agent's cognitive state.
 
     Stored either in full or as a delta (a list of JSON-path operations, see
-    memory/services/cognition.py) from the checkpoint `base_seq` of the same agent. Pruning may
+    memory/services/cognition/storage.py) from the checkpoint `base_seq` of the same agent. Pruning may
     re-base a delta (rewrite its storage) but never changes the state it reconstructs to; that
     state's SHA-256 is kept in `state_sha256` and verified on every reconstruction.
     """
@@ -237,4 +248,5 @@ __all__ = [
     "PrivateContext",
     "ReducerOp",
     "TaskContext",
+    "empty_state",
 ]

@@ -32,7 +32,8 @@ from memory.models import (
     Tenant,
 )
 from memory.services import recorder
-from memory.services.cognition import _check_size, json_text
+from memory.services.cognition.jsondiff import json_text
+from memory.services.cognition.schema import state_check_size
 
 SHARED_FIELDS = ("goal", "constraints", "artifacts", "decisions", "dependencies")
 SHARED_LIST_FIELDS = ("constraints", "artifacts", "decisions", "dependencies")
@@ -111,7 +112,7 @@ def shared_context_write(
                 setattr(row, field, copy.deepcopy(values[field]))
         for field, items in (append or {}).items():
             setattr(row, field, [*getattr(row, field), *copy.deepcopy(items)])
-        _check_size(json_text({f: getattr(row, f) for f in SHARED_FIELDS}), "shared context")
+        state_check_size(json_text({f: getattr(row, f) for f in SHARED_FIELDS}), "shared context")
         row.version += 1
         row.updated_by = agent
         row.updated_at = timezone.now()
@@ -163,7 +164,7 @@ def private_context_put(
             "The private context must be a JSON object.", details={"fields": {"data": ["Not an object."]}}
         )
     text = json_text(data)
-    _check_size(text, "private context")
+    state_check_size(text, "private context")
     with transaction.atomic():
         PrivateContext.objects.get_or_create(task=task, agent=agent, defaults={"tenant": tenant})
         row = PrivateContext.objects.select_for_update().get(task=task, agent=agent)

@@ -1,387 +1,62 @@
-"""Crash recovery: fold an agent's events into its operational state, and the recovered state.
-
-The fold is deterministic and pure: `fold_apply(state, event, reducers)` looks only at its
-arguments; nothing is re-executed. docs/cognition.md has THE FOLD TABLE (which event type changes
-which part of the state). Each checkpoint stores the fold up to its own event, so recovery folds
-only the events after the latest checkpoint (when the agent's reducers are still the same).
+"""Crash recovery: the recovered state, everything an agent needs to resume, in one document.
 
 `recovered_state` assembles several parts, each under a deadline: SQL statements run with
 `statement_timeout` in a savepoint and the fold loop checks the clock, so a slow part is left out
-with a warning instead of failing the whole.
+with a warning instead of failing the whole. The parts come from the layers below: the fold of the
+agent's events and its reducers (memory/services/fold.py, re-exported here), its cognitive state
+and checkpoints (memory/services/cognition/) and its tasks and inbox (memory/services/layers.py).
+Nothing below imports this module.
 """
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
-from memory.exceptions import InvalidInput
-from memory.models import (
-    STATE_SCHEMA_VERSION,
-    Agent,
-    AgentReducer,
-    Checkpoint,
-    CognitiveState,
-    Event,
-    Message,
-    Session,
-    Tenant,
+from memory.models import STATE_SCHEMA_VERSION, Agent, Checkpoint, Event, Message, Session, Tenant
+from memory.services import cognition, layers, recorder
+from memory.services.fold import (
+    FOLD_VERSION,
+    PartTimeout,
+    Reducer,
+    fold_apply,
+    fold_cache_store,
+    fold_event_rows,
+    fold_events,
+    fold_full,
+    fold_initial,
+    fold_start,
+    fold_through,
+    reducers_get,
+    reducers_put,
+    reducers_sha256,
 )
-from memory.services import recorder
 
-FOLD_VERSION = 1
-MAX_FOLD_ERRORS = 20
-FOLD_CHUNK = 2000
 FOLD_CACHE_MIN_EVENTS = 1000  # a recovery that folded at least this many events leaves its fold behind
-FOLD_MIN_PROGRESS = 1000  # events a fold gets through before it looks at its deadline
 STATEMENT_TIMEOUT_FLOOR_MS = 1000  # SQL statements of a part are cut at its deadline, but not sooner
 
-# --- reducers ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Reducer:
-    event_type: str
-    op: str  # set | merge | append
-    target: str  # dotted path in the custom state
-    source: str = ""  # dotted path in the payload; "" = the whole payload
-
-    def as_dict(self) -> dict[str, str]:
-        return {"event_type": self.event_type, "op": self.op, "target": self.target, "source": self.source}
-
-
-def reducers_get(*, tenant: Tenant, agent: Agent) -> list[Reducer]:
-    """The agent's declared reducers, in order. Read-only."""
-    return [
-        Reducer(r.event_type, r.op, r.target, r.source)
-        for r in AgentReducer.objects.filter(tenant=tenant, agent=agent).order_by("position")
-    ]
-
-
-def reducers_sha256(reducers: list[Reducer]) -> str:
-    text = json.dumps([FOLD_VERSION, [r.as_dict() for r in reducers]], separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _valid_path(path: str) -> bool:
-    return all(part for part in path.split("."))
-
-
-@transaction.atomic
-def reducers_put(*, tenant: Tenant, agent: Agent, reducers: list[dict[str, str]]) -> list[Reducer]:
-    """Replace the agent's reducers. Idempotent. Raises InvalidInput (422) naming the bad entry.
-
-    Only `agent.*` event types may have reducers; ops are set, merge and append. Records
-    `reducers.updated`. A change of reducers makes the next recovery fold the whole stream.
-    """
-    parsed = []
-    for index, item in enumerate(reducers):
-        event_type, op = item.get("event_type", ""), item.get("op", "")
-        target, source = item.get("target", ""), item.get("source", "") or ""
-        problem = None
-        if not event_type.startswith("agent.") or len(event_type) <= len("agent."):
-            problem = (
-                "event_type",
-                "Reducers apply to the agent's own event types, which start with 'agent.'.",
-            )
-        elif op not in {"set", "merge", "append"}:
-            problem = ("op", "Expected one of set, merge, append.")
-        elif not target or not _valid_path(target):
-            problem = ("target", "A dotted path such as 'progress.last_step'.")
-        elif source and not _valid_path(source):
-            problem = ("source", "A dotted path in the payload such as 'result.value', or empty.")
-        if problem:
-            raise InvalidInput(
-                f"reducers[{index}].{problem[0]}: {problem[1]}",
-                details={"fields": {f"reducers[{index}].{problem[0]}": [problem[1]]}},
-            )
-        parsed.append(Reducer(event_type, op, target, source))
-    AgentReducer.objects.filter(agent=agent).delete()
-    AgentReducer.objects.bulk_create(
-        AgentReducer(
-            tenant=tenant,
-            agent=agent,
-            position=i,
-            event_type=r.event_type,
-            op=r.op,
-            target=r.target,
-            source=r.source,
-        )
-        for i, r in enumerate(parsed)
-    )
-    recorder.event_append(
-        tenant=tenant,
-        type="reducers.updated",
-        agent=agent,
-        payload={"count": len(parsed), "reducers_sha256": reducers_sha256(parsed)},
-    )
-    return parsed
-
-
-# --- the fold ----------------------------------------------------------------------------------
-
-
-def _empty_state() -> dict[str, Any]:
-    from memory.services.cognition import empty_state
-
-    return empty_state()
-
-
-def fold_initial() -> dict[str, Any]:
-    return {
-        "fold_version": FOLD_VERSION,
-        "last_event_seq": 0,
-        "event_count": 0,
-        "event_counts": {},
-        "sessions": {"latest": None, "open": [], "created": 0},
-        "messages": {"count": 0, "tokens": 0, "last_seq": {}},
-        "tasks": {"open": [], "succeeded": 0, "failed": 0},
-        "cognition": {"state_version": 0, "checkpoint": None, "checkpoints": 0, "restored_from": None},
-        "recoveries": 0,
-        "custom": {},
-        "fold_errors": [],
-    }
-
-
-def _fold_error(state: dict[str, Any], seq: int, message: str) -> None:
-    errors = state["fold_errors"]
-    errors.append({"seq": seq, "error": message})
-    del errors[:-MAX_FOLD_ERRORS]
-
-
-def _payload_get(payload: Any, path: str) -> tuple[bool, Any]:
-    if not path:  # the agent's own payload, without the ids the recorder adds
-        return True, {k: v for k, v in payload.items() if not k.startswith("gen_ai.")}
-    value = payload
-    for part in path.split("."):
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        else:
-            return False, None
-    return True, value
-
-
-def _apply_reducer(custom: dict[str, Any], reducer: Reducer, payload: Any) -> str | None:
-    """Apply one reducer; return an error text instead of raising (the fold must go on)."""
-    found, value = _payload_get(payload, reducer.source)
-    if not found:
-        return f"payload has no {reducer.source!r} for reducer {reducer.op} {reducer.target}"
-    parts = reducer.target.split(".")
-    parent = custom
-    for part in parts[:-1]:
-        child = parent.get(part)
-        if child is None:
-            child = parent[part] = {}
-        if not isinstance(child, dict):
-            return f"{reducer.target!r}: {part!r} is not an object"
-        parent = child
-    key = parts[-1]
-    value = copy.deepcopy(value)
-    if reducer.op == "set":
-        parent[key] = value
-    elif reducer.op == "merge":
-        if not isinstance(value, dict):
-            return f"merge into {reducer.target!r} needs an object"
-        current = parent.get(key)
-        if current is None:
-            current = parent[key] = {}
-        if not isinstance(current, dict):
-            return f"{reducer.target!r} is not an object"
-        current.update(value)
-    else:
-        current = parent.get(key)
-        if current is None:
-            current = parent[key] = []
-        if not isinstance(current, list):
-            return f"{reducer.target!r} is not a list"
-        current.append(value)
-    return None
-
-
-def _remove(items: list[Any], value: Any) -> None:
-    if value in items:
-        items.remove(value)
-
-
-def _task_id(payload: dict[str, Any]) -> Any:
-    return payload.get("task") or payload.get("task_id") or payload.get("id")
-
-
-def fold_apply(
-    state: dict[str, Any], seq: int, type: str, payload: dict[str, Any], reducers: list[Reducer]
-) -> None:
-    """Fold one event into `state` (in place). Deterministic; looks only at its arguments."""
-    state["last_event_seq"] = seq
-    state["event_count"] += 1
-    counts = state["event_counts"]
-    counts[type] = counts.get(type, 0) + 1
-    session_id = payload.get("gen_ai.conversation.id")
-    if type == "session.created":
-        sessions = state["sessions"]
-        sessions["latest"] = session_id
-        sessions["created"] += 1
-        if session_id and session_id not in sessions["open"]:
-            sessions["open"].append(session_id)
-    elif type in {"session.ended", "session.expired", "session.evicted", "session.deleted"}:
-        _remove(state["sessions"]["open"], session_id)
-    elif type == "retention.evicted" and payload.get("kind") == "session":
-        for sid in payload.get("sessions", []) or [session_id]:
-            _remove(state["sessions"]["open"], sid)
-    elif type == "message.added":
-        messages = state["messages"]
-        messages["count"] += 1
-        messages["tokens"] += int(payload.get("tokens") or 0)
-        if session_id and isinstance(payload.get("seq"), int):
-            messages["last_seq"][session_id] = payload["seq"]
-    elif type == "task.created":
-        task = _task_id(payload)
-        if task and task not in state["tasks"]["open"]:
-            state["tasks"]["open"].append(task)
-    elif type in {"task.completed", "task.failed", "task.succeeded"}:
-        task = _task_id(payload)
-        _remove(state["tasks"]["open"], task)
-        status = payload.get("status") or ("failed" if type == "task.failed" else "succeeded")
-        key = "failed" if status == "failed" else "succeeded"
-        state["tasks"][key] += 1
-    elif type in {"state.updated", "state.restored"}:
-        state["cognition"]["state_version"] = payload.get("version", state["cognition"]["state_version"])
-        if type == "state.restored":
-            state["cognition"]["restored_from"] = {
-                "checkpoint": payload.get("from_checkpoint"),
-                "seq": payload.get("from_seq"),
-            }
-    elif type == "checkpoint.created":
-        state["cognition"]["checkpoint"] = {"id": payload.get("checkpoint"), "seq": payload.get("seq")}
-        state["cognition"]["checkpoints"] += 1
-        if payload.get("state_version") is not None:
-            state["cognition"]["state_version"] = payload["state_version"]
-    elif type == "agent.recovered":
-        state["recoveries"] += 1
-    if type.startswith("agent.") and type != "agent.recovered":
-        for reducer in reducers:
-            if reducer.event_type == type:
-                error = _apply_reducer(state["custom"], reducer, payload)
-                if error:
-                    _fold_error(state, seq, error)
-
-
-class PartTimeout(Exception):
-    pass
-
-
-def _event_rows(
-    *, tenant: Tenant, agent: Agent, after: int, through: int | None
-) -> Iterable[tuple[int, str, Any]]:
-    queryset = Event.objects.filter(tenant=tenant, stream=recorder.stream_key(agent), seq__gt=after)
-    if through is not None:
-        queryset = queryset.filter(seq__lte=through)
-    # keyset chunks: a server-side cursor would not survive the savepoints recovery uses
-    last = after
-    while True:
-        chunk = list(
-            queryset.filter(seq__gt=last).order_by("seq").values_list("seq", "type", "payload")[:FOLD_CHUNK]
-        )
-        yield from chunk
-        if len(chunk) < FOLD_CHUNK:
-            return
-        last = chunk[-1][0]
-
-
-def fold_events(
-    state: dict[str, Any],
-    rows: Iterable[tuple[int, str, Any]],
-    reducers: list[Reducer],
-    deadline: float | None = None,
-) -> dict[str, Any]:
-    """Fold `rows` (seq, type, payload) into `state` in place and return it. Pure but for the clock.
-
-    With a `deadline`, raises PartTimeout once it is past (checked every 1,000 events, after at
-    least FOLD_MIN_PROGRESS); `state` is then a valid fold of the rows before that point.
-    """
-    for index, (seq, type, payload) in enumerate(rows):
-        if (
-            deadline is not None
-            and index >= FOLD_MIN_PROGRESS
-            and index % 1000 == 0
-            and time.monotonic() > deadline
-        ):
-            raise PartTimeout()
-        fold_apply(state, seq, type, payload if isinstance(payload, dict) else {}, reducers)
-    return state
-
-
-def _fold_start(
-    *, tenant: Tenant, agent: Agent, reducers_sha: str, through: int | None
-) -> tuple[dict[str, Any], int]:
-    """The newest stored fold (on a checkpoint or the state row) usable as a start, or the empty fold."""
-    queryset = Checkpoint.objects.filter(tenant=tenant, agent=agent, reducers_sha256=reducers_sha).exclude(
-        fold_state=""
-    )
-    cached = CognitiveState.objects.filter(
-        tenant=tenant, agent=agent, fold_reducers_sha256=reducers_sha
-    ).exclude(fold_state="")
-    if through is not None:
-        queryset = queryset.filter(covers_event_seq__lte=through)
-        cached = cached.filter(fold_seq__lte=through)
-    # Both candidates in one round trip (checkpoint_create runs this on every checkpoint).
-    newest = queryset.order_by("-covers_event_seq").values_list("covers_event_seq", "fold_state")[:1]
-    candidates = list(newest.union(cached.values_list("fold_seq", "fold_state")[:1], all=True))
-    if not candidates:
-        return fold_initial(), 0
-    seq, text = max(candidates, key=lambda row: row[0])
-    return json.loads(text), int(seq)
-
-
-def fold_cache_store(*, tenant: Tenant, agent: Agent, fold: dict[str, Any], reducers_sha: str) -> bool:
-    """Keep `fold` on the agent's state row if it is newer than the one there. Idempotent.
-
-    Run by recovery after folding many events, so the next recovery of an agent that rarely
-    checkpoints does not fold them again. Returns whether it stored.
-    """
-    seq = int(fold["last_event_seq"])
-    CognitiveState.objects.get_or_create(
-        agent=agent, defaults={"tenant": tenant, "document": json.dumps(_empty_state())}
-    )
-    updated = (
-        CognitiveState.objects.filter(tenant=tenant, agent=agent)
-        .filter(Q(fold_seq__lt=seq) | ~Q(fold_reducers_sha256=reducers_sha))
-        .update(
-            fold_state=json.dumps(fold, separators=(",", ":")),
-            fold_seq=seq,
-            fold_reducers_sha256=reducers_sha,
-        )
-    )
-    return bool(updated)
-
-
-def fold_through(
-    *, tenant: Tenant, agent: Agent, through_seq: int | None = None
-) -> tuple[dict[str, Any], str]:
-    """The fold of the agent's events up to `through_seq` (all when None), and its reducers' hash."""
-    reducers = reducers_get(tenant=tenant, agent=agent)
-    sha = reducers_sha256(reducers)
-    state, after = _fold_start(tenant=tenant, agent=agent, reducers_sha=sha, through=through_seq)
-    rows = _event_rows(tenant=tenant, agent=agent, after=after, through=through_seq)
-    return fold_events(state, rows, reducers), sha
-
-
-def fold_full(*, tenant: Tenant, agent: Agent) -> dict[str, Any]:
-    """The fold of the whole stream from seq 1, ignoring stored folds (for checks and tests)."""
-    reducers = reducers_get(tenant=tenant, agent=agent)
-    return fold_events(
-        fold_initial(), _event_rows(tenant=tenant, agent=agent, after=0, through=None), reducers
-    )
-
+__all__ = [  # the fold's names are part of the recovery capability's surface (API views, tests)
+    "FOLD_VERSION",
+    "RecoveredState",
+    "Reducer",
+    "checkpoint_meta",
+    "fold_apply",
+    "fold_cache_store",
+    "fold_events",
+    "fold_full",
+    "fold_initial",
+    "fold_through",
+    "recovered_state",
+    "reducers_get",
+    "reducers_put",
+    "reducers_sha256",
+]
 
 # --- the recovered state -----------------------------------------------------------------------
 
@@ -455,8 +130,6 @@ def recovered_state(
     Records `agent.recovered` unless `record` is false (an operator inspecting, not an agent
     resuming); the recovered content itself is idempotent.
     """
-    from memory.services import cognition, layers
-
     timeout = timeout_ms or settings.CTXAPP["CTXAPP_RECOVERY_PART_TIMEOUT_MS"]
     slow = slow_parts or {}
     warnings: list[dict[str, Any]] = []
@@ -481,9 +154,9 @@ def recovered_state(
         def operational(deadline: float) -> dict[str, Any]:
             reducers = reducers_get(tenant=tenant, agent=agent)
             sha = reducers_sha256(reducers)
-            state, after = _fold_start(tenant=tenant, agent=agent, reducers_sha=sha, through=None)
+            state, after = fold_start(tenant=tenant, agent=agent, reducers_sha=sha, through=None)
             before = state["event_count"]
-            rows = _event_rows(tenant=tenant, agent=agent, after=after, through=None)
+            rows = fold_event_rows(tenant=tenant, agent=agent, after=after, through=None)
             try:
                 return fold_events(state, rows, reducers, deadline)
             finally:

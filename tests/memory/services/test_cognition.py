@@ -260,7 +260,7 @@ json_values = st.recursive(
 def test_applying_the_diff_always_yields_the_new_document(old, new):
     ops = cognition.json_diff(old, new, with_old=False)
     result = cognition.json_patch_apply(json.loads(json.dumps(old)), json.loads(json.dumps(ops)))
-    assert cognition._same(result, new)
+    assert cognition.json_same(result, new)
 
 
 def test_restore_writes_a_new_state_and_checkpoint_forward_and_keeps_history(tenant_a, agent):

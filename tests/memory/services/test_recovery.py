@@ -11,6 +11,7 @@ from django.db import transaction
 from memory.exceptions import InvalidInput
 from memory.models import Checkpoint, Event
 from memory.services import cognition, layers, recorder, recovery
+from memory.services.fold import fold_start
 from memory.services.sessions import (
     MessageInput,
     agent_get_or_create,
@@ -238,10 +239,7 @@ def test_a_recovery_that_folded_many_events_leaves_its_fold_for_the_next(tenant_
     assert cached.version == 0  # a cache on the row, not a state write
     emit(tenant_a, agent, "agent.step", {"step": 2501, "value": 1})
     sha = recovery.reducers_sha256(recovery.reducers_get(tenant=tenant_a, agent=agent))
-    assert (
-        recovery._fold_start(tenant=tenant_a, agent=agent, reducers_sha=sha, through=None)[1]
-        == cached.fold_seq
-    )
+    assert fold_start(tenant=tenant_a, agent=agent, reducers_sha=sha, through=None)[1] == cached.fold_seq
     expected = recovery.fold_full(tenant=tenant_a, agent=agent)
     second = recovery.recovered_state(tenant=tenant_a, agent=agent, caller=agent).document["operational"]
     assert second == expected
@@ -249,7 +247,7 @@ def test_a_recovery_that_folded_many_events_leaves_its_fold_for_the_next(tenant_
     # another set of reducers does not start from it
     recovery.reducers_put(tenant=tenant_a, agent=agent, reducers=STEP_REDUCERS[:1])
     sha = recovery.reducers_sha256(recovery.reducers_get(tenant=tenant_a, agent=agent))
-    assert recovery._fold_start(tenant=tenant_a, agent=agent, reducers_sha=sha, through=None)[1] == 0
+    assert fold_start(tenant=tenant_a, agent=agent, reducers_sha=sha, through=None)[1] == 0
 
 
 def test_a_fold_cut_by_its_deadline_keeps_its_progress_and_the_next_recovery_goes_on(tenant_a, agent):

@@ -1,0 +1,265 @@
+"""Checkpoints: take one (gapless per-agent seq, delta storage), get, list, diff, restore.
+
+A checkpoint is an immutable snapshot of the agent's cognitive state. It covers the agent's event
+stream up to its own `checkpoint.created` event and carries the fold of those events, so recovery
+folds only what came after (memory/services/fold.py).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, transaction
+
+from memory.exceptions import NotFound
+from memory.models import (
+    STATE_SCHEMA_VERSION,
+    Agent,
+    Checkpoint,
+    CheckpointPolicy,
+    CheckpointStorage,
+    CognitiveState,
+    Tenant,
+)
+from memory.services import recorder
+from memory.services.cognition.jsondiff import json_diff, json_pointer, json_sha256, json_text
+from memory.services.cognition.schema import state_normalize, state_patched
+from memory.services.cognition.state import (
+    STATE_WRITE_FIELDS,
+    StateView,
+    state_cache_put,
+    state_get,
+    state_of_row,
+    state_row_checkpoint,
+    state_row_for_update,
+    state_write,
+)
+from memory.services.cognition.storage import checkpoint_state, checkpoint_storage_for
+from memory.services.fold import fold_through
+
+
+def _full_every(tenant: Tenant, row: CognitiveState | None = None) -> int:
+    known = getattr(row, "policy_full_every", None)  # read with the locked state row
+    return max(1, known if known is not None else CheckpointPolicy.for_tenant(tenant).full_snapshot_every)
+
+
+def checkpoint_create(
+    *,
+    tenant: Tenant,
+    agent: Agent,
+    reason: str = "",
+    step: int | None = None,
+    produced_by: str = "",
+    state: Any = None,
+    patch: Any = None,
+) -> Checkpoint:
+    """Snapshot the agent's cognitive state as its next checkpoint (writing `state` first if given,
+    or changing the state by the JSON Patch `patch` first; see state_patched).
+
+    Seqs are gapless per agent (allocated under the state row's lock). The checkpoint covers the
+    agent's stream up to its own `checkpoint.created` event, and carries the fold of the agent's
+    events up to there (recovery folds only what came after). Not idempotent by itself; use an
+    Idempotency-Key. Raises what state_normalize raises, InvalidPatch for a patch that does not apply.
+    """
+
+    document = state_normalize(state)[0] if state is not None else None
+    with transaction.atomic():
+        row = state_row_for_update(tenant=tenant, agent=agent)
+        stored, stored_sha = state_of_row(row)  # the state before this call
+        if patch is not None:
+            document = state_patched(document=copy.deepcopy(stored), patch=patch)
+        current = stored
+        state_event: dict[str, Any] | None = None
+        if document is not None:
+            state_event = state_write(
+                tenant=tenant,
+                agent=agent,
+                row=row,
+                document=document,
+                event_type="state.updated",
+                payload={},
+                previous=stored,
+                save=False,  # one UPDATE of the row below, with the checkpoint pointer
+            )
+            current = document
+        previous = _checkpoint_newest(agent=agent, row=row)
+        previous_state = None
+        if previous is not None:
+            # The usual step (write, checkpoint, write, checkpoint): the state before this call is
+            # the previous checkpoint's, so no need to rebuild it from its delta chain. The hash
+            # recorded on that checkpoint proves it; otherwise rebuild (and verify) as before.
+            same = (stored_sha or json_sha256(stored)) == previous.state_sha256
+            previous_state = stored if same else None
+            if previous_state is None:
+                previous_state = checkpoint_state(checkpoint=previous)
+        storage, base_seq, depth, payload = checkpoint_storage_for(
+            state=current,
+            previous=previous,
+            previous_state=previous_state,
+            full_every=_full_every(tenant, row),
+        )
+        row.checkpoint_seq += 1
+        current_text = row.document if document is not None else json_text(current)
+        current_sha = stored_sha if document is None and stored_sha else json_sha256(current)
+        checkpoint = Checkpoint(
+            tenant=tenant,
+            agent=agent,
+            seq=row.checkpoint_seq,
+            reason=reason,
+            step=step,
+            produced_by=produced_by,
+            schema_version=STATE_SCHEMA_VERSION,
+            storage=storage,
+            base_seq=base_seq,
+            delta_depth=depth,
+            payload=payload,
+            state_sha256=current_sha,
+            state_bytes=len(current_text.encode()),
+            covers_event_seq=0,
+        )
+        created = {
+            "checkpoint": checkpoint.public_id,
+            "seq": checkpoint.seq,
+            "reason": reason,
+            "step": step,
+            "storage": storage,
+            "state_version": row.version,
+        }
+        # `state.updated` (when this call wrote the state) and `checkpoint.created`, in one statement.
+        entries: list[tuple[str, dict[str, Any]]] = []
+        if state_event is not None:
+            entries.append(("state.updated", state_event))
+        entries.append(("checkpoint.created", created))
+        event = recorder.events_append(tenant=tenant, agent=agent, entries=entries)[-1]
+        checkpoint.covers_event_seq = event.seq
+        fold, reducers_sha = fold_through(tenant=tenant, agent=agent, through_seq=event.seq)
+        checkpoint.fold_state = json_text(fold)
+        checkpoint.reducers_sha256 = reducers_sha
+        checkpoint.save()
+        row.checkpoint = checkpoint
+        written: list[str] = []
+        if document is not None:
+            # The state is stored once, in the checkpoint: the row derives from it (see state_of_row).
+            row.document = ""
+            written = STATE_WRITE_FIELDS
+            state_cache_put(current_sha, current_text)
+        # Folds are a cache: keep them on the newest checkpoint and on full snapshots only, so a
+        # fold that grows (an `append` reducer) is not stored once per checkpoint.
+        clear = previous.pk if previous is not None and previous.storage == CheckpointStorage.DELTA else None
+        _state_row_save(row=row, fields=[*written, "checkpoint_seq", "checkpoint"], clear_fold_of=clear)
+        return checkpoint
+
+
+def _state_row_save(*, row: CognitiveState, fields: list[str], clear_fold_of: int | None) -> None:
+    """Save `fields` of the state row and, in the same statement, clear checkpoint `clear_fold_of`'s
+    stored fold (one round trip instead of two on every checkpoint)."""
+    if clear_fold_of is None:
+        row.save(update_fields=fields)
+        return
+    model_fields: list[Any] = [CognitiveState._meta.get_field(name) for name in fields]
+    assignments = ", ".join(f'"{field.column}" = %s' for field in model_fields)
+    values = [field.get_db_prep_save(getattr(row, field.attname), connection) for field in model_fields]
+    checkpoints, states = Checkpoint._meta.db_table, CognitiveState._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH cleared AS (UPDATE {checkpoints} SET fold_state = '', reducers_sha256 = '' WHERE id = %s) "
+            f"UPDATE {states} SET {assignments} WHERE id = %s",
+            [clear_fold_of, *values, row.pk],
+        )
+
+
+def _checkpoint_newest(*, agent: Agent, row: CognitiveState) -> Checkpoint | None:
+    # The state row points at the newest checkpoint in the usual case (it was the last one taken);
+    # after a restore or pruning it may not, and then the query answers.
+    checkpoint = state_row_checkpoint(row)
+    if checkpoint is not None and checkpoint.seq == row.checkpoint_seq:
+        return checkpoint
+    return Checkpoint.objects.filter(agent=agent).order_by("-seq").first()
+
+
+def checkpoint_get(*, tenant: Tenant, agent: Agent, ref: str | int) -> Checkpoint:
+    """The agent's checkpoint by seq (digits) or public id; NotFound if missing, pruned or foreign."""
+    queryset = Checkpoint.objects.filter(tenant=tenant, agent=agent)
+    text = str(ref)
+    checkpoint = (
+        queryset.filter(seq=int(text)).first() if text.isdigit() else queryset.filter(public_id=text).first()
+    )
+    if checkpoint is None:
+        raise NotFound.of("checkpoint", text)
+    return checkpoint
+
+
+def checkpoint_latest(*, tenant: Tenant, agent: Agent) -> Checkpoint | None:
+    """The agent's newest checkpoint (without its stored fold, loaded on access). Read-only."""
+    return Checkpoint.objects.filter(tenant=tenant, agent=agent).defer("fold_state").order_by("-seq").first()
+
+
+def checkpoints_list(*, tenant: Tenant, agent: Agent) -> Any:  # a QuerySet; views paginate it
+    """The agent's checkpoints (metadata; states via checkpoint_state). Read-only."""
+    return Checkpoint.objects.filter(tenant=tenant, agent=agent).defer("payload", "fold_state")
+
+
+@dataclass
+class CheckpointDiff:
+    source: Checkpoint
+    target: Checkpoint
+    changes: list[dict[str, Any]]
+
+
+def checkpoint_diff(*, tenant: Tenant, agent: Agent, source: str | int, target: str | int) -> CheckpointDiff:
+    """What changed from checkpoint `source` to `target`, one entry per JSON path.
+
+    Each change is `{"path": "/json/pointer", "segments": [...], "change": "added"|"removed"|"changed",
+    "old": ..., "new": ...}`. Read-only. NotFound for an unknown checkpoint.
+    """
+    a = checkpoint_get(tenant=tenant, agent=agent, ref=source)
+    b = checkpoint_get(tenant=tenant, agent=agent, ref=target)
+    ops = json_diff(checkpoint_state(checkpoint=a), checkpoint_state(checkpoint=b))
+    names = {"add": "added", "remove": "removed", "replace": "changed"}
+    changes = []
+    for op in sorted(ops, key=lambda o: [str(s) for s in o["path"]]):
+        change: dict[str, Any] = {
+            "path": json_pointer(op["path"]),
+            "segments": op["path"],
+            "change": names[op["op"]],
+        }
+        if op["op"] != "add":
+            change["old"] = op["old"]
+        if op["op"] != "remove":
+            change["new"] = op["value"]
+        changes.append(change)
+    return CheckpointDiff(source=a, target=b, changes=changes)
+
+
+def state_restore(
+    *, tenant: Tenant, agent: Agent, ref: str | int, reason: str = ""
+) -> tuple[StateView, Checkpoint]:
+    """Make checkpoint `ref`'s state the current state, and checkpoint it as a new checkpoint.
+
+    History is never rewritten: the state gets a new version, a new checkpoint is appended, and
+    `state.restored` is recorded naming both checkpoints. NotFound for an unknown checkpoint.
+    """
+    with transaction.atomic():
+        source = checkpoint_get(tenant=tenant, agent=agent, ref=ref)
+        document = checkpoint_state(checkpoint=source)
+        row = state_row_for_update(tenant=tenant, agent=agent)
+        state_write(
+            tenant=tenant,
+            agent=agent,
+            row=row,
+            document=document,
+            event_type="state.restored",
+            payload={"from_checkpoint": source.public_id, "from_seq": source.seq},
+        )
+        checkpoint = checkpoint_create(
+            tenant=tenant,
+            agent=agent,
+            reason=reason or f"restored from #{source.seq}",
+            produced_by=source.public_id,
+        )
+        return state_get(tenant=tenant, agent=agent), checkpoint
+
+
+# --- retention ---------------------------------------------------------------------------------
