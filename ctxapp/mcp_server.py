@@ -92,9 +92,13 @@ class ServiceBackend:
             )
 
     def _session(self, session: str, *, touch: bool = True) -> Any:
-        from memory.services.sessions import session_get
+        from memory.selectors.sessions import session_get
+        from memory.services.sessions import session_access
 
-        row = session_get(tenant=self.tenant, session_id=session, touch=touch)
+        if touch:
+            row = session_access(tenant=self.tenant, session_id=session)
+        else:
+            row = session_get(tenant=self.tenant, session_id=session)
         if self.api_key.agent_external_id:
             self._act_as(row.agent.external_id)
         return row

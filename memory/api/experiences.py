@@ -36,7 +36,7 @@ from memory.models import (
     ExtractionMethod,
 )
 from memory.services import distillation, experiences, retrieval
-from memory.services.sessions import session_get, task_get
+from memory.services.sessions import session_access, task_get
 
 
 class ExperienceOutputSerializer(serializers.Serializer):
@@ -439,7 +439,9 @@ class ExperienceFeedbackApi(TenantApiView):
     def post(self, request: Request, experience_id: str) -> Response:
         data = self.validate(self.InputSerializer)
         experience = experiences.experience_get(tenant=self.tenant, experience_id=experience_id)
-        session = session_get(tenant=self.tenant, session_id=data["session"]) if data.get("session") else None
+        session = (
+            session_access(tenant=self.tenant, session_id=data["session"]) if data.get("session") else None
+        )
         experience = experiences.experience_feedback(
             tenant=self.tenant,
             experience=experience,
@@ -472,7 +474,9 @@ class ExperiencePromoteApi(TenantApiView):
     )
     def post(self, request: Request) -> Response:
         data = self.validate(self.InputSerializer)
-        session = session_get(tenant=self.tenant, session_id=data["session"]) if data.get("session") else None
+        session = (
+            session_access(tenant=self.tenant, session_id=data["session"]) if data.get("session") else None
+        )
         result = experiences.experiences_promote(
             tenant=self.tenant,
             user_id=data["user_id"] or (session.user_id if session else ""),

@@ -19,6 +19,7 @@ from rest_framework.response import Response
 
 from memory.api.base import MAX_BIGINT, CursorSerializer, TenantApiView, keyset_page
 from memory.models import Event, Message, Session, SessionStatus, Task, TaskStatus, ValueTier
+from memory.selectors import sessions as selectors
 from memory.services import recorder
 from memory.services import sessions as svc
 
@@ -287,7 +288,7 @@ class SessionListCreateApi(TenantApiView):
     )
     def get(self, request: Any) -> Response:
         data = self.validate_query(self.FilterSerializer)
-        queryset = svc.sessions_list(
+        queryset = selectors.sessions_list(
             tenant=self.tenant,
             agent_external_id=data.get("agent"),
             user_id=data.get("user_id"),
@@ -300,7 +301,7 @@ class SessionListCreateApi(TenantApiView):
 class SessionDetailApi(TenantApiView):
     @extend_schema(responses=SessionOutputSerializer, summary="Read a session (keeps it alive)")
     def get(self, request: Any, session_id: str) -> Response:
-        return Response(session_out(svc.session_get(tenant=self.tenant, session_id=session_id)))
+        return Response(session_out(svc.session_access(tenant=self.tenant, session_id=session_id)))
 
     @extend_schema(
         responses={204: None},
@@ -308,7 +309,7 @@ class SessionDetailApi(TenantApiView):
         description="Its events stay (the audit trail); records `session.deleted`.",
     )
     def delete(self, request: Any, session_id: str) -> Response:
-        session = svc.session_get(tenant=self.tenant, session_id=session_id, touch=False)
+        session = selectors.session_get(tenant=self.tenant, session_id=session_id)
         svc.session_delete(tenant=self.tenant, session=session)
         return Response(status=204)
 
@@ -322,7 +323,7 @@ class SessionEndApi(TenantApiView):
         "Ending a session that is no longer open changes nothing.",
     )
     def post(self, request: Any, session_id: str) -> Response:
-        session = svc.session_get(tenant=self.tenant, session_id=session_id, touch=False)
+        session = selectors.session_get(tenant=self.tenant, session_id=session_id)
         return Response(session_out(svc.session_end(tenant=self.tenant, session=session)))
 
 
@@ -340,7 +341,7 @@ class SessionMessagesApi(TenantApiView):
     )
     def post(self, request: Any, session_id: str) -> Response:
         items, is_batch = svc.message_inputs_parse(request.data)
-        session = svc.session_get(tenant=self.tenant, session_id=session_id, touch=False)
+        session = selectors.session_get(tenant=self.tenant, session_id=session_id)
         messages = svc.messages_append(tenant=self.tenant, session=session, items=items)
         if not is_batch:
             return Response(message_out(messages[0]), status=201)
@@ -362,9 +363,11 @@ class SessionMessagesApi(TenantApiView):
     def get(self, request: Any, session_id: str) -> Response:
         data = self.validate_query(AfterSerializer)
         limit = data.get("limit") or settings.CTXAPP["CTXAPP_PAGE_SIZE"]
-        session = svc.session_get(tenant=self.tenant, session_id=session_id)
+        session = svc.session_access(tenant=self.tenant, session_id=session_id)
         rows, next_after = _after_page(
-            svc.messages_after(tenant=self.tenant, session=session, after_seq=data["after"], limit=limit + 1),
+            selectors.messages_after(
+                tenant=self.tenant, session=session, after_seq=data["after"], limit=limit + 1
+            ),
             limit,
         )
         return Response({"items": [message_out(m) for m in rows], "next_after": next_after})
@@ -377,7 +380,7 @@ class AgentLatestSessionApi(TenantApiView):
         description="404 `no_session` when the agent has none; 404 `not_found` for an unknown agent.",
     )
     def get(self, request: Any, agent: str) -> Response:
-        return Response(session_out(svc.session_latest(tenant=self.tenant, agent_external_id=agent)))
+        return Response(session_out(selectors.session_latest(tenant=self.tenant, agent_external_id=agent)))
 
 
 # --- tasks -------------------------------------------------------------------------------------
@@ -414,7 +417,7 @@ class TaskCreateApi(TenantApiView):
     )
     def get(self, request: Any) -> Response:
         data = self.validate_query(self.FilterSerializer)
-        queryset = svc.tasks_list(
+        queryset = selectors.tasks_list(
             tenant=self.tenant,
             session_id=data.get("session"),
             agent_external_id=data.get("agent"),
@@ -429,7 +432,7 @@ class TaskCreateApi(TenantApiView):
         data = self.validate(self.InputSerializer)
         session = None
         if data.get("session"):
-            session = svc.session_get(tenant=self.tenant, session_id=data["session"], touch=False)
+            session = selectors.session_get(tenant=self.tenant, session_id=data["session"])
         task = svc.task_create(
             tenant=self.tenant,
             session=session,
@@ -452,7 +455,7 @@ class TaskDetailApi(TenantApiView):
 
     @extend_schema(responses=TaskOutputSerializer, summary="Read a task")
     def get(self, request: Any, task_id: str) -> Response:
-        return Response(task_out(svc.task_get(tenant=self.tenant, task_id=task_id)))
+        return Response(task_out(selectors.task_get(tenant=self.tenant, task_id=task_id)))
 
     @extend_schema(
         request=InputSerializer,
@@ -463,7 +466,7 @@ class TaskDetailApi(TenantApiView):
     )
     def patch(self, request: Any, task_id: str) -> Response:
         data = self.validate(self.InputSerializer)
-        task = svc.task_get(tenant=self.tenant, task_id=task_id)
+        task = selectors.task_get(tenant=self.tenant, task_id=task_id)
         task = svc.task_update(tenant=self.tenant, task=task, **data)
         return Response(task_out(task))
 
@@ -499,11 +502,11 @@ class AgentEventsApi(TenantApiView):
     def get(self, request: Any, agent: str) -> Response:
         data = self.validate_query(self.FilterSerializer)
         limit = data.get("limit") or settings.CTXAPP["CTXAPP_PAGE_SIZE"]
-        agent_row = svc.agent_get(tenant=self.tenant, external_id=agent)
+        agent_row = selectors.agent_get(tenant=self.tenant, external_id=agent)
         types = [t.strip() for t in data.get("type", "").split(",") if t.strip()] or None
         session = None
         if data.get("session"):
-            session = svc.session_get(tenant=self.tenant, session_id=data["session"], touch=False)
+            session = selectors.session_get(tenant=self.tenant, session_id=data["session"])
         rows, next_after = _after_page(
             recorder.events_list(
                 tenant=self.tenant,
@@ -528,7 +531,7 @@ class AgentEventsApi(TenantApiView):
         data = self.validate(self.InputSerializer)
         session = None
         if data.get("session"):
-            session = svc.session_get(tenant=self.tenant, session_id=data["session"], touch=False)
+            session = selectors.session_get(tenant=self.tenant, session_id=data["session"])
         with transaction.atomic():  # a refused event must not leave a new agent behind
             agent_row = svc.agent_get_or_create(tenant=self.tenant, external_id=agent)
             event = recorder.event_emit(

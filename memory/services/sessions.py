@@ -8,14 +8,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import QuerySet
 from django.utils import timezone
 
 from memory.exceptions import (
     Conflict,
     InvalidInput,
     InvalidTransition,
-    NoSession,
     NotFound,
     SessionEnded,
     TaskFinished,
@@ -32,7 +30,26 @@ from memory.models import (
     Tenant,
     ValueTier,
 )
+from memory.selectors.sessions import (  # re-exported: the reads callers used to find here
+    agent_get,
+    messages_after,
+    session_get,
+    session_latest,
+    sessions_list,
+    task_get,
+    tasks_list,
+)
 from memory.services import recorder, tokens
+
+__all__ = [
+    "agent_get",
+    "messages_after",
+    "session_get",
+    "session_latest",
+    "sessions_list",
+    "task_get",
+    "tasks_list",
+]
 
 DEFAULT_SESSION_TTL = timedelta(hours=24)
 # A read moves last_accessed_at at most this often (an UPDATE per read would be wasteful).
@@ -71,25 +88,15 @@ def agent_get_or_create(*, tenant: Tenant, external_id: str) -> Agent:
     return Agent.objects.get(tenant=tenant, external_id=external_id)
 
 
-def agent_get(*, tenant: Tenant, external_id: str) -> Agent:
-    """The tenant's agent, or NotFound (also for another tenant's agent)."""
-    agent = Agent.objects.filter(tenant=tenant, external_id=external_id).first()
-    if agent is None:
-        raise NotFound.of("agent", external_id)
-    return agent
+def session_access(*, tenant: Tenant, session_id: str) -> Session:
+    """The session an agent is using, touched: its last_accessed_at/expires_at move to now
+    (at most every TOUCH_GRANULARITY), so an agent reading its session keeps it alive.
 
-
-def session_get(*, tenant: Tenant, session_id: str, touch: bool = True) -> Session:
-    """The tenant's session, or NotFound — identical for a missing id and another tenant's id.
-
-    With `touch` (the default) an open session's last_accessed_at/expires_at move to now
-    (at most every TOUCH_GRANULARITY): reading a session keeps it alive.
+    The agent-API read. NotFound for a missing id and another tenant's id alike. Operators'
+    reads (the dashboard) use memory.selectors.sessions.session_get, which never writes.
     """
-    session = Session.objects.select_related("agent").filter(tenant=tenant, public_id=session_id).first()
-    if session is None:
-        raise NotFound.of("session", session_id)
-    if touch:
-        session_touch(session=session)
+    session = session_get(tenant=tenant, session_id=session_id)
+    session_touch(session=session)
     return session
 
 
@@ -117,44 +124,6 @@ def session_touch(*, session: Session, now: datetime | None = None) -> None:
         transaction.on_commit(write)
     else:
         write()
-
-
-def sessions_list(
-    *,
-    tenant: Tenant,
-    agent_external_id: str | None = None,
-    user_id: str | None = None,
-    status: str | None = None,
-) -> QuerySet[Session]:
-    """The tenant's sessions, filtered (read-only; the caller pages it, newest first)."""
-    queryset = Session.objects.filter(tenant=tenant).select_related("agent")
-    if agent_external_id is not None:
-        queryset = queryset.filter(agent__external_id=agent_external_id)
-    if user_id is not None:
-        queryset = queryset.filter(user_id=user_id)
-    if status is not None:
-        queryset = queryset.filter(status=status)
-    return queryset
-
-
-def session_latest(*, tenant: Tenant, agent_external_id: str) -> Session:
-    """The agent's most recently created session (any status). Read-only.
-
-    Raises NotFound for an unknown agent and NoSession (404 `no_session`) for an agent without one.
-    """
-    agent = agent_get(tenant=tenant, external_id=agent_external_id)
-    session = (
-        Session.objects.select_related("agent")
-        .filter(tenant=tenant, agent=agent)
-        .order_by("-created_at", "-pk")
-        .first()
-    )
-    if session is None:
-        raise NoSession(
-            f"Agent {agent_external_id!r} has no session yet: create one with POST /api/v1/sessions.",
-            details={"agent": agent_external_id},
-        )
-    return session
 
 
 @transaction.atomic
@@ -558,45 +527,7 @@ def message_inputs_parse(data: Any) -> tuple[list[MessageInput], bool]:
     return [item], False
 
 
-def messages_after(
-    *, tenant: Tenant, session: Session, after_seq: int = 0, limit: int = 100
-) -> list[Message]:
-    """The session's messages with seq > after_seq, oldest first. Read-only."""
-    return list(
-        Message.objects.filter(tenant=tenant, session=session, seq__gt=after_seq).order_by("seq")[:limit]
-    )
-
-
 # --- tasks -----------------------------------------------------------------------------------
-
-
-def task_get(*, tenant: Tenant, task_id: str) -> Task:
-    """The tenant's task, or NotFound (also for another tenant's task). Read-only."""
-    task = Task.objects.select_related("session", "agent").filter(tenant=tenant, public_id=task_id).first()
-    if task is None:
-        raise NotFound.of("task", task_id)
-    return task
-
-
-def tasks_list(
-    *,
-    tenant: Tenant,
-    session_id: str | None = None,
-    agent_external_id: str | None = None,
-    user_id: str | None = None,
-    status: str | None = None,
-) -> QuerySet[Task]:
-    """The tenant's tasks, filtered (read-only; the caller pages it, newest first)."""
-    queryset = Task.objects.filter(tenant=tenant).select_related("session", "agent")
-    if session_id is not None:
-        queryset = queryset.filter(session__public_id=session_id)
-    if agent_external_id is not None:
-        queryset = queryset.filter(agent__external_id=agent_external_id)
-    if user_id is not None:
-        queryset = queryset.filter(user_id=user_id)
-    if status is not None:
-        queryset = queryset.filter(status=status)
-    return queryset
 
 
 def task_create(
