@@ -25,7 +25,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from memory.api.base import CursorSerializer, TenantApiView, keyset_page
+from memory.api.base import CursorSerializer, KeysetPagination, TenantApiView
 from memory.exceptions import AgentMismatch, InvalidInput
 from memory.models import (
     ApiKeyScope,
@@ -187,10 +187,20 @@ class ExperienceListApi(TenantApiView):
         class Meta:
             ref_name = "ExperienceListPage"
 
-        results = ExperienceOutputSerializer(many=True)
-        next_cursor = serializers.CharField(allow_null=True)
+        items = ExperienceOutputSerializer(many=True)
+        next = serializers.CharField(
+            allow_null=True, help_text="Pass as `cursor` for the next page; null on the last page."
+        )
+        results = ExperienceOutputSerializer(many=True, help_text="Deprecated: the same list as `items`.")
+        next_cursor = serializers.CharField(allow_null=True, help_text="Deprecated: `next`.")
 
-    @extend_schema(parameters=[FilterSerializer], responses=PageSerializer, summary="List experiences")
+    @extend_schema(
+        parameters=[FilterSerializer],
+        responses=PageSerializer,
+        summary="List experiences",
+        description="The list envelope `{items, next}`; `results` and `next_cursor` are deprecated "
+        "aliases kept for older clients.",
+    )
     def get(self, request: Request) -> Response:
         data = self.validate_query(self.FilterSerializer)
         queryset = experiences.experiences_list(
@@ -203,10 +213,10 @@ class ExperienceListApi(TenantApiView):
             as_of=data.get("as_of"),
             agent=data.get("agent"),
         )
-        rows, next_cursor = keyset_page(queryset, cursor=data.get("cursor"), limit=data.get("limit"))
-        return Response(
-            {"results": ExperienceOutputSerializer(rows, many=True).data, "next_cursor": next_cursor}
-        )
+        pages = KeysetPagination()
+        rows = pages.paginate_queryset(queryset, self.request, self)
+        items = ExperienceOutputSerializer(rows, many=True).data
+        return Response({**pages.get_paginated_response(items).data, "results": items})
 
     @extend_schema(
         request=InputSerializer,
