@@ -108,11 +108,12 @@ class ServiceBackend:
         return _search(tenant=self.tenant, query=query, user_id=user_id, limit=limit)
 
     def message_append(self, *, session: str, role: str, content: str) -> dict[str, Any]:
+        from memory.api.message_inputs import message_inputs_validate
         from memory.api.sessions import message_out
-        from memory.services.sessions import message_inputs_parse, messages_append
+        from memory.services.sessions import messages_append
 
         self._require("write")
-        items, _ = message_inputs_parse({"role": role, "content": content})
+        items, _ = message_inputs_validate({"role": role, "content": content})
         messages = messages_append(tenant=self.tenant, session=self._session(session), items=items)
         return message_out(messages[0])
 

@@ -31,6 +31,7 @@ from memory.api.base import (
     TenantApiView,
     page_serializer,
 )
+from memory.api.message_inputs import MessageInputSerializer, message_inputs_validate
 from memory.models import Event, Message, Session, SessionStatus, Task, TaskStatus, ValueTier
 from memory.selectors import sessions as selectors
 from memory.services import recorder
@@ -132,30 +133,6 @@ def task_out(task: Task) -> dict[str, Any]:
 
 def event_out(event: Event) -> dict[str, Any]:
     return EventOutputSerializer(event).data
-
-
-class MessageInputSerializer(serializers.Serializer):
-    """Documents one message; validation is memory.services.sessions.message_input_parse."""
-
-    role = serializers.ChoiceField(choices=["system", "user", "assistant", "tool"])
-    content = serializers.CharField(required=False, allow_blank=True)
-    turn_id = serializers.CharField(required=False, max_length=200)
-    tool_call_id = serializers.CharField(
-        required=False, max_length=200, help_text="Required for role `tool`."
-    )
-    tool_calls = serializers.ListField(
-        child=serializers.DictField(),
-        required=False,
-        help_text="[{id, type: 'function', function: {name, arguments}}]",
-    )
-    event_kind = serializers.CharField(required=False, max_length=64)
-    parent_seq = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_BIGINT)
-    artifact_refs = serializers.ListField(required=False)
-    metadata = serializers.DictField(required=False)
-    name = serializers.CharField(required=False, max_length=200, help_text="The speaker; searchable.")
-    occurred_at = serializers.DateTimeField(
-        required=False, help_text="When it was said (ISO 8601 with a time zone; default: now). For imports."
-    )
 
 
 SessionPageSerializer = page_serializer("SessionPage", SessionOutputSerializer(many=True), KeysetPagination)
@@ -291,7 +268,7 @@ class SessionMessagesApi(TenantApiView):
         "Bad fields → 422 naming them (`messages[3].role`); ended session → 409 `session_ended`.",
     )
     def post(self, request: Any, session_id: str) -> Response:
-        items, is_batch = svc.message_inputs_parse(request.data)
+        items, is_batch = message_inputs_validate(request.data)
         session = selectors.session_get(tenant=self.tenant, session_id=session_id)
         messages = svc.messages_append(tenant=self.tenant, session=session, items=items)
         if not is_batch:
