@@ -28,26 +28,16 @@ from memory.models import (
     Tenant,
     ValueTier,
 )
-from memory.selectors.sessions import (  # re-exported: the reads callers used to find here
-    agent_get,
-    messages_after,
-    session_get,
-    session_latest,
-    sessions_list,
-    task_get,
-    tasks_list,
-)
-from memory.services import recorder, tokens
 
-__all__ = [
-    "agent_get",
-    "messages_after",
-    "session_get",
-    "session_latest",
-    "sessions_list",
-    "task_get",
-    "tasks_list",
-]
+# The reads callers used to find here, re-exported; they live in memory.selectors (pure reads).
+from memory.selectors.sessions import agent_get as agent_get
+from memory.selectors.sessions import messages_after as messages_after
+from memory.selectors.sessions import session_get as session_get
+from memory.selectors.sessions import session_latest as session_latest
+from memory.selectors.sessions import sessions_list as sessions_list
+from memory.selectors.sessions import task_get as task_get
+from memory.selectors.sessions import tasks_list as tasks_list
+from memory.services import recorder, tokens
 
 DEFAULT_SESSION_TTL = timedelta(hours=24)
 # A read moves last_accessed_at at most this often (an UPDATE per read would be wasteful).
