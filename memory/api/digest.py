@@ -108,8 +108,10 @@ class SessionDigestListApi(TenantApiView):
         class Meta:
             ref_name = "SessionDigestPage"
 
-        results = DigestSerializer(many=True)
-        next_cursor = serializers.CharField(allow_null=True)
+        items = DigestSerializer(many=True)
+        next = serializers.CharField(allow_null=True, help_text="Pass as `cursor` for the next page.")
+        results = DigestSerializer(many=True, help_text="Deprecated: the same list as `items`.")
+        next_cursor = serializers.CharField(allow_null=True, help_text="Deprecated: `next`.")
 
     @extend_schema(
         parameters=[CursorSerializer], responses=PageSerializer, summary="The session's digest versions"
@@ -122,7 +124,8 @@ class SessionDigestListApi(TenantApiView):
             cursor=page.get("cursor"),
             limit=page.get("limit"),
         )
-        return Response({"results": [digest_out(d) for d in rows], "next_cursor": next_cursor})
+        items = [digest_out(d) for d in rows]
+        return Response({"items": items, "next": next_cursor, "results": items, "next_cursor": next_cursor})
 
 
 urlpatterns = [
