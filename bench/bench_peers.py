@@ -208,7 +208,7 @@ def appends(n: int, batches: int, base: str, secret: str, lc_uri: str) -> None:
 
     def ours_service(i: int) -> None:
         with transaction.atomic():
-            current = svc.session_get(tenant=tenant, session_id=session.public_id, touch=False)
+            current = svc.session_get(tenant=tenant, session_id=session.public_id)
             svc.messages_append(
                 tenant=tenant,
                 session=current,

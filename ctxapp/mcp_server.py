@@ -95,9 +95,13 @@ class ServiceBackend:
             )
 
     def _session(self, session: str, *, touch: bool = True) -> Any:
-        from memory.services.sessions import session_get
+        from memory.selectors.sessions import session_get
+        from memory.services.sessions import session_access
 
-        row = session_get(tenant=self.tenant, session_id=session, touch=touch)
+        if touch:
+            row = session_access(tenant=self.tenant, session_id=session)
+        else:
+            row = session_get(tenant=self.tenant, session_id=session)
         if self.api_key.agent_external_id:
             self._act_as(row.agent.external_id)
         return row
@@ -117,11 +121,12 @@ class ServiceBackend:
         )
 
     def message_append(self, *, session: str, role: str, content: str) -> dict[str, Any]:
+        from memory.api.message_inputs import message_inputs_validate
         from memory.api.sessions import message_out
-        from memory.services.sessions import message_inputs_parse, messages_append
+        from memory.services.sessions import messages_append
 
         self._require("write")
-        items, _ = message_inputs_parse({"role": role, "content": content})
+        items, _ = message_inputs_validate({"role": role, "content": content})
         messages = messages_append(tenant=self.tenant, session=self._session(session), items=items)
         return message_out(messages[0])
 

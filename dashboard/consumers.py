@@ -32,7 +32,7 @@ from django.template.loader import render_to_string
 from dashboard import access, panels, selectors
 from memory.broadcast import tenant_group
 from memory.exceptions import NotFound
-from memory.services.sessions import agent_get, session_get
+from memory.selectors.sessions import agent_get, session_get
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dashboard import access, capabilities, jobs, panels, selectors
 from dashboard.access import TenantRequest
 from memory.exceptions import NotFound
 from memory.models import Agent, Session
-from memory.services.sessions import agent_get, session_get
+from memory.selectors.sessions import agent_get, session_get
 
 
 def _session_or_404(request: TenantRequest, session_id: str) -> Session:

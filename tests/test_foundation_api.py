@@ -205,7 +205,7 @@ def test_admin_lists_keys_with_their_status(admin_a: Any, tenant_a: Any, api_a: 
     response = admin_a.get("/api/v1/tenant/api-keys?limit=2")
     assert response.status_code == 200
     first = response.json()
-    assert len(first["items"]) == 2 and first["next_cursor"]
+    assert len(first["items"]) == 2 and first["next_cursor"] and first["next"] == first["next_cursor"]
     rest = admin_a.get(f"/api/v1/tenant/api-keys?cursor={first['next_cursor']}").json()
     statuses = {item["prefix"]: item["status"] for item in first["items"] + rest["items"]}
     assert statuses == {

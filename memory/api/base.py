@@ -15,8 +15,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
+from drf_spectacular.utils import inline_serializer
 from rest_framework import exceptions as drf_exceptions
 from rest_framework import serializers
+from rest_framework.pagination import BasePagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -277,3 +279,61 @@ def keyset_page(
     rows = list(queryset.order_by("-pk" if newest_first else "pk")[: size + 1])
     next_cursor = encode_cursor(rows[size - 1].pk) if len(rows) > size else None
     return rows[:size], next_cursor
+
+
+# --- the one list envelope ------------------------------------------------------------------
+# Every list answers {"items": [...], "next": <where the next page starts> | null}. The older names
+# of `next` stay as deprecated aliases with the same value (`next_cursor` for pk-keyset lists,
+# `next_after` for seq lists), so clients written against them keep working.
+
+
+class KeysetPagination(BasePagination):
+    """Newest first, keyset on the primary key; `next` is an opaque cursor (pass as `cursor`)."""
+
+    alias = "next_cursor"
+    newest_first = True
+    next: str | None = None
+
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> list[Any]:
+        params = CursorSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        rows, self.next = keyset_page(
+            queryset,
+            cursor=params.validated_data.get("cursor"),
+            limit=params.validated_data.get("limit"),
+            newest_first=self.newest_first,
+        )
+        return rows
+
+    def get_paginated_response(self, data: Any) -> Response:
+        return Response({"items": data, "next": self.next, self.alias: self.next})
+
+
+class SeqPagination(BasePagination):
+    """Oldest first by seq; `next` is the seq to pass as `after` for the next page."""
+
+    alias = "next_after"
+    next: int | None = None
+
+    def paginate_rows(self, rows: list[Any], limit: int) -> list[Any]:
+        """`rows` were fetched with limit + 1 (seq > after, ascending): trim and note where to go on."""
+        self.next = rows[limit - 1].seq if len(rows) > limit else None
+        return rows[:limit]
+
+    def get_paginated_response(self, data: Any) -> Response:
+        return Response({"items": data, "next": self.next, self.alias: self.next})
+
+
+def page_serializer(name: str, item: serializers.Serializer, pagination: type[BasePagination]) -> Any:
+    """The OpenAPI component of one list envelope (`items`, `next` and its deprecated alias)."""
+    if pagination is SeqPagination:
+        next_field: serializers.Field = serializers.IntegerField(
+            allow_null=True, help_text="Pass as `after` for the next page; null on the last page."
+        )
+        alias: serializers.Field = serializers.IntegerField(allow_null=True, help_text="Deprecated: `next`.")
+    else:
+        next_field = serializers.CharField(
+            allow_null=True, help_text="Pass as `cursor` for the next page; null on the last page."
+        )
+        alias = serializers.CharField(allow_null=True, help_text="Deprecated: `next`.")
+    return inline_serializer(name, {"items": item, "next": next_field, pagination.alias: alias})  # type: ignore[attr-defined]

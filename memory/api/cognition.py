@@ -287,7 +287,8 @@ class AgentCheckpointsApi(AgentScopedView):
             cursor=data.get("cursor"),
             limit=data.get("limit"),
         )
-        return Response({"items": [checkpoint_out(c) for c in rows], "next_cursor": next_cursor})
+        items = [checkpoint_out(c) for c in rows]
+        return Response({"items": items, "next": next_cursor, "next_cursor": next_cursor})
 
     @extend_schema(
         request=InputSerializer,
@@ -579,7 +580,8 @@ class TaskMessagesApi(AgentScopedView):
         rows, next_cursor = keyset_page(
             queryset, cursor=data.get("cursor"), limit=data.get("limit"), newest_first=False
         )
-        return Response({"items": [layers.ipc_dict(m) for m in rows], "next_cursor": next_cursor})
+        items = [layers.ipc_dict(m) for m in rows]
+        return Response({"items": items, "next": next_cursor, "next_cursor": next_cursor})
 
     @extend_schema(
         responses=FREE_JSON,

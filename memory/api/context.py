@@ -15,7 +15,7 @@ from memory.api.base import TenantApiView
 from memory.exceptions import InvalidInput, NotFound
 from memory.models import Session, SessionContextPolicy
 from memory.services import context, model_profiles, summarise, tokens
-from memory.services.sessions import session_get
+from memory.services.sessions import session_access
 
 # --- tokens -----------------------------------------------------------------------------------------
 
@@ -235,7 +235,7 @@ class SessionContextApi(TenantApiView):
     )
     def post(self, request: Any, session_id: str) -> Response:
         data = self.validate(self.InputSerializer)
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         overrides = context.policy_overrides_validate(data.get("budget"))
         if data.get("mode"):
             overrides["mode"] = data["mode"]
@@ -260,7 +260,7 @@ class SessionContextApi(TenantApiView):
         summary="The session's latest builds",
     )
     def get(self, request: Any, session_id: str) -> Response:
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         try:
             limit = max(1, min(200, int(request.query_params.get("limit", 20))))
         except ValueError:
@@ -361,7 +361,7 @@ class SessionUsageApi(TenantApiView):
     )
     def post(self, request: Any, session_id: str) -> Response:
         data = self.validate(self.InputSerializer)
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         numbers = self._numbers(data)
         report = context.context_usage_record(
             tenant=self.tenant,
@@ -414,7 +414,7 @@ class SessionContextPolicyApi(TenantApiView):
         responses=OpenApiTypes.OBJECT, summary="The session's context policy (overrides and effective values)"
     )
     def get(self, request: Any, session_id: str) -> Response:
-        return Response(self._body(session_get(tenant=self.tenant, session_id=session_id)))
+        return Response(self._body(session_access(tenant=self.tenant, session_id=session_id)))
 
     @extend_schema(
         request=InputSerializer,
@@ -423,7 +423,7 @@ class SessionContextPolicyApi(TenantApiView):
     )
     def put(self, request: Any, session_id: str) -> Response:
         data = self.validate(self.InputSerializer)
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         context.session_context_policy_set(tenant=self.tenant, session=session, overrides=data["overrides"])
         return Response(self._body(session))
 
@@ -435,7 +435,7 @@ class SessionSummariesApi(TenantApiView):
 
     @extend_schema(responses=OpenApiTypes.OBJECT, summary="The session's rolling summaries, current first")
     def get(self, request: Any, session_id: str) -> Response:
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         return Response(
             {
                 "summaries": [
@@ -465,7 +465,7 @@ class SessionSummariesApi(TenantApiView):
     def post(self, request: Any, session_id: str) -> Response:
         from memory.services import jobs
 
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         with transaction.atomic():
             jobs.job_enqueue(
                 tenant=self.tenant,

@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from memory.api.base import MAX_BIGINT, CursorSerializer, TenantApiView, decode_cursor, encode_cursor
 from memory.models import FactImportance, FactScope
 from memory.services import compression, decay
-from memory.services.sessions import session_get
+from memory.services.sessions import session_access
 
 FACT_TYPE_HELP = (
     "user_preference, constraint, goal, critical_info → high importance; decision, state, progress → medium; "
@@ -109,7 +109,7 @@ class FactsApi(TenantApiView):
     )
     def post(self, request: Any, session_id: str) -> Response:
         data = self.validate(self.InputSerializer)
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         registration = decay.fact_register(
             tenant=self.tenant,
             session=session,
@@ -129,7 +129,7 @@ class FactsApi(TenantApiView):
     )
     def get(self, request: Any, session_id: str) -> Response:
         query = self.validate_query(self.ListQuerySerializer)
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         current, statuses = decay.facts_list(
             tenant=self.tenant,
             session=session,
@@ -161,7 +161,7 @@ class FactApi(TenantApiView):
         summary="One tracked fact with its latest references",
     )
     def get(self, request: Any, session_id: str, fact_id: str) -> Response:
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         fact = decay.fact_get(tenant=self.tenant, session=session, fact_id=fact_id)
         fact_state = _status_of(self.tenant, session, fact)
         data = self.OutputSerializer(
@@ -171,7 +171,7 @@ class FactApi(TenantApiView):
 
     @extend_schema(responses={204: None}, summary="Stop tracking a fact")
     def delete(self, request: Any, session_id: str, fact_id: str) -> Response:
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         fact = decay.fact_get(tenant=self.tenant, session=session, fact_id=fact_id)
         decay.fact_delete(tenant=self.tenant, session=session, fact=fact)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -191,7 +191,7 @@ class FactReferenceApi(TenantApiView):
     )
     def post(self, request: Any, session_id: str, fact_id: str) -> Response:
         data = self.validate(self.InputSerializer)
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         fact = decay.fact_get(tenant=self.tenant, session=session, fact_id=fact_id)
         fact = decay.fact_reference(tenant=self.tenant, session=session, fact=fact, note=data["note"])
         return Response(FactOutputSerializer(_status_of(self.tenant, session, fact)).data)
@@ -253,7 +253,7 @@ class SessionCompressApi(TenantApiView):
     )
     def post(self, request: Any, session_id: str) -> Response:
         data = self.validate(self.InputSerializer)
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         result = compression.session_compress(tenant=self.tenant, session=session, **data)
         return Response(self.OutputSerializer(result).data)
 

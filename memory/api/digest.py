@@ -18,7 +18,7 @@ from rest_framework.response import Response
 from memory.api.base import CursorSerializer, TenantApiView, keyset_page
 from memory.models import DIGEST_CATEGORIES, SessionDigest
 from memory.services import digest as svc
-from memory.services.sessions import session_get
+from memory.services.sessions import session_access
 
 
 class DigestItemSerializer(serializers.Serializer):
@@ -86,7 +86,7 @@ class SessionDigestApi(TenantApiView):
     )
     def get(self, request: Request, session_id: str) -> Response:
         data = self.validate_query(self.QuerySerializer)
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         digest = svc.session_digest_get(tenant=self.tenant, session=session, version=data.get("version"))
         return Response(digest_out(digest))
 
@@ -96,7 +96,7 @@ class SessionDigestApi(TenantApiView):
         summary="Queue an update of the session's digest now",
     )
     def post(self, request: Request, session_id: str) -> Response:
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         svc.session_digest_queue(session=session)
         return Response({"queued": True, "session": session.public_id}, status=status.HTTP_202_ACCEPTED)
 
@@ -108,21 +108,24 @@ class SessionDigestListApi(TenantApiView):
         class Meta:
             ref_name = "SessionDigestPage"
 
-        results = DigestSerializer(many=True)
-        next_cursor = serializers.CharField(allow_null=True)
+        items = DigestSerializer(many=True)
+        next = serializers.CharField(allow_null=True, help_text="Pass as `cursor` for the next page.")
+        results = DigestSerializer(many=True, help_text="Deprecated: the same list as `items`.")
+        next_cursor = serializers.CharField(allow_null=True, help_text="Deprecated: `next`.")
 
     @extend_schema(
         parameters=[CursorSerializer], responses=PageSerializer, summary="The session's digest versions"
     )
     def get(self, request: Request, session_id: str) -> Response:
         page = self.validate_query(CursorSerializer)
-        session = session_get(tenant=self.tenant, session_id=session_id)
+        session = session_access(tenant=self.tenant, session_id=session_id)
         rows, next_cursor = keyset_page(
             svc.session_digests_list(tenant=self.tenant, session=session).select_related("session"),
             cursor=page.get("cursor"),
             limit=page.get("limit"),
         )
-        return Response({"results": [digest_out(d) for d in rows], "next_cursor": next_cursor})
+        items = [digest_out(d) for d in rows]
+        return Response({"items": items, "next": next_cursor, "results": items, "next_cursor": next_cursor})
 
 
 urlpatterns = [

@@ -25,7 +25,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from memory.api.base import CursorSerializer, TenantApiView, keyset_page
+from memory.api.base import CursorSerializer, KeysetPagination, TenantApiView
 from memory.exceptions import AgentMismatch, InvalidInput
 from memory.models import (
     ApiKeyScope,
@@ -36,7 +36,7 @@ from memory.models import (
     ExtractionMethod,
 )
 from memory.services import distillation, experiences, retrieval
-from memory.services.sessions import session_get, task_get
+from memory.services.sessions import session_access, task_get
 
 
 class ExperienceOutputSerializer(serializers.Serializer):
@@ -187,10 +187,20 @@ class ExperienceListApi(TenantApiView):
         class Meta:
             ref_name = "ExperienceListPage"
 
-        results = ExperienceOutputSerializer(many=True)
-        next_cursor = serializers.CharField(allow_null=True)
+        items = ExperienceOutputSerializer(many=True)
+        next = serializers.CharField(
+            allow_null=True, help_text="Pass as `cursor` for the next page; null on the last page."
+        )
+        results = ExperienceOutputSerializer(many=True, help_text="Deprecated: the same list as `items`.")
+        next_cursor = serializers.CharField(allow_null=True, help_text="Deprecated: `next`.")
 
-    @extend_schema(parameters=[FilterSerializer], responses=PageSerializer, summary="List experiences")
+    @extend_schema(
+        parameters=[FilterSerializer],
+        responses=PageSerializer,
+        summary="List experiences",
+        description="The list envelope `{items, next}`; `results` and `next_cursor` are deprecated "
+        "aliases kept for older clients.",
+    )
     def get(self, request: Request) -> Response:
         data = self.validate_query(self.FilterSerializer)
         queryset = experiences.experiences_list(
@@ -203,10 +213,10 @@ class ExperienceListApi(TenantApiView):
             as_of=data.get("as_of"),
             agent=data.get("agent"),
         )
-        rows, next_cursor = keyset_page(queryset, cursor=data.get("cursor"), limit=data.get("limit"))
-        return Response(
-            {"results": ExperienceOutputSerializer(rows, many=True).data, "next_cursor": next_cursor}
-        )
+        pages = KeysetPagination()
+        rows = pages.paginate_queryset(queryset, self.request, self)
+        items = ExperienceOutputSerializer(rows, many=True).data
+        return Response({**pages.get_paginated_response(items).data, "results": items})
 
     @extend_schema(
         request=InputSerializer,
@@ -439,7 +449,9 @@ class ExperienceFeedbackApi(TenantApiView):
     def post(self, request: Request, experience_id: str) -> Response:
         data = self.validate(self.InputSerializer)
         experience = experiences.experience_get(tenant=self.tenant, experience_id=experience_id)
-        session = session_get(tenant=self.tenant, session_id=data["session"]) if data.get("session") else None
+        session = (
+            session_access(tenant=self.tenant, session_id=data["session"]) if data.get("session") else None
+        )
         experience = experiences.experience_feedback(
             tenant=self.tenant,
             experience=experience,
@@ -472,7 +484,9 @@ class ExperiencePromoteApi(TenantApiView):
     )
     def post(self, request: Request) -> Response:
         data = self.validate(self.InputSerializer)
-        session = session_get(tenant=self.tenant, session_id=data["session"]) if data.get("session") else None
+        session = (
+            session_access(tenant=self.tenant, session_id=data["session"]) if data.get("session") else None
+        )
         result = experiences.experiences_promote(
             tenant=self.tenant,
             user_id=data["user_id"] or (session.user_id if session else ""),

@@ -13,104 +13,59 @@ from django.conf import settings
 from django.db import transaction
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_serializer,
+    inline_serializer,
+)
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from memory.api.base import MAX_BIGINT, CursorSerializer, TenantApiView, keyset_page
+from memory.api.base import (
+    MAX_BIGINT,
+    CursorSerializer,
+    KeysetPagination,
+    SeqPagination,
+    TenantApiView,
+    page_serializer,
+)
+from memory.api.message_inputs import MessageInputSerializer, message_inputs_validate
 from memory.models import Event, Message, Session, SessionStatus, Task, TaskStatus, ValueTier
+from memory.selectors import sessions as selectors
 from memory.services import recorder
 from memory.services import sessions as svc
 
-# --- output shapes (plain functions on the hot path; the serializers document them) ----------
+# --- output shapes: one serializer per aggregate, used for every response of it -----------------
 
 
-def _iso(value: Any) -> str | None:
-    return value.isoformat() if value is not None else None
+class IsoDateTimeField(serializers.DateTimeField):
+    """A date-time as Python's isoformat() (`+00:00`, as this API always answered), not DRF's `Z`."""
 
-
-def session_out(session: Session) -> dict[str, Any]:
-    return {
-        "id": session.public_id,
-        "agent": session.agent.external_id,
-        "user_id": session.user_id,
-        "model": session.model_name,
-        "metadata": session.metadata,
-        "status": session.status,
-        "created_at": _iso(session.created_at),
-        "last_accessed_at": _iso(session.last_accessed_at),
-        "expires_at": _iso(session.expires_at),
-        "ended_at": _iso(session.ended_at),
-        "idle_ttl_seconds": session.idle_ttl_seconds,
-        "last_seq": session.message_seq,
-        "message_count": session.message_count,
-        "token_count": session.token_count,
-    }
-
-
-def message_out(message: Message) -> dict[str, Any]:
-    return {
-        "seq": message.seq,
-        "role": message.role,
-        "content": message.content,
-        "token_count": message.token_count,
-        "turn_id": message.turn_id,
-        "tool_call_id": message.tool_call_id,
-        "tool_calls": message.tool_calls,
-        "event_kind": message.event_kind,
-        "parent_seq": message.parent_seq,
-        "artifact_refs": message.artifact_refs,
-        "metadata": message.metadata,
-        "created_at": _iso(message.created_at),
-        "name": message.name,
-        "occurred_at": _iso(message.occurred_at),
-    }
-
-
-def task_out(task: Task) -> dict[str, Any]:
-    return {
-        "id": task.public_id,
-        "session": task.session.public_id if task.session is not None else None,
-        "agent": task.agent.external_id if task.agent is not None else None,
-        "user_id": task.user_id,
-        "title": task.title,
-        "input": task.input,
-        "output": task.output,
-        "status": task.status,
-        "value_tier": task.value_tier,
-        "metadata": task.metadata,
-        "created_at": _iso(task.created_at),
-        "updated_at": _iso(task.updated_at),
-        "finished_at": _iso(task.finished_at),
-        "expires_at": _iso(task.expires_at),
-    }
-
-
-def event_out(event: Event) -> dict[str, Any]:
-    return {
-        "id": event.public_id,
-        "stream": event.stream,
-        "seq": event.seq,
-        "type": event.type,
-        "session": event.payload.get("gen_ai.conversation.id"),
-        "payload": event.payload,
-        "created_at": _iso(event.created_at),
-    }
+    def to_representation(self, value: Any) -> str:  # None never reaches it: the serializer emits null
+        return str(value.isoformat())
 
 
 class SessionOutputSerializer(serializers.Serializer):
-    id = serializers.CharField(help_text="`sess_` + 24 hex characters (gen_ai.conversation.id).")
-    agent = serializers.CharField(help_text="The agent's external id (gen_ai.agent.id).")
+    id = serializers.CharField(
+        source="public_id", help_text="`sess_` + 24 hex characters (gen_ai.conversation.id)."
+    )
+    agent = serializers.CharField(
+        source="agent.external_id", help_text="The agent's external id (gen_ai.agent.id)."
+    )
     user_id = serializers.CharField()
-    model = serializers.CharField(help_text="gen_ai.request.model")
+    model = serializers.CharField(source="model_name", help_text="gen_ai.request.model")
     metadata = serializers.DictField()
     status = serializers.ChoiceField(choices=SessionStatus.choices)
-    created_at = serializers.DateTimeField()
-    last_accessed_at = serializers.DateTimeField()
-    expires_at = serializers.DateTimeField(allow_null=True, help_text="Idle expiry; moves on every access.")
-    ended_at = serializers.DateTimeField(allow_null=True)
+    created_at = IsoDateTimeField()
+    last_accessed_at = IsoDateTimeField()
+    expires_at = IsoDateTimeField(allow_null=True, help_text="Idle expiry; moves on every agent access.")
+    ended_at = IsoDateTimeField(allow_null=True)
     idle_ttl_seconds = serializers.IntegerField()
-    last_seq = serializers.IntegerField(help_text="The seq of the newest message (0 when empty).")
+    last_seq = serializers.IntegerField(
+        source="message_seq", help_text="The seq of the newest message (0 when empty)."
+    )
     message_count = serializers.IntegerField()
     token_count = serializers.IntegerField()
 
@@ -127,39 +82,15 @@ class MessageOutputSerializer(serializers.Serializer):
     parent_seq = serializers.IntegerField(allow_null=True)
     artifact_refs = serializers.ListField()
     metadata = serializers.DictField()
-    created_at = serializers.DateTimeField()
+    created_at = IsoDateTimeField()
     name = serializers.CharField(help_text="The speaker (indexed for search with the content).")
-    occurred_at = serializers.DateTimeField(help_text="When it was said (client-supplied, else append time).")
-
-
-class MessageInputSerializer(serializers.Serializer):
-    """Documents one message; validation is memory.services.sessions.message_input_parse."""
-
-    role = serializers.ChoiceField(choices=["system", "user", "assistant", "tool"])
-    content = serializers.CharField(required=False, allow_blank=True)
-    turn_id = serializers.CharField(required=False, max_length=200)
-    tool_call_id = serializers.CharField(
-        required=False, max_length=200, help_text="Required for role `tool`."
-    )
-    tool_calls = serializers.ListField(
-        child=serializers.DictField(),
-        required=False,
-        help_text="[{id, type: 'function', function: {name, arguments}}]",
-    )
-    event_kind = serializers.CharField(required=False, max_length=64)
-    parent_seq = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_BIGINT)
-    artifact_refs = serializers.ListField(required=False)
-    metadata = serializers.DictField(required=False)
-    name = serializers.CharField(required=False, max_length=200, help_text="The speaker; searchable.")
-    occurred_at = serializers.DateTimeField(
-        required=False, help_text="When it was said (ISO 8601 with a time zone; default: now). For imports."
-    )
+    occurred_at = IsoDateTimeField(help_text="When it was said (client-supplied, else append time).")
 
 
 class TaskOutputSerializer(serializers.Serializer):
-    id = serializers.CharField()
-    session = serializers.CharField(allow_null=True)
-    agent = serializers.CharField(allow_null=True)
+    id = serializers.CharField(source="public_id")
+    session = serializers.CharField(source="session.public_id", allow_null=True)
+    agent = serializers.CharField(source="agent.external_id", allow_null=True)
     user_id = serializers.CharField()
     title = serializers.CharField()
     input = serializers.CharField()
@@ -167,43 +98,47 @@ class TaskOutputSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=TaskStatus.choices)
     value_tier = serializers.ChoiceField(choices=ValueTier.choices)
     metadata = serializers.DictField()
-    created_at = serializers.DateTimeField()
-    updated_at = serializers.DateTimeField()
-    finished_at = serializers.DateTimeField(allow_null=True)
-    expires_at = serializers.DateTimeField(allow_null=True)
+    created_at = IsoDateTimeField()
+    updated_at = IsoDateTimeField()
+    finished_at = IsoDateTimeField(allow_null=True)
+    expires_at = IsoDateTimeField(allow_null=True)
 
 
 class EventOutputSerializer(serializers.Serializer):
-    id = serializers.CharField()
+    id = serializers.CharField(source="public_id")
     stream = serializers.CharField()
     seq = serializers.IntegerField()
     type = serializers.CharField()
-    session = serializers.CharField(allow_null=True)
+    session = serializers.SerializerMethodField()
     payload = serializers.DictField()
-    created_at = serializers.DateTimeField()
+    created_at = IsoDateTimeField()
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_session(self, event: Event) -> str | None:
+        return event.payload.get("gen_ai.conversation.id")
 
 
-SessionPageSerializer = inline_serializer(
-    "SessionPage",
-    {"items": SessionOutputSerializer(many=True), "next_cursor": serializers.CharField(allow_null=True)},
-)
-TaskPageSerializer = inline_serializer(
-    "TaskPage",
-    {"items": TaskOutputSerializer(many=True), "next_cursor": serializers.CharField(allow_null=True)},
-)
-MessagePageSerializer = inline_serializer(
-    "MessagePage",
-    {
-        "items": MessageOutputSerializer(many=True),
-        "next_after": serializers.IntegerField(
-            allow_null=True, help_text="Pass as `after` for the next page."
-        ),
-    },
-)
-EventPageSerializer = inline_serializer(
-    "EventPage",
-    {"items": EventOutputSerializer(many=True), "next_after": serializers.IntegerField(allow_null=True)},
-)
+def session_out(session: Session) -> dict[str, Any]:
+    """A session as every endpoint (and the MCP server) answers it."""
+    return SessionOutputSerializer(session).data
+
+
+def message_out(message: Message) -> dict[str, Any]:
+    return MessageOutputSerializer(message).data
+
+
+def task_out(task: Task) -> dict[str, Any]:
+    return TaskOutputSerializer(task).data
+
+
+def event_out(event: Event) -> dict[str, Any]:
+    return EventOutputSerializer(event).data
+
+
+SessionPageSerializer = page_serializer("SessionPage", SessionOutputSerializer(many=True), KeysetPagination)
+TaskPageSerializer = page_serializer("TaskPage", TaskOutputSerializer(many=True), KeysetPagination)
+MessagePageSerializer = page_serializer("MessagePage", MessageOutputSerializer(many=True), SeqPagination)
+EventPageSerializer = page_serializer("EventPage", EventOutputSerializer(many=True), SeqPagination)
 BatchOutputSerializer = inline_serializer(
     "MessageBatchAppended",
     {
@@ -222,13 +157,6 @@ BatchOutputSerializer = inline_serializer(
 class AfterSerializer(serializers.Serializer):
     after = serializers.IntegerField(required=False, min_value=0, max_value=MAX_BIGINT, default=0)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=1000)
-
-
-def _after_page(rows: list[Any], limit: int) -> tuple[list[Any], int | None]:
-    """Rows were fetched with limit + 1: trim, and say where the next page starts (or None)."""
-    if len(rows) > limit:
-        return rows[:limit], rows[limit - 1].seq
-    return rows, None
 
 
 # --- sessions ----------------------------------------------------------------------------------
@@ -287,20 +215,21 @@ class SessionListCreateApi(TenantApiView):
     )
     def get(self, request: Any) -> Response:
         data = self.validate_query(self.FilterSerializer)
-        queryset = svc.sessions_list(
+        queryset = selectors.sessions_list(
             tenant=self.tenant,
             agent_external_id=data.get("agent"),
             user_id=data.get("user_id"),
             status=data.get("status"),
         )
-        rows, next_cursor = keyset_page(queryset, cursor=data.get("cursor"), limit=data.get("limit"))
-        return Response({"items": [session_out(s) for s in rows], "next_cursor": next_cursor})
+        pages = KeysetPagination()
+        rows = pages.paginate_queryset(queryset, self.request, self)
+        return pages.get_paginated_response(SessionOutputSerializer(rows, many=True).data)
 
 
 class SessionDetailApi(TenantApiView):
     @extend_schema(responses=SessionOutputSerializer, summary="Read a session (keeps it alive)")
     def get(self, request: Any, session_id: str) -> Response:
-        return Response(session_out(svc.session_get(tenant=self.tenant, session_id=session_id)))
+        return Response(session_out(svc.session_access(tenant=self.tenant, session_id=session_id)))
 
     @extend_schema(
         responses={204: None},
@@ -308,7 +237,7 @@ class SessionDetailApi(TenantApiView):
         description="Its events stay (the audit trail); records `session.deleted`.",
     )
     def delete(self, request: Any, session_id: str) -> Response:
-        session = svc.session_get(tenant=self.tenant, session_id=session_id, touch=False)
+        session = selectors.session_get(tenant=self.tenant, session_id=session_id)
         svc.session_delete(tenant=self.tenant, session=session)
         return Response(status=204)
 
@@ -322,7 +251,7 @@ class SessionEndApi(TenantApiView):
         "Ending a session that is no longer open changes nothing.",
     )
     def post(self, request: Any, session_id: str) -> Response:
-        session = svc.session_get(tenant=self.tenant, session_id=session_id, touch=False)
+        session = selectors.session_get(tenant=self.tenant, session_id=session_id)
         return Response(session_out(svc.session_end(tenant=self.tenant, session=session)))
 
 
@@ -339,8 +268,8 @@ class SessionMessagesApi(TenantApiView):
         "Bad fields → 422 naming them (`messages[3].role`); ended session → 409 `session_ended`.",
     )
     def post(self, request: Any, session_id: str) -> Response:
-        items, is_batch = svc.message_inputs_parse(request.data)
-        session = svc.session_get(tenant=self.tenant, session_id=session_id, touch=False)
+        items, is_batch = message_inputs_validate(request.data)
+        session = selectors.session_get(tenant=self.tenant, session_id=session_id)
         messages = svc.messages_append(tenant=self.tenant, session=session, items=items)
         if not is_batch:
             return Response(message_out(messages[0]), status=201)
@@ -362,12 +291,15 @@ class SessionMessagesApi(TenantApiView):
     def get(self, request: Any, session_id: str) -> Response:
         data = self.validate_query(AfterSerializer)
         limit = data.get("limit") or settings.CTXAPP["CTXAPP_PAGE_SIZE"]
-        session = svc.session_get(tenant=self.tenant, session_id=session_id)
-        rows, next_after = _after_page(
-            svc.messages_after(tenant=self.tenant, session=session, after_seq=data["after"], limit=limit + 1),
+        session = svc.session_access(tenant=self.tenant, session_id=session_id)
+        pages = SeqPagination()
+        rows = pages.paginate_rows(
+            selectors.messages_after(
+                tenant=self.tenant, session=session, after_seq=data["after"], limit=limit + 1
+            ),
             limit,
         )
-        return Response({"items": [message_out(m) for m in rows], "next_after": next_after})
+        return pages.get_paginated_response(MessageOutputSerializer(rows, many=True).data)
 
 
 class AgentLatestSessionApi(TenantApiView):
@@ -377,7 +309,7 @@ class AgentLatestSessionApi(TenantApiView):
         description="404 `no_session` when the agent has none; 404 `not_found` for an unknown agent.",
     )
     def get(self, request: Any, agent: str) -> Response:
-        return Response(session_out(svc.session_latest(tenant=self.tenant, agent_external_id=agent)))
+        return Response(session_out(selectors.session_latest(tenant=self.tenant, agent_external_id=agent)))
 
 
 # --- tasks -------------------------------------------------------------------------------------
@@ -414,22 +346,23 @@ class TaskCreateApi(TenantApiView):
     )
     def get(self, request: Any) -> Response:
         data = self.validate_query(self.FilterSerializer)
-        queryset = svc.tasks_list(
+        queryset = selectors.tasks_list(
             tenant=self.tenant,
             session_id=data.get("session"),
             agent_external_id=data.get("agent"),
             user_id=data.get("user_id"),
             status=data.get("status"),
         )
-        rows, next_cursor = keyset_page(queryset, cursor=data.get("cursor"), limit=data.get("limit"))
-        return Response({"items": [task_out(t) for t in rows], "next_cursor": next_cursor})
+        pages = KeysetPagination()
+        rows = pages.paginate_queryset(queryset, self.request, self)
+        return pages.get_paginated_response(TaskOutputSerializer(rows, many=True).data)
 
     @extend_schema(request=InputSerializer, responses={201: TaskOutputSerializer}, summary="Record a task")
     def post(self, request: Any) -> Response:
         data = self.validate(self.InputSerializer)
         session = None
         if data.get("session"):
-            session = svc.session_get(tenant=self.tenant, session_id=data["session"], touch=False)
+            session = selectors.session_get(tenant=self.tenant, session_id=data["session"])
         task = svc.task_create(
             tenant=self.tenant,
             session=session,
@@ -452,7 +385,7 @@ class TaskDetailApi(TenantApiView):
 
     @extend_schema(responses=TaskOutputSerializer, summary="Read a task")
     def get(self, request: Any, task_id: str) -> Response:
-        return Response(task_out(svc.task_get(tenant=self.tenant, task_id=task_id)))
+        return Response(task_out(selectors.task_get(tenant=self.tenant, task_id=task_id)))
 
     @extend_schema(
         request=InputSerializer,
@@ -463,7 +396,7 @@ class TaskDetailApi(TenantApiView):
     )
     def patch(self, request: Any, task_id: str) -> Response:
         data = self.validate(self.InputSerializer)
-        task = svc.task_get(tenant=self.tenant, task_id=task_id)
+        task = selectors.task_get(tenant=self.tenant, task_id=task_id)
         task = svc.task_update(tenant=self.tenant, task=task, **data)
         return Response(task_out(task))
 
@@ -499,12 +432,13 @@ class AgentEventsApi(TenantApiView):
     def get(self, request: Any, agent: str) -> Response:
         data = self.validate_query(self.FilterSerializer)
         limit = data.get("limit") or settings.CTXAPP["CTXAPP_PAGE_SIZE"]
-        agent_row = svc.agent_get(tenant=self.tenant, external_id=agent)
+        agent_row = selectors.agent_get(tenant=self.tenant, external_id=agent)
         types = [t.strip() for t in data.get("type", "").split(",") if t.strip()] or None
         session = None
         if data.get("session"):
-            session = svc.session_get(tenant=self.tenant, session_id=data["session"], touch=False)
-        rows, next_after = _after_page(
+            session = selectors.session_get(tenant=self.tenant, session_id=data["session"])
+        pages = SeqPagination()
+        rows = pages.paginate_rows(
             recorder.events_list(
                 tenant=self.tenant,
                 agent=agent_row,
@@ -515,7 +449,7 @@ class AgentEventsApi(TenantApiView):
             ),
             limit,
         )
-        return Response({"items": [event_out(e) for e in rows], "next_after": next_after})
+        return pages.get_paginated_response(EventOutputSerializer(rows, many=True).data)
 
     @extend_schema(
         request=InputSerializer,
@@ -528,7 +462,7 @@ class AgentEventsApi(TenantApiView):
         data = self.validate(self.InputSerializer)
         session = None
         if data.get("session"):
-            session = svc.session_get(tenant=self.tenant, session_id=data["session"], touch=False)
+            session = selectors.session_get(tenant=self.tenant, session_id=data["session"])
         with transaction.atomic():  # a refused event must not leave a new agent behind
             agent_row = svc.agent_get_or_create(tenant=self.tenant, external_id=agent)
             event = recorder.event_emit(

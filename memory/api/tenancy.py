@@ -113,7 +113,8 @@ class ApiKeyListCreateApi(TenantApiView):
 
     class PageSerializer(serializers.Serializer):
         items = ApiKeyOutputSerializer(many=True)
-        next_cursor = serializers.CharField(allow_null=True)
+        next = serializers.CharField(allow_null=True, help_text="Pass as `cursor` for the next page.")
+        next_cursor = serializers.CharField(allow_null=True, help_text="Deprecated: `next`.")
 
     @extend_schema(
         request=InputSerializer,
@@ -140,7 +141,8 @@ class ApiKeyListCreateApi(TenantApiView):
         rows, next_cursor = keyset_page(
             api_key_list(tenant=self.tenant), cursor=page.get("cursor"), limit=page.get("limit")
         )
-        return Response({"items": [api_key_out(key) for key in rows], "next_cursor": next_cursor})
+        items = [api_key_out(key) for key in rows]
+        return Response({"items": items, "next": next_cursor, "next_cursor": next_cursor})
 
 
 class ApiKeyDetailApi(TenantApiView):

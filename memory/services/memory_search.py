@@ -32,12 +32,12 @@ from django.utils import timezone
 from memory.exceptions import InvalidInput
 from memory.models import Message, Session, Summary, Tenant, TrackedFact
 from memory.models.experiences import Experience, ExperienceScope
+from memory.selectors.sessions import agent_get, session_get
 from memory.services import ranking
 from memory.services.embedding import EmbedderError, embed_query
 from memory.services.memory_digest import digest_candidates
 from memory.services.memory_index import memory_policy_get
 from memory.services.retrieval import _configure_hnsw
-from memory.services.sessions import agent_get, session_get
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def scope_sessions(*, tenant: Tenant, scope: SearchScope) -> tuple[list[int] | N
     """
     queryset = Session.objects.filter(tenant=tenant)
     if scope.session:
-        current = session_get(tenant=tenant, session_id=scope.session, touch=False)
+        current = session_get(tenant=tenant, session_id=scope.session)
         if scope.sessions == "current":
             return [current.pk], {current.pk: current.public_id}
         if scope.user_id is None and current.user_id:

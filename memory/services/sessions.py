@@ -6,16 +6,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import QuerySet
 from django.utils import timezone
 
 from memory.exceptions import (
     Conflict,
     InvalidInput,
     InvalidTransition,
-    NoSession,
     NotFound,
     SessionEnded,
     TaskFinished,
@@ -23,7 +20,6 @@ from memory.exceptions import (
 from memory.models import (
     Agent,
     Message,
-    MessageRole,
     Session,
     SessionRetentionPolicy,
     SessionStatus,
@@ -32,6 +28,15 @@ from memory.models import (
     Tenant,
     ValueTier,
 )
+
+# The reads callers used to find here, re-exported; they live in memory.selectors (pure reads).
+from memory.selectors.sessions import agent_get as agent_get
+from memory.selectors.sessions import messages_after as messages_after
+from memory.selectors.sessions import session_get as session_get
+from memory.selectors.sessions import session_latest as session_latest
+from memory.selectors.sessions import sessions_list as sessions_list
+from memory.selectors.sessions import task_get as task_get
+from memory.selectors.sessions import tasks_list as tasks_list
 from memory.services import decay, recorder, tokens
 
 DEFAULT_SESSION_TTL = timedelta(hours=24)
@@ -71,25 +76,15 @@ def agent_get_or_create(*, tenant: Tenant, external_id: str) -> Agent:
     return Agent.objects.get(tenant=tenant, external_id=external_id)
 
 
-def agent_get(*, tenant: Tenant, external_id: str) -> Agent:
-    """The tenant's agent, or NotFound (also for another tenant's agent)."""
-    agent = Agent.objects.filter(tenant=tenant, external_id=external_id).first()
-    if agent is None:
-        raise NotFound.of("agent", external_id)
-    return agent
+def session_access(*, tenant: Tenant, session_id: str) -> Session:
+    """The session an agent is using, touched: its last_accessed_at/expires_at move to now
+    (at most every TOUCH_GRANULARITY), so an agent reading its session keeps it alive.
 
-
-def session_get(*, tenant: Tenant, session_id: str, touch: bool = True) -> Session:
-    """The tenant's session, or NotFound — identical for a missing id and another tenant's id.
-
-    With `touch` (the default) an open session's last_accessed_at/expires_at move to now
-    (at most every TOUCH_GRANULARITY): reading a session keeps it alive.
+    The agent-API read. NotFound for a missing id and another tenant's id alike. Operators'
+    reads (the dashboard) use memory.selectors.sessions.session_get, which never writes.
     """
-    session = Session.objects.select_related("agent").filter(tenant=tenant, public_id=session_id).first()
-    if session is None:
-        raise NotFound.of("session", session_id)
-    if touch:
-        session_touch(session=session)
+    session = session_get(tenant=tenant, session_id=session_id)
+    session_touch(session=session)
     return session
 
 
@@ -117,44 +112,6 @@ def session_touch(*, session: Session, now: datetime | None = None) -> None:
         transaction.on_commit(write)
     else:
         write()
-
-
-def sessions_list(
-    *,
-    tenant: Tenant,
-    agent_external_id: str | None = None,
-    user_id: str | None = None,
-    status: str | None = None,
-) -> QuerySet[Session]:
-    """The tenant's sessions, filtered (read-only; the caller pages it, newest first)."""
-    queryset = Session.objects.filter(tenant=tenant).select_related("agent")
-    if agent_external_id is not None:
-        queryset = queryset.filter(agent__external_id=agent_external_id)
-    if user_id is not None:
-        queryset = queryset.filter(user_id=user_id)
-    if status is not None:
-        queryset = queryset.filter(status=status)
-    return queryset
-
-
-def session_latest(*, tenant: Tenant, agent_external_id: str) -> Session:
-    """The agent's most recently created session (any status). Read-only.
-
-    Raises NotFound for an unknown agent and NoSession (404 `no_session`) for an agent without one.
-    """
-    agent = agent_get(tenant=tenant, external_id=agent_external_id)
-    session = (
-        Session.objects.select_related("agent")
-        .filter(tenant=tenant, agent=agent)
-        .order_by("-created_at", "-pk")
-        .first()
-    )
-    if session is None:
-        raise NoSession(
-            f"Agent {agent_external_id!r} has no session yet: create one with POST /api/v1/sessions.",
-            details={"agent": agent_external_id},
-        )
-    return session
 
 
 @transaction.atomic
@@ -357,242 +314,7 @@ def messages_append(*, tenant: Tenant, session: Session, items: list[MessageInpu
     return messages
 
 
-# --- message input validation ----------------------------------------------------------------
-
-MESSAGE_FIELDS = frozenset(
-    {
-        "role",
-        "content",
-        "turn_id",
-        "tool_call_id",
-        "tool_calls",
-        "event_kind",
-        "parent_seq",
-        "artifact_refs",
-        "metadata",
-        "name",
-        "occurred_at",
-    }
-)
-ROLES = frozenset(MessageRole.values)
-MAX_BIGINT = 2**63 - 1  # PostgreSQL bigint: a larger seq fails in the database, not here
-STRING_LIMITS = {"turn_id": 200, "tool_call_id": 200, "event_kind": 64, "name": 200}
-# A client-supplied occurred_at may lie at most this far ahead of the server's clock.
-OCCURRED_AT_MAX_FUTURE = timedelta(days=1)
-
-
-def occurred_at_parse(value: Any) -> tuple[datetime | None, str | None]:
-    """An ISO 8601 timestamp with a time zone (or None) → (aware datetime, None) or (None, error)."""
-    if value is None:
-        return None, None
-    if not isinstance(value, str):
-        return None, "Must be an ISO 8601 date-time string with a time zone, e.g. 2023-05-08T13:56:00Z."
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
-    except ValueError:
-        return None, f"Not an ISO 8601 date-time: {value[:40]!r}."
-    if parsed.tzinfo is None:
-        return None, "Must carry a time zone (Z or +hh:mm)."
-    if parsed > timezone.now() + OCCURRED_AT_MAX_FUTURE:
-        return None, "Must not lie more than a day in the future."
-    return parsed, None
-
-
-def _tool_calls_errors(value: Any) -> list[str]:
-    if not isinstance(value, list):
-        return ["Must be a list of tool calls: [{id, type: 'function', function: {name, arguments}}]."]
-    errors = []
-    for index, call in enumerate(value):
-        where = f"Item {index}"
-        if not isinstance(call, dict):
-            errors.append(f"{where} must be an object {{id, type, function}}.")
-            continue
-        if not isinstance(call.get("id"), str) or not call["id"]:
-            errors.append(f"{where}: 'id' must be a non-empty string.")
-        if call.get("type") != "function":
-            errors.append(f"{where}: 'type' must be 'function'.")
-        function = call.get("function")
-        if not isinstance(function, dict):
-            errors.append(f"{where}: 'function' must be an object {{name, arguments}}.")
-            continue
-        if not isinstance(function.get("name"), str) or not function["name"]:
-            errors.append(f"{where}: 'function.name' must be a non-empty string.")
-        if not isinstance(function.get("arguments"), str | dict):
-            errors.append(f"{where}: 'function.arguments' must be a JSON string (or an object).")
-    return errors
-
-
-def message_input_parse(data: Any, *, prefix: str = "") -> tuple[MessageInput | None, dict[str, list[str]]]:
-    """Check one message as sent to the API; return it, or the errors by field path.
-
-    Pure: no database. `prefix` (`messages[3].`) makes the field names of a batch unambiguous.
-    """
-    if not isinstance(data, dict):
-        return None, {prefix.rstrip(".") or "non_field_errors": ["Must be a message object."]}
-    errors: dict[str, list[str]] = {}
-
-    def fail(name: str, message: str) -> None:
-        errors.setdefault(prefix + name, []).append(message)
-
-    for name in data.keys() - MESSAGE_FIELDS:
-        fail(name, f"Unknown field. Known: {', '.join(sorted(MESSAGE_FIELDS))}.")
-    role = data.get("role")
-    if not isinstance(role, str) or role not in ROLES:  # a dict or list is unhashable: check type first
-        fail("role", f"Must be one of {', '.join(sorted(ROLES))}; got {role!r}.")
-        role = None
-    content = data.get("content")
-    if content is None:
-        content = ""
-    if not isinstance(content, str):
-        fail("content", "Must be a string.")
-    else:
-        limit = settings.CTXAPP["CTXAPP_MESSAGE_MAX_BYTES"]
-        # Cheap bound first: a UTF-8 character is at most 4 bytes.
-        if len(content) * 4 > limit and len(content.encode()) > limit:
-            fail(
-                "content",
-                f"Is longer than the limit of {limit} bytes (UTF-8); split it or store it as an artifact.",
-            )
-    strings = {}
-    for name, max_length in STRING_LIMITS.items():
-        value = data.get(name)
-        if value is None:
-            value = ""
-        if not isinstance(value, str):
-            fail(name, "Must be a string.")
-        elif len(value) > max_length:
-            fail(name, f"Must be at most {max_length} characters.")
-        strings[name] = value
-    tool_calls = data.get("tool_calls")
-    if tool_calls is None:
-        tool_calls = []
-    for message in _tool_calls_errors(tool_calls):
-        fail("tool_calls", message)
-    if tool_calls and role in ROLES and role != MessageRole.ASSISTANT and isinstance(tool_calls, list):
-        fail("tool_calls", "Only an assistant message may carry tool calls.")
-    if role == MessageRole.TOOL and not strings.get("tool_call_id"):
-        fail("tool_call_id", "A tool message must name the tool call it answers (tool_call_id).")
-    parent_seq = data.get("parent_seq")
-    if parent_seq is not None and (
-        isinstance(parent_seq, bool) or not isinstance(parent_seq, int) or not 1 <= parent_seq <= MAX_BIGINT
-    ):
-        fail("parent_seq", "Must be a positive integer (the seq of an earlier message) or null.")
-    artifact_refs = data.get("artifact_refs")
-    if artifact_refs is None:
-        artifact_refs = []
-    if not isinstance(artifact_refs, list):
-        fail("artifact_refs", "Must be a list.")
-    metadata = data.get("metadata")
-    if metadata is None:
-        metadata = {}
-    if not isinstance(metadata, dict):
-        fail("metadata", "Must be an object.")
-    occurred_at, occurred_error = occurred_at_parse(data.get("occurred_at"))
-    if occurred_error:
-        fail("occurred_at", occurred_error)
-    if errors:
-        return None, errors
-    return (
-        MessageInput(
-            role=str(role),
-            content=content,
-            turn_id=strings["turn_id"],
-            tool_call_id=strings["tool_call_id"],
-            tool_calls=tool_calls,
-            event_kind=strings["event_kind"],
-            parent_seq=parent_seq,
-            artifact_refs=artifact_refs,
-            metadata=metadata,
-            name=strings["name"],
-            occurred_at=occurred_at,
-        ),
-        {},
-    )
-
-
-def message_inputs_parse(data: Any) -> tuple[list[MessageInput], bool]:
-    """Parse an append body: one message object, or {"messages": [...]}. Returns (items, is_batch).
-
-    Raises InvalidInput (422) naming every bad field (`messages[3].role` in a batch), so a
-    batch with one bad message is refused whole.
-    """
-    if isinstance(data, dict) and "messages" in data:
-        extra = data.keys() - {"messages"}
-        if extra:
-            raise InvalidInput(
-                "A batch body has only the 'messages' key.",
-                details={"fields": {name: ["Unknown field in a batch body."] for name in sorted(extra)}},
-            )
-        raw = data["messages"]
-        limit = settings.CTXAPP["CTXAPP_BATCH_MAX_MESSAGES"]
-        if not isinstance(raw, list) or not raw:
-            raise InvalidInput(
-                "'messages' must be a non-empty list of messages.",
-                details={"fields": {"messages": ["Must be a non-empty list."]}},
-            )
-        if len(raw) > limit:
-            raise InvalidInput(
-                f"A batch holds at most {limit} messages; got {len(raw)}. Split it.",
-                details={"fields": {"messages": [f"At most {limit} messages per batch."]}, "limit": limit},
-            )
-        items: list[MessageInput] = []
-        errors: dict[str, list[str]] = {}
-        for index, entry in enumerate(raw):
-            item, item_errors = message_input_parse(entry, prefix=f"messages[{index}].")
-            errors.update(item_errors)
-            if item is not None:
-                items.append(item)
-        if errors:
-            first = next(iter(errors))
-            raise InvalidInput(f"{first}: {errors[first][0]}", details={"fields": errors})
-        return items, True
-    item, errors = message_input_parse(data)
-    if errors:
-        first = next(iter(errors))
-        raise InvalidInput(f"{first}: {errors[first][0]}", details={"fields": errors})
-    assert item is not None
-    return [item], False
-
-
-def messages_after(
-    *, tenant: Tenant, session: Session, after_seq: int = 0, limit: int = 100
-) -> list[Message]:
-    """The session's messages with seq > after_seq, oldest first. Read-only."""
-    return list(
-        Message.objects.filter(tenant=tenant, session=session, seq__gt=after_seq).order_by("seq")[:limit]
-    )
-
-
 # --- tasks -----------------------------------------------------------------------------------
-
-
-def task_get(*, tenant: Tenant, task_id: str) -> Task:
-    """The tenant's task, or NotFound (also for another tenant's task). Read-only."""
-    task = Task.objects.select_related("session", "agent").filter(tenant=tenant, public_id=task_id).first()
-    if task is None:
-        raise NotFound.of("task", task_id)
-    return task
-
-
-def tasks_list(
-    *,
-    tenant: Tenant,
-    session_id: str | None = None,
-    agent_external_id: str | None = None,
-    user_id: str | None = None,
-    status: str | None = None,
-) -> QuerySet[Task]:
-    """The tenant's tasks, filtered (read-only; the caller pages it, newest first)."""
-    queryset = Task.objects.filter(tenant=tenant).select_related("session", "agent")
-    if session_id is not None:
-        queryset = queryset.filter(session__public_id=session_id)
-    if agent_external_id is not None:
-        queryset = queryset.filter(agent__external_id=agent_external_id)
-    if user_id is not None:
-        queryset = queryset.filter(user_id=user_id)
-    if status is not None:
-        queryset = queryset.filter(status=status)
-    return queryset
 
 
 def task_create(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -382,3 +383,22 @@ def test_favicon_is_served(client) -> None:  # type: ignore[no-untyped-def]
     response = client.get("/favicon.ico", follow=True)
     assert response.status_code == 200
     assert b"<svg" in body_of(response)
+
+
+def test_viewing_a_session_does_not_keep_it_alive_but_an_agent_read_does(
+    web_alice: Client, session_a: Any, tenant_a: Tenant, api_a: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    past = timezone.now() - timedelta(hours=1)
+    Session.objects.filter(pk=session_a.pk).update(
+        last_accessed_at=past, expires_at=past + timedelta(hours=24)
+    )
+    with django_capture_on_commit_callbacks(execute=True):  # a touch is written on commit
+        assert web_alice.get(f"/sessions/{session_a.public_id}/").status_code == 200
+        assert web_alice.get("/sessions/").status_code == 200
+    seen = Session.objects.get(pk=session_a.pk)
+    assert (seen.last_accessed_at, seen.expires_at) == (past, past + timedelta(hours=24))
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api_a.get(f"/api/v1/sessions/{session_a.public_id}").status_code == 200  # the agent reads it
+    touched = Session.objects.get(pk=session_a.pk)
+    assert touched.last_accessed_at > past and touched.expires_at > past + timedelta(hours=24)

@@ -138,6 +138,7 @@ def test_checkpoint_list_read_diff_and_restore(api_a, tenant_a, alice_agents):
     assert [c["seq"] for c in page["items"]] == [2] and page["next_cursor"]
     rest = api_a.get(f"/api/v1/agents/agent-a/checkpoints?cursor={page['next_cursor']}").json()
     assert [c["seq"] for c in rest["items"]] == [1] and rest["next_cursor"] is None
+    assert page["next"] == page["next_cursor"] and rest["next"] is None  # the one list envelope
 
     by_seq = api_a.get("/api/v1/agents/agent-a/checkpoints/2").json()
     by_id = api_a.get(f"/api/v1/agents/agent-a/checkpoints/{two['id']}").json()

@@ -41,6 +41,9 @@ def test_latest_version_and_the_list_of_versions(api_a, tenant_a):
     assert [d["version"] for d in page["results"]] == [2] and page["next_cursor"]
     rest = api_a.get(f"/api/v1/sessions/{session.public_id}/digests?cursor={page['next_cursor']}").json()
     assert [d["version"] for d in rest["results"]] == [1] and rest["next_cursor"] is None
+    # The one list envelope {items, next}; `results` / `next_cursor` are deprecated aliases.
+    assert page["items"] == page["results"] and page["next"] == page["next_cursor"]
+    assert rest["items"] == rest["results"] and rest["next"] is None
 
 
 def test_another_tenants_session_digest_is_404(api_a, api_b, tenant_a):

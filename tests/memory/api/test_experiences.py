@@ -71,6 +71,10 @@ def test_list_pages_and_filters(api_a, tenant_a):
     rest = api_a.get(f"/api/v1/experiences?limit=2&cursor={page['next_cursor']}").json()
     assert [r["id"] for r in rest["results"]] == [ids[0]] and rest["next_cursor"] is None
     assert api_a.get("/api/v1/experiences?embedding_status=completed").json()["results"] == []
+    # The one list envelope {items, next}; `results` / `next_cursor` stay as deprecated aliases.
+    assert page["items"] == page["results"] and page["next"] == page["next_cursor"]
+    following = api_a.get(f"/api/v1/experiences?limit=2&cursor={page['next']}").json()
+    assert [r["id"] for r in following["items"]] == [ids[0]] and following["next"] is None
 
 
 def test_search_returns_scores_and_each_signal(api_a, tenant_a):

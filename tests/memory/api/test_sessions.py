@@ -433,3 +433,39 @@ def test_a_read_only_key_cannot_write(make_client, tenant_a, api_a):
 def test_anonymous_is_refused(anon):
     response = anon.get("/api/v1/sessions")
     assert response.status_code == 401 and response.json()["error"]["code"] == "unauthenticated"
+
+
+# --- one list envelope ---------------------------------------------------------------------------
+
+
+def test_every_list_answers_items_and_next_and_keeps_the_old_name(api_a, api_b):
+    first, second = create_session(api_a, "pager"), create_session(api_a, "pager")
+    for text in ["one", "two", "three"]:
+        assert append(api_a, second["id"], {"role": "user", "content": text}).status_code == 201
+    for body in [{"session": first["id"]}, {"session": second["id"]}]:
+        assert api_a.post("/api/v1/tasks", body, format="json").status_code == 201
+
+    sessions = api_a.get("/api/v1/sessions?agent=pager&limit=1").json()
+    assert [s["id"] for s in sessions["items"]] == [second["id"]]
+    assert sessions["next"] and sessions["next_cursor"] == sessions["next"]
+    rest = api_a.get(f"/api/v1/sessions?agent=pager&limit=1&cursor={sessions['next']}").json()
+    assert [s["id"] for s in rest["items"]] == [first["id"]] and rest["next"] is None
+
+    tasks = api_a.get("/api/v1/tasks?limit=1").json()
+    assert [t["session"] for t in tasks["items"]] == [second["id"]] and tasks["next"] == tasks["next_cursor"]
+
+    messages = api_a.get(f"/api/v1/sessions/{second['id']}/messages?limit=2").json()
+    assert [m["content"] for m in messages["items"]] == ["one", "two"]
+    assert messages["next"] == messages["next_after"] == 2
+    last = api_a.get(f"/api/v1/sessions/{second['id']}/messages?after={messages['next']}").json()
+    assert [m["content"] for m in last["items"]] == ["three"] and last["next"] is None
+
+    events = api_a.get("/api/v1/agents/pager/events?limit=1").json()
+    assert len(events["items"]) == 1 and events["next"] == events["next_after"] == events["items"][0]["seq"]
+
+    assert api_b.get("/api/v1/sessions?agent=pager").json() == {
+        "items": [],
+        "next": None,
+        "next_cursor": None,
+    }
+    assert api_b.get(f"/api/v1/sessions/{second['id']}/messages").status_code == 404

@@ -17,7 +17,13 @@ from memory.models import (
     Task,
 )
 from memory.services import retention
-from memory.services.sessions import MessageInput, messages_append, session_create, session_get, task_create
+from memory.services.sessions import (
+    MessageInput,
+    messages_append,
+    session_access,
+    session_create,
+    task_create,
+)
 from memory.tasks.sessions import SCHEDULE, sessions_retention_run
 
 pytestmark = pytest.mark.django_db
@@ -63,7 +69,7 @@ def test_the_policy_ttl_and_a_reads_touch_decide_expiry(tenant_a, django_capture
     session = session_create(tenant=tenant_a, agent_external_id="bot", now=start)
     assert session.idle_ttl_seconds == 3600
     with django_capture_on_commit_callbacks(execute=True):
-        session_get(tenant=tenant_a, session_id=session.public_id)  # a read now keeps it alive
+        session_access(tenant=tenant_a, session_id=session.public_id)  # an agent read keeps it alive
     assert retention.sessions_expire_idle(tenant=tenant_a, now=timezone.now() + timedelta(minutes=59)) == 0
     assert retention.sessions_expire_idle(tenant=tenant_a, now=timezone.now() + timedelta(minutes=61)) == 1
 

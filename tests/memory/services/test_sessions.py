@@ -7,39 +7,10 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from memory.exceptions import InvalidInput, NoSession, NotFound, SessionEnded, TaskFinished
+from memory.exceptions import NoSession, NotFound, SessionEnded, TaskFinished
 from memory.models import Event, Message, Session, SessionStatus, Task, TaskStatus
 from memory.services import sessions as svc
 from memory.services.sessions import MessageInput
-
-
-def test_a_batch_is_parsed_whole_and_every_bad_field_is_named(settings):
-    items, is_batch = svc.message_inputs_parse({"messages": [{"role": "user", "content": "hi"}]})
-    assert is_batch and items == [MessageInput(role="user", content="hi")]
-    with pytest.raises(InvalidInput) as bad:
-        svc.message_inputs_parse(
-            {
-                "messages": [
-                    {"role": "user", "content": "fine"},
-                    {"role": "tool", "content": "no call id"},
-                    {"role": "assistant", "tool_calls": "lookup()"},
-                    "not an object",
-                ]
-            }
-        )
-    fields = bad.value.details["fields"]
-    assert set(fields) == {"messages[1].tool_call_id", "messages[2].tool_calls", "messages[3]"}
-    with pytest.raises(InvalidInput) as extra:
-        svc.message_inputs_parse({"messages": [{"role": "user"}], "session": "x"})
-    assert "session" in extra.value.details["fields"]
-    with pytest.raises(InvalidInput):
-        svc.message_inputs_parse([{"role": "user"}])
-
-
-def test_tool_call_arguments_may_be_a_json_string_or_an_object():
-    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"q": 1}}}
-    [item], _ = svc.message_inputs_parse({"role": "assistant", "tool_calls": [call]})
-    assert item.tool_calls == [call]
 
 
 @pytest.mark.django_db
