@@ -161,23 +161,28 @@ class DigestOut(TypedDict):
 
 
 class DigestPage(TypedDict):
-    results: list[DigestOut]
-    next_cursor: str | None
+    items: list[DigestOut]
+    next: str | None
+    results: list[DigestOut]  # deprecated alias of items
+    next_cursor: str | None  # deprecated alias of next
 
 
 class Page(TypedDict):
     items: list[Any]
-    next_cursor: str | None
+    next: str | None
+    next_cursor: str | None  # deprecated alias of next
 
 
 class MessagePage(TypedDict):
     items: list[MessageOut]
-    next_after: int | None
+    next: int | None
+    next_after: int | None  # deprecated alias of next
 
 
 class EventPage(TypedDict):
     items: list[EventOut]
-    next_after: int | None
+    next: int | None
+    next_after: int | None  # deprecated alias of next
 
 
 class ExperienceOut(TypedDict):
@@ -218,8 +223,10 @@ class ExperienceDetailOut(ExperienceOut):
 
 
 class ExperiencePage(TypedDict):
-    results: list[ExperienceOut]
-    next_cursor: str | None
+    items: list[ExperienceOut]
+    next: str | None
+    results: list[ExperienceOut]  # deprecated alias of items
+    next_cursor: str | None  # deprecated alias of next
 
 
 class _CheckpointState(TypedDict, total=False):
@@ -244,4 +251,5 @@ class CheckpointOut(_CheckpointState):
 
 class CheckpointPage(TypedDict):
     items: list[CheckpointOut]
-    next_cursor: str | None
+    next: str | None
+    next_cursor: str | None  # deprecated alias of next

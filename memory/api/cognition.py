@@ -138,7 +138,8 @@ class CheckpointOutputSerializer(serializers.Serializer):
 
 class CheckpointPageSerializer(serializers.Serializer):
     items = CheckpointOutputSerializer(many=True)
-    next_cursor = serializers.CharField(allow_null=True)
+    next = serializers.CharField(allow_null=True)
+    next_cursor = serializers.CharField(allow_null=True, help_text="Deprecated alias of `next`.")
 
 
 STATE_OUT = inline_serializer(
