@@ -310,10 +310,107 @@ def _lock_data_dir(data_dir: Path) -> Any:
     return lock
 
 
+def _die_with_parent(parent_pid: int) -> Any:
+    """A `preexec_fn` that makes the child get SIGTERM when `ctxapp up` dies, even by SIGKILL.
+
+    Linux only (prctl PR_SET_PDEATHSIG); elsewhere the leftovers are found by the next `up`
+    through UP_FILE. If the parent died before prctl took effect, stop at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+PR_SET_PDEATHSIG = 1
+# The pids `ctxapp up` started (and the embedded postmaster's), so the next `up` can find what a
+# killed run left behind. Removed on a clean stop.
+UP_FILE = "up.json"
+
+
 def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     # Each child leads its own session and process group: a Ctrl-C in the terminal reaches only
     # us, and we stop each child together with its own children (Celery's pool, uvicorn's workers).
-    return subprocess.Popen(argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+    # Each child also gets SIGTERM if we die without stopping it (SIGKILL, OOM killer).
+    return subprocess.Popen(
+        argv,
+        env=env,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent(os.getpid()),
+    )
+
+
+def _process_record(pid: int) -> dict[str, Any] | None:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return {"pid": pid, "create_time": proc.create_time(), "cmdline": proc.cmdline()}
+    except psutil.Error:
+        return None
+
+
+def _up_file_write(data_dir: Path, children: dict[str, subprocess.Popen[bytes]]) -> None:
+    from ctxapp.embedded import pgdata_dir
+
+    records = {name: _process_record(proc.pid) for name, proc in children.items()}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        postmaster = int((pgdata_dir(data_dir) / "postmaster.pid").read_text().split()[0])
+        records["postgres"] = _process_record(postmaster)
+    with contextlib.suppress(OSError):
+        (data_dir / UP_FILE).write_text(
+            json.dumps({"pid": os.getpid(), "processes": {k: v for k, v in records.items() if v}})
+        )
+
+
+def _stop_leftovers(data_dir: Path, timeout: float = STOP_TIMEOUT_SECONDS) -> list[str]:
+    """Stop the web server, worker and beat an earlier `up` on this data directory left running.
+
+    Called with the data-directory lock held, so their `up` is gone: they are orphans (a killed
+    `up` on a system without PR_SET_PDEATHSIG, or one killed between spawn and prctl). A process
+    counts only if its pid, start time and command line all match the record, so a reused pid is
+    never signalled. Each is sent SIGTERM, waited for, then its process group is SIGKILLed.
+    The embedded PostgreSQL is not stopped: the next start attaches to it (pgserver reuses a live
+    postmaster on its data directory). Returns "name (pid N)" for each process stopped.
+    """
+    import psutil
+
+    path = data_dir / UP_FILE
+    try:
+        recorded = dict(json.loads(path.read_text()).get("processes", {}))
+    except (OSError, ValueError, AttributeError):
+        return []
+    found: list[tuple[str, psutil.Process]] = []
+    for name, record in recorded.items():
+        if name == "postgres" or not isinstance(record, dict):
+            continue
+        try:
+            proc = psutil.Process(int(record["pid"]))
+            same = proc.create_time() == record.get("create_time") and proc.cmdline() == record.get("cmdline")
+        except (psutil.Error, KeyError, TypeError, ValueError):
+            continue
+        if same and proc.status() != psutil.STATUS_ZOMBIE:
+            found.append((name, proc))
+    for _, proc in found:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs([proc for _, proc in found], timeout=timeout)
+    for proc in [p for _, p in found]:  # SIGKILL the stragglers and whatever their groups hold
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=5)
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return [f"{name} (pid {proc.pid})" for name, proc in found]
 
 
 def _stop_children(
@@ -460,6 +557,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     # Keep the lock referenced until we return: a collected lock object closes its file and
     # silently releases the lock.
     data_dir_lock = _lock_data_dir(data_dir)
+    stopped = _stop_leftovers(data_dir)
+    if stopped:
+        print(
+            "ctxapp: stopped processes an earlier `ctxapp up` on this data directory left running: "
+            + ", ".join(stopped),
+            flush=True,
+        )
     (data_dir / "staticfiles").mkdir(exist_ok=True)  # served by ServeStatic (collectstatic target)
     _check_port_free(host, port)
     if values["REDIS_URL"]:
@@ -495,6 +599,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         children["web"] = _spawn(web_argv(values, host, port), env)
         children["worker"] = _spawn(worker_argv(values), env)
         children["beat"] = _spawn(beat_argv(values), env)
+        _up_file_write(data_dir, children)
         local = _local_url(host, port)
         report = _wait_ready(
             f"{local}/readyz", children, lambda: stop["signal"] is not None, READY_TIMEOUT_SECONDS
@@ -522,6 +627,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             _stop_embedded()
         print("ctxapp: stopped.", flush=True)
         _server_file_remove(data_dir)
+        with contextlib.suppress(OSError):
+            (data_dir / UP_FILE).unlink()
         data_dir_lock.release()
     return exit_code
 
