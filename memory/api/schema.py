@@ -103,7 +103,7 @@ def declare_error_responses(
     result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
     reference = {"$ref": "#/components/schemas/Error"}
     for path, item in result.get("paths", {}).items():
-        if not path.startswith("/api/v1/"):
+        if not path.startswith(("/api/v1/", "/v1/")):  # the REST API and OTLP ingest (/v1/traces)
             continue
         for method, operation in item.items():
             responses = operation.setdefault("responses", {})
