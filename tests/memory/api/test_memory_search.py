@@ -269,3 +269,27 @@ def test_a_scope_too_large_to_cache_is_searched_by_postgresql_alone(api_a, histo
     assert (body["results"][0]["session"], body["results"][0]["seq"]) == (history["first"], 1)
     violin = search(api_a, {"query": "violin", "scope": {"user_id": "u1"}, "kinds": ["message"], "limit": 1})
     assert violin["results"][0]["seq"] == 4
+
+
+def test_the_scope_cache_sees_vectors_drained_after_its_first_search(api_a):
+    # The cached scope holds the messages' vectors: a drain after the first search must refresh it.
+    session = create_session(api_a, user_id="u9")
+    append(
+        api_a,
+        session,
+        [
+            {"role": "user", "content": "I adopted a golden retriever puppy last week."},
+            {"role": "user", "content": "The quarterly report is due on Friday."},
+        ],
+    )
+    body = {"query": "my new dog", "scope": {"user_id": "u9"}, "kinds": ["message"], "limit": 2}
+    before = search(api_a, body)
+    assert all(hit["similarity"] is None for hit in before["results"])
+    memory_index.memory_index_drain()
+    after = search(api_a, body)["results"]
+    assert "golden retriever" in after[0]["text"]
+    assert after[0]["similarity"] > after[1]["similarity"] + 0.1
+    append(api_a, session, [{"role": "user", "content": "Our dog Biscuit loves the beach."}])
+    memory_index.memory_index_drain()
+    newest = search(api_a, {**body, "limit": 3})["results"]
+    assert any("Biscuit" in hit["text"] and hit["similarity"] is not None for hit in newest)
