@@ -24,7 +24,8 @@ from bench_retrieval_quality import setup_django
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", default=str(DATA))
-    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="cProfile of the drain")
+    parser.add_argument("--profile-appends", action="store_true", help="cProfile of the appends")
     args = parser.parse_args()
     setup_django()
     from ctxapp.evaluation import load
@@ -35,6 +36,12 @@ def main() -> None:
     embedding.embedder_get().embed(["warm up"])  # model load is per process, not per import
     tenant = Tenant.objects.create(name="ingest", slug="ingest")
     conversations = load(args.data)
+    if args.profile_appends:
+        import cProfile
+        import pstats
+
+        append_profiler = cProfile.Profile()
+        append_profiler.enable()
     started = time.perf_counter()
     total = 0
     for number, conv in enumerate(conversations):
@@ -52,20 +59,26 @@ def main() -> None:
             messages_append(tenant=tenant, session=session, items=items)
             total += len(items)
     appended = time.perf_counter()
+    if args.profile_appends:
+        append_profiler.disable()
+        pstats.Stats(append_profiler).sort_stats("cumulative").print_stats(30)
     if args.profile:
         import cProfile
         import pstats
 
         profiler = cProfile.Profile()
         profiler.enable()
+    cpu = time.process_time()
     result = memory_index.memory_index_drain(time_budget=float("inf"))
     done = time.perf_counter()
+    cpu = time.process_time() - cpu
     if args.profile:
         profiler.disable()
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
     append_s, drain_s = appended - started, done - appended
     print(f"{total} messages; appends {append_s:.2f} s ({total / append_s:.0f} msgs/s)")
     print(f"drain {drain_s:.2f} s ({result.completed / drain_s:.0f} msgs/s, batches {result.batches})")
+    print(f"drain CPU of this process {cpu:.2f} s ({result.completed / cpu:.0f} msgs per CPU second)")
     print(f"total {append_s + drain_s:.2f} s: {total / (append_s + drain_s):.0f} msgs/s")
 
 
