@@ -48,11 +48,62 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def profile_search(fn: Callable[[str], object], questions: list[str]) -> None:
+    """Where one-user-scope search time goes: wall time per SQL statement shape, then cProfile."""
+    import cProfile
+    import pstats
+    import re
+    from collections import defaultdict
+
+    from django.db import connection
+
+    from memory.services import embedding
+
+    sql_ms: dict[str, list[float]] = defaultdict(list)
+
+    def wrapper(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            shape = re.sub(r"\s+", " ", sql)[:90]
+            sql_ms[shape].append((time.perf_counter() - t0) * 1000)
+
+    embed_ms = []
+    for q in questions:
+        embedding._query_cache.clear()
+        t0 = time.perf_counter()
+        embedding.embed_query(q)
+        embed_ms.append((time.perf_counter() - t0) * 1000)
+    print(
+        f"query embedding alone: p50 {statistics.median(embed_ms):.1f} ms  p95 {pct(embed_ms, 0.95):.1f} ms"
+    )
+    with connection.execute_wrapper(wrapper):
+        for q in questions:
+            embedding._query_cache.clear()
+            fn(q)
+    print("SQL per statement shape (per search: calls, p50 ms of one call):")
+    for shape, values in sorted(sql_ms.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {len(values) / len(questions):4.1f}x  {statistics.median(values):6.2f} ms  {shape}")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for q in questions:
+        embedding._query_cache.clear()
+        fn(q)
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=40)
     parser.add_argument("--data", default=str(DATA))
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also break one-user-scope search time down: SQL per statement, cProfile",
+    )
     args = parser.parse_args()
     setup_django()
     import numpy as np
@@ -142,6 +193,10 @@ def main() -> None:
     user_scope = SearchScope(user_id=target.user_id)
     memory_search(tenant=big, query=questions[0], scope=user_scope)  # warm the scope cache
     user_search = timed(lambda q: memory_search(tenant=big, query=q, scope=user_scope, kinds=["message"]))
+    if args.profile:
+        profile_search(
+            lambda q: memory_search(tenant=big, query=q, scope=user_scope, kinds=["message"]), questions
+        )
     tenant_search = timed(lambda q: memory_search(tenant=big, query=q, kinds=["message"]))
     for q in questions[:3]:
         context_build(tenant=big, session=target, next_input=q)

@@ -165,7 +165,7 @@ def _wait_for_index(api: Client, *, timeout: float, progress: Any) -> None:
         if time.monotonic() > deadline:
             raise HarnessError(f"indexing did not finish within {timeout:.0f} s: {status}")
         time.sleep(delay)
-        delay = min(2.0, delay * 1.5)
+        delay = min(0.5, delay * 1.5)
 
 
 def run_recall(

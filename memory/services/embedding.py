@@ -86,7 +86,7 @@ class MiniLMEmbedder:
     model_name = MINILM_MODEL_NAME
     dimensions = EMBEDDING_DIMENSIONS
 
-    def __init__(self, *, batch_size: int = 32, threads: int = 1) -> None:
+    def __init__(self, *, batch_size: int = 64, threads: int = 1) -> None:
         self.batch_size = batch_size
         self.threads = threads
         self._lock = threading.Lock()
@@ -124,13 +124,17 @@ class MiniLMEmbedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
+        # Texts are batched in order of length (each batch pads to its longest text), so a long
+        # text no longer makes 63 short ones pay for its padding; rows come back in input order.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.empty((len(texts), self.dimensions), dtype=np.float32)
         with self._lock:
             if self._session is None:
                 self._load()
-            rows = []
             for start in range(0, len(texts), self.batch_size):
-                rows.append(self._embed_batch(texts[start : start + self.batch_size]))
-        return np.vstack(rows)
+                chosen = order[start : start + self.batch_size]
+                out[chosen] = self._embed_batch([texts[i] for i in chosen])
+        return out
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
         encodings = self._tokenizer.encode_batch(texts)

@@ -175,15 +175,29 @@ def _vectors_for(texts_by_hash: dict[str, str]) -> tuple[str, dict[str, np.ndarr
     missing = [h for h in texts_by_hash if h not in found]
     if missing:
         vectors = embedder.embed([texts_by_hash[h] for h in missing])
-        EmbeddingCache.objects.bulk_create(
-            [
-                EmbeddingCache(model=embedder.model_name, text_hash=h, dimensions=len(v), vector=v)
-                for h, v in zip(missing, vectors, strict=True)
-            ],
-            ignore_conflicts=True,
-        )
+        # One INSERT of text literals: bulk_create's per-row field preparation cost more than the
+        # statement (~1 ms a vector). Same ON CONFLICT DO NOTHING as bulk_create(ignore_conflicts).
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {EmbeddingCache._meta.db_table} "
+                "(model, text_hash, dimensions, vector, created_at) "
+                "SELECT %s, h, %s, v::vector, %s FROM unnest(%s::text[], %s::text[]) AS t(h, v) "
+                "ON CONFLICT (model, text_hash) DO NOTHING",
+                [
+                    embedder.model_name,
+                    embedder.dimensions,
+                    timezone.now(),
+                    missing,
+                    [vector_text(v) for v in vectors],
+                ],
+            )
         found.update(zip(missing, vectors, strict=True))
     return embedder.model_name, found
+
+
+def vector_text(vector: np.ndarray) -> str:
+    """pgvector's text form of a vector, exactly as pgvector.Vector writes it (float32 round trip)."""
+    return "[" + ",".join(map(str, vector.tolist())) + "]"
 
 
 def messages_embed_batch(*, batch_size: int | None = None) -> tuple[int, int, int]:
@@ -247,16 +261,20 @@ def messages_embed_batch(*, batch_size: int | None = None) -> tuple[int, int, in
             logger.warning("memory index: %d messages failed to embed: %s", failed, reason)
             return 0, failed, len(skip)
         else:
-            for row in todo:
-                row.embedding = vectors[text_hash(texts[row.pk])]
-                row.embedding_status = MessageEmbeddingStatus.COMPLETED
-                row.embedding_model = model_name
-                row.embedding_attempts += 1
-                row.embedding_error = ""
-            Message.objects.bulk_update(
-                todo,
-                ["embedding", "embedding_status", "embedding_model", "embedding_attempts", "embedding_error"],
-            )
+            # One UPDATE … FROM unnest (bulk_update builds a CASE per field and row: 15% of a drain).
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {Message._meta.db_table} m SET embedding = v.vector::vector, "
+                    "embedding_status = %s, embedding_model = %s, "
+                    "embedding_attempts = m.embedding_attempts + 1, embedding_error = '' "
+                    "FROM unnest(%s::bigint[], %s::text[]) AS v(id, vector) WHERE m.id = v.id",
+                    [
+                        MessageEmbeddingStatus.COMPLETED,
+                        model_name,
+                        [r.pk for r in todo],
+                        [vector_text(vectors[text_hash(texts[r.pk])]) for r in todo],
+                    ],
+                )
             return len(todo), 0, len(skip)
     if transient is not None:
         raise transient

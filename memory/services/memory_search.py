@@ -34,7 +34,7 @@ from memory.models import Message, Session, Summary, Tenant, TrackedFact
 from memory.models.experiences import Experience, ExperienceScope
 from memory.selectors.sessions import agent_get, session_get
 from memory.services import ranking
-from memory.services.embedding import EmbedderError, embed_query
+from memory.services.embedding import EMBEDDING_DIMENSIONS, EmbedderError, embed_query
 from memory.services.memory_digest import digest_candidates
 from memory.services.memory_index import memory_policy_get
 from memory.services.retrieval import _configure_hnsw
@@ -238,6 +238,7 @@ def _corpus_stats(*, where: _Sql, counts: dict[str, int | None]) -> ranking.Corp
 
 SCOPE_CORPUS_MAX = 20_000  # scopes up to this many messages get exact BM25 statistics (cached)
 SCOPE_CORPUS_CACHE = 64  # scopes kept per process
+SCOPE_CORPUS_ROWS = 200_000  # ... and at most this many messages over all of them (~1.5 kB each)
 
 
 @dataclass
@@ -251,9 +252,13 @@ class _ScopeCorpus:
     df: Counter[str]
     avg_len: float
     by_position: dict[tuple[str, int], int]  # (session, seq) → index
+    # Each row's embedding (float32, unit length as stored; zeros where `embedded` is False): the
+    # dense pool and the candidates' cosines are exact dot products here, no SQL round trip.
+    vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
+    embedded: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
-_corpora: OrderedDict[tuple[Any, ...], tuple[tuple[int, int], _ScopeCorpus]] = OrderedDict()
+_corpora: OrderedDict[tuple[Any, ...], tuple[tuple[Any, ...], _ScopeCorpus]] = OrderedDict()
 _corpora_lock = threading.Lock()
 
 
@@ -267,14 +272,19 @@ def _scope_corpus(where: _Sql) -> _ScopeCorpus | None:
     seen_large = _large_scopes.get(_scope_key(where))
     if seen_large is not None and time.monotonic() - seen_large < LARGE_SCOPE_RECHECK_SECONDS:
         return None
-    count, max_id = _fetch(
-        f"SELECT count(*), coalesce(max(m.id), 0) FROM {table} m WHERE {where.where}", where.params
+    # The version: rows (count, newest id) and their vectors (how many, which model). A new
+    # message, a deletion, an embedding drained or a re-embedding with another model changes it.
+    count, max_id, embedded, model_lo, model_hi = _fetch(
+        f"SELECT count(*), coalesce(max(m.id), 0), count(m.embedding), "
+        f"coalesce(min(m.embedding_model), ''), coalesce(max(m.embedding_model), '') "
+        f"FROM {table} m WHERE {where.where}",
+        where.params,
     )[0]
     key = _scope_key(where)
     if count > SCOPE_CORPUS_MAX:
         _large_scopes[key] = time.monotonic()
         return None
-    version = (int(count), int(max_id))
+    version = (int(count), int(max_id), int(embedded), model_lo, model_hi)
     with _corpora_lock:
         cached = _corpora.get(key)
         if cached is not None and cached[0] == version:
@@ -282,10 +292,16 @@ def _scope_corpus(where: _Sql) -> _ScopeCorpus | None:
             return cached[1]
     sessions_table = Session._meta.db_table
     rows = _fetch(
-        f"SELECT m.id, s.public_id, m.seq, m.name, m.content, m.occurred_at FROM {table} m "
-        f"JOIN {sessions_table} s ON s.id = m.session_id WHERE {where.where} ORDER BY m.id",
+        f"SELECT m.id, s.public_id, m.seq, m.name, m.content, m.occurred_at, m.embedding::text "
+        f"FROM {table} m JOIN {sessions_table} s ON s.id = m.session_id WHERE {where.where} ORDER BY m.id",
         where.params,
     )
+    vectors = np.zeros((len(rows), EMBEDDING_DIMENSIONS), dtype=np.float32)
+    has_vector = np.zeros(len(rows), dtype=bool)
+    for i, r in enumerate(rows):
+        if r[6] is not None:
+            vectors[i] = np.array(r[6][1:-1].split(","), dtype=np.float32)
+            has_vector[i] = True
     ids = [r[0] for r in rows]
     texts = [ranking.index_text(content=r[4], speaker=r[3] or None, occurred_at=r[5]) for r in rows]
     token_lists = [ranking.tokenize(t) for t in texts]
@@ -301,27 +317,27 @@ def _scope_corpus(where: _Sql) -> _ScopeCorpus | None:
         df=df,
         avg_len=sum(len(t) for t in token_lists) / max(1, len(token_lists)),
         by_position={(r[1], int(r[2])): i for i, r in enumerate(rows)},
+        vectors=vectors,
+        embedded=has_vector,
     )
     with _corpora_lock:
         _corpora[key] = (version, corpus)
-        while len(_corpora) > SCOPE_CORPUS_CACHE:
+        while len(_corpora) > 1 and (
+            len(_corpora) > SCOPE_CORPUS_CACHE
+            or sum(len(c.ids) for _, c in _corpora.values()) > SCOPE_CORPUS_ROWS
+        ):
             _corpora.popitem(last=False)
     return corpus
 
 
-def _dense_ids(*, where: _Sql, vector: np.ndarray | None) -> list[int]:
-    if vector is None:
-        return []
-    _configure_hnsw()
-    table = Message._meta.db_table
-    return [
-        r[0]
-        for r in _fetch(
-            f"SELECT m.id FROM {table} m WHERE {where.where} AND m.embedding IS NOT NULL "
-            f"ORDER BY m.embedding <=> %s::vector LIMIT %s",
-            [*where.params, _vector_literal(vector), ranking.POOL_DENSE],
-        )
-    ]
+def _corpus_cosines(corpus: _ScopeCorpus, vector: np.ndarray) -> np.ndarray:
+    """Cosine of every corpus row to the query, as pgvector's `1 - (a <=> b)`; NaN without a vector."""
+    dots = corpus.vectors.astype(np.float64) @ vector.astype(np.float64)
+    norms = np.linalg.norm(corpus.vectors, axis=1).astype(np.float64) * float(np.linalg.norm(vector))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cosines = dots / norms
+    cosines[~corpus.embedded] = np.nan
+    return cosines
 
 
 def _exact_message_candidates(
@@ -332,8 +348,13 @@ def _exact_message_candidates(
     stats = ranking.CorpusStats(
         n_docs=len(corpus.ids), avg_len=corpus.avg_len, df={t: corpus.df.get(t, 0) for t in terms}
     )
-    index_of = {pk: i for i, pk in enumerate(corpus.ids)}
-    dense_top = [index_of[pk] for pk in _dense_ids(where=where, vector=vector) if pk in index_of]
+    cosines: np.ndarray | None = None
+    dense_top: list[int] = []
+    if vector is not None and corpus.embedded.any():
+        cosines = _corpus_cosines(corpus, vector)
+        with_vector = np.flatnonzero(corpus.embedded)
+        best = np.argsort(-cosines[with_vector], kind="stable")[: ranking.POOL_DENSE]
+        dense_top = [int(i) for i in with_vector[best]]
     matching = [i for i, toks in enumerate(corpus.tokens) if terms & toks]
     lexical_top: list[int] = []
     if matching:
@@ -350,21 +371,11 @@ def _exact_message_candidates(
             j = corpus.by_position.get((session, seq + offset))
             if j is not None:
                 chosen.setdefault(j)
-    cosines: dict[int, float] = {}
-    if vector is not None and chosen:
-        table = Message._meta.db_table
-        cosines = dict(
-            _fetch(
-                f"SELECT m.id, 1 - (m.embedding <=> %s::vector) FROM {table} m "
-                "WHERE m.id = ANY(%s) AND m.embedding IS NOT NULL",
-                [_vector_literal(vector), [corpus.ids[i] for i in chosen]],
-            )
-        )
     candidates: list[ranking.Candidate] = []
     for i in chosen:
         pk = corpus.ids[i]
         session, seq, name, content, occurred_at = corpus.rows[pk]
-        cos = cosines.get(pk)
+        cos = None if cosines is None or not corpus.embedded[i] else float(cosines[i])
         candidates.append(
             _MessageCandidate(
                 key=f"message:{pk}", kind="message", text=corpus.texts[i], group=session, position=seq,

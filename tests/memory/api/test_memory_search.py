@@ -286,3 +286,27 @@ def test_a_bound_key_cannot_read_another_agents_session_as_the_current_one(
     refused = search(bound, body, status=403)
     assert refused["error"]["code"] == "agent_mismatch"
     assert refused["error"]["details"] == {"bound_agent": "other-bot", "requested_agent": "bot"}
+
+
+def test_the_scope_cache_sees_vectors_drained_after_its_first_search(api_a):
+    # The cached scope holds the messages' vectors: a drain after the first search must refresh it.
+    session = create_session(api_a, user_id="u9")
+    append(
+        api_a,
+        session,
+        [
+            {"role": "user", "content": "I adopted a golden retriever puppy last week."},
+            {"role": "user", "content": "The quarterly report is due on Friday."},
+        ],
+    )
+    body = {"query": "my new dog", "scope": {"user_id": "u9"}, "kinds": ["message"], "limit": 2}
+    before = search(api_a, body)
+    assert all(hit["similarity"] is None for hit in before["results"])
+    memory_index.memory_index_drain()
+    after = search(api_a, body)["results"]
+    assert "golden retriever" in after[0]["text"]
+    assert after[0]["similarity"] > after[1]["similarity"] + 0.1
+    append(api_a, session, [{"role": "user", "content": "Our dog Biscuit loves the beach."}])
+    memory_index.memory_index_drain()
+    newest = search(api_a, {**body, "limit": 3})["results"]
+    assert any("Biscuit" in hit["text"] and hit["similarity"] is not None for hit in newest)

@@ -40,6 +40,15 @@ def test_minilm_pads_per_batch_so_a_text_embeds_alike_alone_or_with_longer_ones(
     assert float(alone @ batched) > 0.9999
 
 
+def test_minilm_batches_by_length_but_answers_in_the_callers_order():
+    # 3 batches of 2; lengths interleaved so sorting by length reorders across batches.
+    embedder = MiniLMEmbedder(batch_size=2)
+    texts = [f"{'word ' * (n * 7 % 11)}topic {n}" for n in range(6)]
+    together = embedder.embed(texts)
+    for i, text in enumerate(texts):
+        assert float(together[i] @ embedder.embed([text])[0]) > 0.9999, text
+
+
 def test_the_default_embedder_is_the_local_model(settings):
     assert embedder_get().model_name == "all-MiniLM-L6-v2-onnx-int8"
     model, vector = embed_query("hello")
