@@ -30,8 +30,11 @@ from typing import Any, Protocol
 
 import numpy as np
 from django.conf import settings
+from django.db import connection
+from django.utils import timezone
 
 from memory.exceptions import DomainError
+from memory.models import EmbeddingCache
 
 EMBEDDING_DIMENSIONS = 384
 MINILM_MODEL_NAME = "all-MiniLM-L6-v2-onnx-int8"
@@ -261,3 +264,54 @@ def embed_query(text: str) -> tuple[str, np.ndarray]:
         while len(_query_cache) > QUERY_CACHE_SIZE:
             _query_cache.popitem(last=False)
     return embedder.model_name, vector
+
+
+# --- the shared embedding cache -------------------------------------------------------------------
+
+
+def vector_text(vector: np.ndarray) -> str:
+    """pgvector's text form of a vector, exactly as pgvector.Vector writes it (float32 round trip)."""
+    return "[" + ",".join(map(str, vector.tolist())) + "]"
+
+
+def vectors_cached(texts_by_hash: dict[str, str]) -> tuple[str, dict[str, np.ndarray]]:
+    """(model name, vectors per text hash): from the (model, text hash) EmbeddingCache, the rest
+    embedded in one call and cached. Raises EmbedderError."""
+    embedder = embedder_get()
+    found = {
+        row.text_hash: np.asarray(row.vector, dtype=np.float32)
+        for row in EmbeddingCache.objects.filter(model=embedder.model_name, text_hash__in=list(texts_by_hash))
+    }
+    missing = [h for h in texts_by_hash if h not in found]
+    if missing:
+        vectors = embedder.embed([texts_by_hash[h] for h in missing])
+        # One INSERT of text literals: bulk_create's per-row field preparation cost more than the
+        # statement (~1 ms a vector). Same ON CONFLICT DO NOTHING as bulk_create(ignore_conflicts).
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {EmbeddingCache._meta.db_table} "
+                "(model, text_hash, dimensions, vector, created_at) "
+                "SELECT %s, h, %s, v::vector, %s FROM unnest(%s::text[], %s::text[]) AS t(h, v) "
+                "ON CONFLICT (model, text_hash) DO NOTHING",
+                [
+                    embedder.model_name,
+                    embedder.dimensions,
+                    timezone.now(),
+                    missing,
+                    [vector_text(v) for v in vectors],
+                ],
+            )
+        found.update(zip(missing, vectors, strict=True))
+    return embedder.model_name, found
+
+
+def cosines_cached(vector: np.ndarray | None, texts: list[str]) -> list[float | None]:
+    """Cosines of short texts to a (unit) query vector through the EmbeddingCache (each text is
+    embedded once ever); all None without a query vector or while the embedder is unusable."""
+    if vector is None or not texts:
+        return [None] * len(texts)
+    try:
+        _, vectors = vectors_cached({text_hash(t): t for t in texts})
+    except EmbedderError:
+        return [None] * len(texts)
+    return [float(np.dot(vectors[text_hash(t)], vector)) for t in texts]

@@ -50,7 +50,6 @@ from pgvector.django import CosineDistance
 
 from memory.exceptions import InvalidInput, NotFound
 from memory.models import (
-    EmbeddingCache,
     EmbeddingStatus,
     Experience,
     ExperienceFeedback,
@@ -65,7 +64,7 @@ from memory.models import (
     Tenant,
 )
 from memory.services import jobs, recorder
-from memory.services.embedding import EmbedderError, embedder_get, text_hash
+from memory.services.embedding import EmbedderError, text_hash, vectors_cached
 
 logger = logging.getLogger(__name__)
 
@@ -744,7 +743,7 @@ def _reconcile(*, experience: Experience, policy: ExperiencePolicy) -> str | Non
         and problem_similarity >= policy.supersede_problem_threshold
     ):
         texts = [experience.solution, neighbour.solution]
-        _, by_hash = _vectors_for({text_hash(t): t for t in texts})
+        _, by_hash = vectors_cached({text_hash(t): t for t in texts})
         solution_similarity = _cosine(by_hash[text_hash(texts[0])], by_hash[text_hash(texts[1])])
         if (
             problem_similarity >= policy.supersede_problem_threshold
@@ -776,27 +775,6 @@ def _reconcile(*, experience: Experience, policy: ExperiencePolicy) -> str | Non
 # --- embedding -------------------------------------------------------------------------------------
 
 
-def _vectors_for(texts_by_hash: dict[str, str]) -> tuple[str, dict[str, np.ndarray]]:
-    """Vectors for each text hash: from the (model, text hash) cache, the rest embedded once each."""
-    embedder = embedder_get()
-    found = {
-        row.text_hash: np.asarray(row.vector, dtype=np.float32)
-        for row in EmbeddingCache.objects.filter(model=embedder.model_name, text_hash__in=list(texts_by_hash))
-    }
-    missing = [h for h in texts_by_hash if h not in found]
-    if missing:
-        vectors = embedder.embed([texts_by_hash[h] for h in missing])
-        EmbeddingCache.objects.bulk_create(
-            [
-                EmbeddingCache(model=embedder.model_name, text_hash=h, dimensions=len(v), vector=v)
-                for h, v in zip(missing, vectors, strict=True)
-            ],
-            ignore_conflicts=True,
-        )
-        found.update(zip(missing, vectors, strict=True))
-    return embedder.model_name, found
-
-
 def experiences_embed(*, experience_ids: list[int]) -> int:
     """Embed the still-pending experiences among `experience_ids`; return how many were completed.
 
@@ -816,7 +794,7 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
         return 0
     texts = {row.text_hash: row.text for row in rows}
     texts.update({text_hash(row.problem_text): row.problem_text for row in rows})
-    model_name, vectors = _vectors_for(texts)
+    model_name, vectors = vectors_cached(texts)
     now = timezone.now()
     done = 0
     with transaction.atomic():

@@ -21,7 +21,7 @@ from django.db.models import F, OuterRef, Subquery
 from memory.models import Tenant
 from memory.models.digest import SessionDigest
 from memory.services import ranking
-from memory.services.embedding import EmbedderError, text_hash
+from memory.services.embedding import cosines_cached
 
 DIGEST_POOL = 50  # digests per search, at most
 
@@ -29,18 +29,6 @@ DIGEST_POOL = 50  # digests per search, at most
 def digest_id(*, session_id: str, version: int) -> str:
     """A digest's id in search results: `<session id>/digest/v<version>`."""
     return f"{session_id}/digest/v{version}"
-
-
-def _cosines(vector: np.ndarray | None, texts: list[str]) -> list[float | None]:
-    if vector is None or not texts:
-        return [None] * len(texts)
-    from memory.services.memory_index import _vectors_for
-
-    try:
-        _, vectors = _vectors_for({text_hash(t): t for t in texts})
-    except EmbedderError:
-        return [None] * len(texts)
-    return [float(np.dot(vectors[text_hash(t)], vector)) for t in texts]
 
 
 def digest_candidates(
@@ -89,7 +77,7 @@ def digest_candidates(
         .order_by("-rank", "-created_at")
         .values("session_public_id", "version", "text", "created_at")[:limit]
     )
-    cosines = _cosines(vector, [row["text"] for row in rows])
+    cosines = cosines_cached(vector, [row["text"] for row in rows])
     return [
         ranking.Candidate(
             key=f"summary:{digest_id(session_id=row['session_public_id'], version=row['version'])}",

@@ -29,7 +29,6 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
@@ -38,7 +37,6 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from memory.models import (
-    EmbeddingCache,
     MemoryIndexState,
     MemoryPolicy,
     Message,
@@ -46,7 +44,13 @@ from memory.models import (
     Tenant,
 )
 from memory.services import jobs
-from memory.services.embedding import EmbedderError, EmbedderUnavailable, embedder_get, text_hash
+from memory.services.embedding import (
+    EmbedderError,
+    EmbedderUnavailable,
+    text_hash,
+    vector_text,
+    vectors_cached,
+)
 from memory.services.ranking import index_text
 
 logger = logging.getLogger(__name__)
@@ -165,41 +169,6 @@ class DrainResult:
         return sum(self.batches)
 
 
-def _vectors_for(texts_by_hash: dict[str, str]) -> tuple[str, dict[str, np.ndarray]]:
-    """Vectors per text hash: from the (model, text hash) cache, the rest embedded in one call."""
-    embedder = embedder_get()
-    found = {
-        row.text_hash: np.asarray(row.vector, dtype=np.float32)
-        for row in EmbeddingCache.objects.filter(model=embedder.model_name, text_hash__in=list(texts_by_hash))
-    }
-    missing = [h for h in texts_by_hash if h not in found]
-    if missing:
-        vectors = embedder.embed([texts_by_hash[h] for h in missing])
-        # One INSERT of text literals: bulk_create's per-row field preparation cost more than the
-        # statement (~1 ms a vector). Same ON CONFLICT DO NOTHING as bulk_create(ignore_conflicts).
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {EmbeddingCache._meta.db_table} "
-                "(model, text_hash, dimensions, vector, created_at) "
-                "SELECT %s, h, %s, v::vector, %s FROM unnest(%s::text[], %s::text[]) AS t(h, v) "
-                "ON CONFLICT (model, text_hash) DO NOTHING",
-                [
-                    embedder.model_name,
-                    embedder.dimensions,
-                    timezone.now(),
-                    missing,
-                    [vector_text(v) for v in vectors],
-                ],
-            )
-        found.update(zip(missing, vectors, strict=True))
-    return embedder.model_name, found
-
-
-def vector_text(vector: np.ndarray) -> str:
-    """pgvector's text form of a vector, exactly as pgvector.Vector writes it (float32 round trip)."""
-    return "[" + ",".join(map(str, vector.tolist())) + "]"
-
-
 def messages_embed_batch(*, batch_size: int | None = None) -> tuple[int, int, int]:
     """Claim up to `batch_size` pending messages and embed them: (completed, failed, skipped).
 
@@ -237,7 +206,7 @@ def messages_embed_batch(*, batch_size: int | None = None) -> tuple[int, int, in
             r.pk: embedding_text(name=r.name, content=r.content, occurred_at=r.occurred_at) for r in todo
         }
         try:
-            model_name, vectors = _vectors_for({text_hash(t): t for t in texts.values()})
+            model_name, vectors = vectors_cached({text_hash(t): t for t in texts.values()})
         except EmbedderUnavailable as exc:
             reason = f"{type(exc).__name__}: {exc}"[:2000]
             give_up = [r.pk for r in todo if r.embedding_attempts + 1 >= max_attempts]

@@ -34,7 +34,7 @@ from memory.models import Message, Session, Summary, Tenant, TrackedFact
 from memory.models.experiences import Experience, ExperienceScope
 from memory.selectors.sessions import agent_get, session_get
 from memory.services import ranking
-from memory.services.embedding import EMBEDDING_DIMENSIONS, EmbedderError, embed_query
+from memory.services.embedding import EMBEDDING_DIMENSIONS, EmbedderError, cosines_cached, embed_query
 from memory.services.memory_digest import digest_candidates
 from memory.services.memory_index import memory_policy_get
 from memory.services.retrieval import _configure_hnsw
@@ -330,7 +330,7 @@ def _scope_corpus(where: _Sql) -> _ScopeCorpus | None:
     return corpus
 
 
-def _corpus_cosines(corpus: _ScopeCorpus, vector: np.ndarray) -> np.ndarray:
+def _corpuscosines_cached(corpus: _ScopeCorpus, vector: np.ndarray) -> np.ndarray:
     """Cosine of every corpus row to the query, as pgvector's `1 - (a <=> b)`; NaN without a vector."""
     dots = corpus.vectors.astype(np.float64) @ vector.astype(np.float64)
     norms = np.linalg.norm(corpus.vectors, axis=1).astype(np.float64) * float(np.linalg.norm(vector))
@@ -351,7 +351,7 @@ def _exact_message_candidates(
     cosines: np.ndarray | None = None
     dense_top: list[int] = []
     if vector is not None and corpus.embedded.any():
-        cosines = _corpus_cosines(corpus, vector)
+        cosines = _corpuscosines_cached(corpus, vector)
         with_vector = np.flatnonzero(corpus.embedded)
         best = np.argsort(-cosines[with_vector], kind="stable")[: ranking.POOL_DENSE]
         dense_top = [int(i) for i in with_vector[best]]
@@ -475,20 +475,6 @@ def _text_rows_matching(queryset: Any, *, text_sql: str, query: str, config: str
     )[:limit]
 
 
-def _cosines(vector: np.ndarray | None, texts: list[str]) -> list[float | None]:
-    """Cosines of short texts to the query via the shared EmbeddingCache (embedded once ever)."""
-    if vector is None or not texts:
-        return [None] * len(texts)
-    from memory.services.embedding import text_hash
-    from memory.services.memory_index import _vectors_for
-
-    try:
-        _, vectors = _vectors_for({text_hash(t): t for t in texts})
-    except EmbedderError:
-        return [None] * len(texts)
-    return [float(np.dot(vectors[text_hash(t)], vector)) for t in texts]
-
-
 def _other_candidates(
     *,
     tenant: Tenant,
@@ -519,7 +505,7 @@ def _other_candidates(
         rows = list(
             _text_rows_matching(summaries, text_sql="text", query=query, config=config, limit=OTHER_KIND_POOL)
         )
-        for row, cos in zip(rows, _cosines(vector, [r.text for r in rows]), strict=True):
+        for row, cos in zip(rows, cosines_cached(vector, [r.text for r in rows]), strict=True):
             candidates.append(
                 ranking.Candidate(
                     key=f"summary:{row.public_id}", kind="summary", text=row.text, group=None,
@@ -540,7 +526,7 @@ def _other_candidates(
                 facts, text_sql="(key || ' ' || content)", query=query, config=config, limit=OTHER_KIND_POOL
             )
         )
-        for row, cos in zip(rows, _cosines(vector, [r.content for r in rows]), strict=True):
+        for row, cos in zip(rows, cosines_cached(vector, [r.content for r in rows]), strict=True):
             candidates.append(
                 ranking.Candidate(
                     key=f"fact:{row.public_id}", kind="fact", text=f"{row.key}: {row.content}", group=None,
@@ -574,7 +560,7 @@ def _other_candidates(
             )[:OTHER_KIND_POOL]:
                 found.setdefault(row.pk, row)
         rows = list(found.values())
-        for row, cos in zip(rows, _cosines(vector, [r.text for r in rows]), strict=True):
+        for row, cos in zip(rows, cosines_cached(vector, [r.text for r in rows]), strict=True):
             candidates.append(
                 ranking.Candidate(
                     key=f"experience:{row.public_id}", kind="experience", text=row.text, group=None,
