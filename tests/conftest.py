@@ -142,8 +142,14 @@ def celery_worker(transactional_db: None) -> Iterator[subprocess.Popen[bytes]]:
          "--concurrency", "1", "--queues", queue, "--without-gossip", "--without-mingle", "--pool", "solo"],
         env=worker_env(),
     )  # fmt: skip
-    wait_for_worker(proc, hostname)
-    yield proc
+    try:
+        wait_for_worker(proc, hostname)
+        yield proc
+    finally:  # also when the worker never came up: no process outlives the test
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
         proc.wait(15)

@@ -14,6 +14,7 @@ ranges, every job intent done). Waits poll under a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -139,17 +140,20 @@ def start_worker(env_extra: dict[str, str], *, drop: tuple[str, ...] = ()) -> su
          "--loglevel", "warning", "--concurrency", "1", "--pool", "solo",
          "--queues", f"{settings.QUEUE_PREFIX}-default", "--without-gossip", "--without-mingle"],
         env=env, cwd=os.getcwd(),
+        start_new_session=True,  # -B runs beat in a child process: signal the whole group
     )  # fmt: skip
 
 
 def stop_worker(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    """Stop the worker and its embedded beat (its process group), whatever state it is in."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(20)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # beat too, if the worker left it behind
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
 
 
 class Load:
@@ -337,7 +341,7 @@ def test_the_postgres_broker_worker_killed_under_load_loses_no_job_and_runs_none
     worker = start_worker({}, drop=("REDIS_URL",))  # the embedded default: broker on PostgreSQL
     try:
         n = load.run_for(5.0, 0, max_rounds=10)
-        worker.send_signal(signal.SIGKILL)  # mid-load, maybe mid-job
+        os.killpg(worker.pid, signal.SIGKILL)  # mid-load, maybe mid-job (and its embedded beat)
         worker.wait(10)
         n = load.run_for(WORKER_DOWN_SECONDS, n, max_rounds=MAX_ROUNDS)
         worker = start_worker({}, drop=("REDIS_URL",))

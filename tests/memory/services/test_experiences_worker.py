@@ -7,6 +7,7 @@ a remote endpoint)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -66,6 +67,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+    # A worker started in its own session (with -B) leads its group: stop its beat child too.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def wait_until(condition, timeout: float = 90.0) -> None:  # type: ignore[no-untyped-def]
@@ -235,4 +239,5 @@ def start_beat_worker(endpoint: FakeOpenAI, schedule: str, **extra: str) -> subp
          "--loglevel", "warning", "--concurrency", "1", "--queues", f"{settings.QUEUE_PREFIX}-default",
          "--without-gossip", "--without-mingle", "--pool", "solo"],
         env=env, cwd=os.getcwd(),
+        start_new_session=True,  # -B runs beat in a child process: stop() signals the whole group
     )  # fmt: skip
