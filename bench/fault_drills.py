@@ -235,6 +235,12 @@ def postgres_restart(workdir: Path, down: float) -> None:
         )
     finally:
         stop(up)
+        left = postmaster_pid(data_dir)
+        if left is not None and psutil.pid_exists(left):
+            # `up` stops the PostgreSQL it started; the one this drill started again outlives it.
+            print(f"[restart] PostgreSQL (pid {left}) still running after `up` stopped; stopping it")
+            pg_ctl_stop = [str(PG_CTL), "stop", "-D", str(data_dir / "pg"), "-m", "fast", "-w"]
+            subprocess.run(pg_ctl_stop, check=False, user=(data_dir / "pg").owner())
         tail = up.output()[-3000:]
         if "Traceback" in up.output():
             print("[restart] up output tail:\n" + tail)
