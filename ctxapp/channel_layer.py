@@ -16,10 +16,19 @@ This subclass (BACKEND `ctxapp.channel_layer.PostgresChannelLayer`):
 3. sends only to memberships not expired, so a channel whose process died without discarding
    (SIGKILL, a crash) stops costing a row per event after `group_expiry` seconds
    (CTXAPP_CHANNEL_GROUP_EXPIRY). Dashboard consumers renew their membership every third of it.
+
+It also adds `close()`: channels_postgres starts a listener task (LISTEN on a connection of its
+own, an endless `async for` over its notifications) and a module-level connection pool on the
+first `receive`, and offers no way to stop either; an event loop that ends with them still
+running waits for them (a test's `async_to_sync` hung at its end). Its own way out, a
+`'1:shutdown'` NOTIFY, would stop the listener of every process on the database, so `close()`
+cancels this process's task instead.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from channels_postgres import core
@@ -80,6 +89,42 @@ class PostgresChannelLayer(core.PostgresChannelLayer):
         super().__init__(*args, group_expiry=group_expiry, **kwargs)
         base: DatabaseLayer = self.django_db  # type: ignore[has-type]
         self.django_db = _Database(base.psycopg_options, self.db_params, logger=base.logger)
+        self._listener: asyncio.Task[None] | None = None
+
+    async def listen_to_all_channels(self) -> None:
+        self._listener = asyncio.current_task()
+        await super().listen_to_all_channels()
+
+    async def close(self) -> None:
+        """Stop listening and close the layer's connections; call it on the loop that received.
+
+        Cancels this process's listener task (its LISTEN connection closes with it), forgets the
+        channels' advisory locks (held on pool connections), and closes channels_postgres'
+        module-level pool. The layer can be used again afterwards: the next `receive` starts a
+        new listener and the next query a new pool.
+        """
+        from channels_postgres import db as layer_db
+
+        task, self._listener = self._listener, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.listener_task_is_running is not None:
+            self.listener_task_is_running.clear()
+        self.event_loop = None
+        self._channel_advisory_locks.clear()
+        pool, layer_db.connection_pool = layer_db.connection_pool, None
+        if pool is None:
+            return
+        runner = getattr(pool, "_sched_runner", None)
+        if isinstance(runner, asyncio.Task) and runner.get_loop().is_closed():
+            # Created under a sync caller's `async_to_sync`, whose loop has ended: its worker
+            # tasks can no longer run, so close its idle connections directly.
+            for conn in list(getattr(pool, "_pool", ())):
+                conn.pgconn.finish()
+            return
+        await pool.close()
 
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
         # channels_postgres looks the members up by the bare group name (never matching) only to

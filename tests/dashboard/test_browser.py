@@ -19,7 +19,13 @@ from memory.services import sessions as sessions_service
 from memory.services.tenancy import api_key_create
 from tests.conftest import worker_env
 from tests.dashboard.conftest import PASSWORD, make_user
-from tests.dashboard.live_server import CHROMIUM, CHROMIUM_ARGS, uvicorn_server
+from tests.dashboard.live_server import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    embedded_mode,
+    install_channels_postgres,
+    uvicorn_server,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -29,8 +35,13 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
 @pytest.fixture
-def server(transactional_db: None) -> Iterator[str]:
-    with uvicorn_server(worker_env()) as base:
+def server(request: pytest.FixtureRequest, transactional_db: None) -> Iterator[str]:
+    """The server on the Redis channel layer, or (param "postgres") in the embedded mode."""
+    env = worker_env()
+    if getattr(request, "param", "redis") == "postgres":
+        install_channels_postgres()
+        env = embedded_mode(env)
+    with uvicorn_server(env) as base:
         yield base
 
 
@@ -106,6 +117,7 @@ def alice_setup(transactional_db: None) -> dict[str, Any]:
     return {"tenant": tenant, "key": secret, "session": session}
 
 
+@pytest.mark.parametrize("server", ["redis", "postgres"], indirect=True)
 def test_a_member_watches_a_session_live(alice_setup: dict[str, Any], server: str, browser: Any) -> None:
     session, key = alice_setup["session"], alice_setup["key"]
     page, console = login(browser, server, "alice")

@@ -1,11 +1,14 @@
-"""The live channel, through Channels' WebsocketCommunicator on the real Redis channel layer.
+"""The live channel, through Channels' WebsocketCommunicator, on both real channel layers: Redis
+and the embedded mode's PostgreSQL layer (ctxapp.channel_layer).
 
 Needs committed data (the consumer reads from other threads), hence transactional_db.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -13,12 +16,14 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 from django.db import connection
 from django.test import Client
 
+from ctxapp.channel_layer import PostgresChannelLayer
 from dashboard.routing import websocket_urlpatterns
 from memory.models import Tenant
 from memory.services import sessions as sessions_service
@@ -26,6 +31,45 @@ from memory.services import sessions as sessions_service
 pytestmark = pytest.mark.django_db(transaction=True)
 
 application = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+
+
+@pytest.fixture(autouse=True, params=["redis", "postgres"])
+def channel_layer(request: pytest.FixtureRequest, settings: Any) -> Iterator[str]:
+    """Every test runs on the Redis layer and on the embedded mode's PostgreSQL layer."""
+    if request.param == "postgres":
+        latest = importlib.import_module(
+            "channels_postgres.migrations.0004_notify_ensure_payload_not_too_big"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(latest.Migration.setup_database_sql)
+        settings.CHANNEL_LAYERS = {
+            "default": {
+                "BACKEND": "ctxapp.channel_layer.PostgresChannelLayer",
+                "CONFIG": {
+                    **connection.settings_dict,
+                    "TIME_ZONE": None,
+                    "prefix": f"{settings.QUEUE_PREFIX}_asgi",
+                },
+            }
+        }
+    yield request.param
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    """Run `scenario` in an event loop of its own; then close the PostgreSQL layer on that loop.
+
+    channels_postgres' listener task would otherwise keep the loop from ending.
+    """
+
+    async def main() -> None:
+        try:
+            await scenario()
+        finally:
+            layer = get_channel_layer()
+            if isinstance(layer, PostgresChannelLayer):
+                await layer.close()
+
+    async_to_sync(main)()
 
 
 def session_cookie(user: Any) -> str:
@@ -78,7 +122,7 @@ def test_it_refuses_anonymous_users(tenant_a: Tenant) -> None:
         connected, _ = await comm.connect()
         assert connected is False
 
-    async_to_sync(scenario)()
+    run(scenario)
 
 
 def test_it_refuses_a_non_member(tenant_a: Tenant, bob: Any) -> None:
@@ -89,7 +133,7 @@ def test_it_refuses_a_non_member(tenant_a: Tenant, bob: Any) -> None:
         connected, _ = await comm.connect()
         assert connected is False
 
-    async_to_sync(scenario)()
+    run(scenario)
 
 
 def test_it_refuses_another_tenants_session_id(tenant_a: Tenant, bob: Any, session_a: Any) -> None:
@@ -100,7 +144,7 @@ def test_it_refuses_another_tenants_session_id(tenant_a: Tenant, bob: Any, sessi
         unknown_page = communicator(bob, "tenant=bob&page=nonsense")
         assert (await unknown_page.connect())[0] is False
 
-    async_to_sync(scenario)()
+    run(scenario)
 
 
 def test_a_member_gets_live_messages_of_their_session_only(
@@ -128,7 +172,7 @@ def test_a_member_gets_live_messages_of_their_session_only(
         assert await comm.receive_nothing(timeout=1.0)
         await comm.disconnect()
 
-    async_to_sync(scenario)()
+    run(scenario)
 
 
 def test_a_member_gets_events_of_their_tenant_only(tenant_a: Tenant, tenant_b: Tenant, alice: Any) -> None:
@@ -144,7 +188,7 @@ def test_a_member_gets_events_of_their_tenant_only(tenant_a: Tenant, tenant_b: T
         assert "bobs-bot" not in html
         await comm.disconnect()
 
-    async_to_sync(scenario)()
+    run(scenario)
 
 
 def test_a_burst_of_writes_is_coalesced_into_few_frames(tenant_a: Tenant, alice: Any, session_a: Any) -> None:
@@ -159,7 +203,7 @@ def test_a_burst_of_writes_is_coalesced_into_few_frames(tenant_a: Tenant, alice:
         assert len(frames) < 30 / 3, f"{len(frames)} frames for 30 writes"
         await comm.disconnect()
 
-    async_to_sync(scenario)()
+    run(scenario)
 
 
 def test_a_reconnect_gets_what_it_missed_without_duplicates(
@@ -177,7 +221,7 @@ def test_a_reconnect_gets_what_it_missed_without_duplicates(
         assert "panel-session-budget" in html  # every live panel re-rendered on (re)connect
         await comm.disconnect()
 
-    async_to_sync(scenario)()
+    run(scenario)
 
 
 def test_a_reconnect_after_missing_more_than_a_page_replaces_the_list(
@@ -193,7 +237,7 @@ def test_a_reconnect_after_missing_more_than_a_page_replaces_the_list(
         assert "Load older messages" in html
         await comm.disconnect()
 
-    async_to_sync(scenario)()
+    run(scenario)
 
 
 def test_a_member_removed_while_connected_stops_receiving_updates(
@@ -210,4 +254,4 @@ def test_a_member_removed_while_connected_stops_receiving_updates(
         assert output == {"type": "websocket.close", "code": 4403}
         assert await comm.receive_nothing(timeout=1.0)
 
-    async_to_sync(scenario)()
+    run(scenario)
