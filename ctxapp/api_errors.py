@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
@@ -62,6 +63,9 @@ def _first_message(detail: Any, prefix: str = "") -> str:
     return f"{prefix}: {detail}" if prefix else str(detail)
 
 
+DATABASE_RETRY_AFTER_SECONDS = 5
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     set_rollback()
     if isinstance(exc, DomainError):
@@ -98,6 +102,19 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         wait = getattr(exc, "wait", None)
         if isinstance(exc, drf.Throttled) and wait:
             response["Retry-After"] = str(int(wait))
+        return response
+    if isinstance(exc, OperationalError | InterfaceError):
+        # The database went away (restart, failover, pool timeout): the transaction was rolled
+        # back, so nothing was applied; the client may retry the same request.
+        logger.warning("database unavailable in %s: %s", context.get("view"), exc)
+        response = Response(
+            error_body(
+                "database_unavailable",
+                "The database is not reachable right now; nothing was applied. Retry shortly.",
+            ),
+            status=503,
+        )
+        response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
         return response
     logger.exception("Unhandled error in %s", context.get("view"))
     return Response(

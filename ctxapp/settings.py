@@ -123,7 +123,9 @@ if CTXAPP["CTXAPP_DB_POOL_SIZE"] > 0 and DATABASE_URL:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": CTXAPP["CTXAPP_DB_POOL_SIZE"],
-        "timeout": 10,
+        # A request waits at most this long for a connection (e.g. while PostgreSQL restarts),
+        # then answers 503 `database_unavailable` instead of hanging.
+        "timeout": 5,
     }
 else:
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse
 from django.test import override_settings
 from django.urls import path
@@ -33,12 +33,26 @@ class ExplodingApi(TenantApiView):
             raise RuntimeError("boom: a bug on our side")
 
 
+class DatabaseGoneApi(TenantApiView):
+    """Writes a row, then PostgreSQL gives up on the statement: a real OperationalError, as when
+    the database restarts under a request or the pool times out."""
+
+    def post(self, request: Any) -> Response:
+        with transaction.atomic():
+            Tenant.objects.create(name="half-written", slug="half-written")
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL statement_timeout = 1")
+                cursor.execute("SELECT pg_sleep(1)")
+        return Response({})
+
+
 def exploding_plain_view(request: HttpRequest) -> HttpResponse:
     raise ValueError("a bug outside DRF")
 
 
 urlpatterns = [
     path("api/v1/test-only/explode", ExplodingApi.as_view()),
+    path("api/v1/test-only/database-gone", DatabaseGoneApi.as_view()),
     path("api/v1/test-only/plain", exploding_plain_view),
     path("test-only/plain", exploding_plain_view),
     *real_urlpatterns,
@@ -62,6 +76,18 @@ def test_an_unexpected_error_in_an_api_view_is_a_json_500(make_client: Any, tena
     client.raise_request_exception = False
     response = client.post("/api/v1/test-only/explode", {}, format="json")
     assert_internal_error(response)
+    assert not Tenant.objects.filter(slug="half-written").exists()
+
+
+def test_a_database_that_goes_away_answers_503_and_applies_nothing(
+    make_client: Any, tenant_a: Tenant
+) -> None:
+    client = make_client(tenant_a, ["write"])
+    client.raise_request_exception = False
+    response = client.post("/api/v1/test-only/database-gone", {}, format="json")
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "database_unavailable"
+    assert response["Retry-After"] == "5"
     assert not Tenant.objects.filter(slug="half-written").exists()
 
 
