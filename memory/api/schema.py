@@ -64,6 +64,8 @@ ERROR_DESCRIPTIONS = {
     "415": "`unsupported_media_type`: send the body as JSON (`Content-Type: application/json`).",
     "422": "`validation_error`: `details.fields` names each invalid field (body or query parameter).",
     "429": "`rate_limited`: too many requests; wait `Retry-After` seconds.",
+    "503": "`database_unavailable`: the database is not reachable; nothing was applied. Retry after "
+    "`Retry-After` seconds.",
 }
 BODY_METHODS = frozenset({"post", "put", "patch"})
 
@@ -71,14 +73,15 @@ BODY_METHODS = frozenset({"post", "put", "patch"})
 def error_codes_of(method: str, operation: dict[str, Any]) -> set[str]:
     """The error statuses an API operation can answer, from what it takes (method, auth, inputs).
 
-    Every authenticated operation: 401, 403 (scope, agent binding), 429 (throttles). Any input
+    Every authenticated operation: 401, 403 (scope, agent binding), 429 (throttles), 503 (the
+    database is unreachable). Any input
     (path, query, body) can name an unknown object: 404. Query parameters are validated: 422. A
     body can be unparseable (400), of the wrong type (415), too large (413) or invalid (422), and
     every write can meet an Idempotency-Key or version conflict (409).
     """
     codes: set[str] = set()
     if operation.get("security") and any(requirement for requirement in operation["security"]):
-        codes |= {"401", "403", "429"}
+        codes |= {"401", "403", "429", "503"}  # 503: the database is unreachable (nothing applied)
     parameters = operation.get("parameters", [])
     has_body = method in BODY_METHODS
     if parameters or has_body:
