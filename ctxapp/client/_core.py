@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import random
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
@@ -179,24 +180,28 @@ class ClientBase:
         return Exchange(request, base_url=self.base_url, api_key=self.api_key, retries=self.retries)
 
 
-class SyncSender(ClientBase):
+class SyncSender(ClientBase, ABC):
     """A client whose operations return their results (implemented by sync.Client)."""
 
+    @abstractmethod
     def _bind(self, build: Callable[..., Request[Any]]) -> Callable[..., Any]:
-        raise NotImplementedError
+        """Bind `build` to this transport (each transport implements it)."""
 
+    @abstractmethod
     def _bind_pages(self, build: Callable[..., Pages[Any]]) -> Callable[..., Iterator[Any]]:
-        raise NotImplementedError
+        """Bind `build` to this transport (each transport implements it)."""
 
 
-class AsyncSender(ClientBase):
+class AsyncSender(ClientBase, ABC):
     """A client whose operations return coroutines (implemented by asyncio.AsyncClient)."""
 
+    @abstractmethod
     def _bind(self, build: Callable[..., Request[Any]]) -> Callable[..., Any]:
-        raise NotImplementedError
+        """Bind `build` to this transport (each transport implements it)."""
 
+    @abstractmethod
     def _bind_pages(self, build: Callable[..., Pages[Any]]) -> Callable[..., AsyncIterator[Any]]:
-        raise NotImplementedError
+        """Bind `build` to this transport (each transport implements it)."""
 
 
 class operation(Generic[P, T]):

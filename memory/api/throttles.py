@@ -20,6 +20,7 @@ import logging
 import math
 import random
 import time
+from abc import ABC, abstractmethod
 from datetime import UTC, datetime
 from typing import Any
 
@@ -123,13 +124,14 @@ def window_peek(key: str, duration: int) -> tuple[int, float]:
     return (int(row[0]) if row else 0), remaining
 
 
-class _SettingRateThrottle(BaseThrottle):
+class _SettingRateThrottle(BaseThrottle, ABC):
     scope = ""
     setting = ""
     wait_seconds: float | None = None
 
+    @abstractmethod
     def ident(self, request: Request) -> str | None:
-        raise NotImplementedError
+        """Who is counted (a key, an address), or None for a request this throttle leaves alone."""
 
     def allow_request(self, request: Request, view: Any) -> bool:
         parsed = parse_rate(settings.CTXAPP[self.setting])
