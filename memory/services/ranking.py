@@ -315,77 +315,11 @@ def rank(
     """
     if not candidates:
         return []
-    dense_raw = [c.dense for c in candidates]
-    known = [d for d in dense_raw if d is not None]
-    floor = min(known) if known else 0.0
-    dense = np.array([floor if d is None else d for d in dense_raw], dtype=np.float64)
-    lexical = bm25_scores(query=query, texts=[c.text for c in candidates], stats=stats, k1=plan.k1, b=plan.b)
-    dense_part = np.zeros(len(dense))
-    if known:
-        dense_part = plan.dense_weight * _normalise(dense, plan.fusion, plan.rrf_k)
-    lexical_part = plan.lexical_weight * _normalise(lexical, plan.fusion, plan.rrf_k)
+    dense_part, lexical_part = _fused_parts(query=query, candidates=candidates, stats=stats, plan=plan)
     fused = dense_part + lexical_part
-    if plan.prf_docs > 0 and plan.lexical_weight > 0:
-        top = np.argsort(-fused, kind="stable")[: plan.prf_docs]
-        extra = expansion_terms(query=query, texts=[candidates[i].text for i in top], count=plan.prf_terms)
-        if extra:
-            lexical = lexical + plan.prf_weight * bm25_scores(
-                query=query,
-                texts=[c.text for c in candidates],
-                stats=stats,
-                k1=plan.k1,
-                b=plan.b,
-                terms=extra,
-            )
-            lexical_part = plan.lexical_weight * _normalise(lexical, plan.fusion, plan.rrf_k)
-            fused = dense_part + lexical_part
-
-    neighbour_part = np.zeros(len(candidates))
-    if plan.neighbour_weight > 0 and plan.neighbour_radius > 0:
-        by_group: dict[str, list[tuple[int, int]]] = {}
-        for i, c in enumerate(candidates):
-            if c.group is not None and c.position is not None:
-                by_group.setdefault(c.group, []).append((c.position, i))
-        for members in by_group.values():
-            members.sort()
-            positions = [p for p, _ in members]
-            for j, (pos, i) in enumerate(members):
-                best = 0.0
-                lo = j
-                while lo > 0 and pos - positions[lo - 1] <= plan.neighbour_radius:
-                    lo -= 1
-                hi = j
-                while hi + 1 < len(members) and positions[hi + 1] - pos <= plan.neighbour_radius:
-                    hi += 1
-                for k in range(lo, hi + 1):
-                    if k != j:
-                        distance = abs(positions[k] - pos)
-                        best = max(best, fused[members[k][1]] * plan.neighbour_decay ** (distance - 1))
-                neighbour_part[i] = plan.neighbour_weight * best
-
-    session_part = np.zeros(len(candidates))
-    if plan.session_weight > 0:
-        best_in_group: dict[str, float] = {}
-        for i, c in enumerate(candidates):
-            if c.group is not None:
-                best_in_group[c.group] = max(best_in_group.get(c.group, 0.0), float(fused[i]))
-        for i, c in enumerate(candidates):
-            if c.group is not None:
-                session_part[i] = plan.session_weight * best_in_group[c.group]
-
-    recency_part = np.zeros(len(candidates))
-    dated = [c.occurred_at for c in candidates if c.occurred_at is not None]
-    if plan.current_cue_weight > 0 and dated and asks_current_state(query):
-        newest = max(dated)
-        for i, c in enumerate(candidates):
-            if c.occurred_at is not None:
-                age_days = max(0.0, (newest - c.occurred_at).total_seconds() / 86400.0)
-                recency_part[i] += plan.current_cue_weight * 2.0 ** (-age_days / plan.recency_half_life_days)
-    if plan.recency_weight > 0 and now is not None:
-        for i, c in enumerate(candidates):
-            if c.occurred_at is not None:
-                age_days = max(0.0, (now - c.occurred_at).total_seconds() / 86400.0)
-                recency_part[i] += plan.recency_weight * 2.0 ** (-age_days / plan.recency_half_life_days)
+    neighbour_part = _neighbour_part(candidates, fused, plan)
+    session_part = _session_part(candidates, fused, plan)
+    recency_part = _recency_part(query, candidates, plan, now)
 
     results: list[Ranked] = []
     for i, c in enumerate(candidates):
@@ -400,3 +334,82 @@ def rank(
         results.append(Ranked(candidate=c, score=score, contributions=contributions))
     order = sorted(range(len(results)), key=lambda i: -results[i].score)
     return [results[i] for i in order]
+
+
+def _fused_parts(
+    *, query: str, candidates: list[Candidate], stats: CorpusStats, plan: Plan
+) -> tuple[np.ndarray, np.ndarray]:
+    """The dense and lexical terms, each normalised over the pool (pseudo-relevance feedback folded
+    into the lexical one when the plan asks for it)."""
+    dense_raw = [c.dense for c in candidates]
+    known = [d for d in dense_raw if d is not None]
+    floor = min(known) if known else 0.0
+    dense = np.array([floor if d is None else d for d in dense_raw], dtype=np.float64)
+    texts = [c.text for c in candidates]
+    lexical = bm25_scores(query=query, texts=texts, stats=stats, k1=plan.k1, b=plan.b)
+    dense_part = np.zeros(len(dense))
+    if known:
+        dense_part = plan.dense_weight * _normalise(dense, plan.fusion, plan.rrf_k)
+    lexical_part = plan.lexical_weight * _normalise(lexical, plan.fusion, plan.rrf_k)
+    if plan.prf_docs > 0 and plan.lexical_weight > 0:
+        top = np.argsort(-(dense_part + lexical_part), kind="stable")[: plan.prf_docs]
+        extra = expansion_terms(query=query, texts=[texts[i] for i in top], count=plan.prf_terms)
+        if extra:
+            lexical = lexical + plan.prf_weight * bm25_scores(
+                query=query, texts=texts, stats=stats, k1=plan.k1, b=plan.b, terms=extra
+            )
+            lexical_part = plan.lexical_weight * _normalise(lexical, plan.fusion, plan.rrf_k)
+    return dense_part, lexical_part
+
+
+def _neighbour_part(candidates: list[Candidate], fused: np.ndarray, plan: Plan) -> np.ndarray:
+    """Each turn's share of the best fused score among its group's turns within the radius."""
+    part = np.zeros(len(candidates))
+    if plan.neighbour_weight <= 0 or plan.neighbour_radius <= 0:
+        return part
+    by_group: dict[str, list[tuple[int, int]]] = {}
+    for i, c in enumerate(candidates):
+        if c.group is not None and c.position is not None:
+            by_group.setdefault(c.group, []).append((c.position, i))
+    for members in by_group.values():
+        members.sort()
+        for j, (pos, i) in enumerate(members):
+            best = 0.0
+            for k, (other, index) in enumerate(members):
+                distance = abs(other - pos)
+                if k != j and distance <= plan.neighbour_radius:
+                    best = max(best, fused[index] * plan.neighbour_decay ** (distance - 1))
+            part[i] = plan.neighbour_weight * best
+    return part
+
+
+def _session_part(candidates: list[Candidate], fused: np.ndarray, plan: Plan) -> np.ndarray:
+    """Each turn's share of the best fused score in its group (session)."""
+    part = np.zeros(len(candidates))
+    if plan.session_weight <= 0:
+        return part
+    best_in_group: dict[str, float] = {}
+    for i, c in enumerate(candidates):
+        if c.group is not None:
+            best_in_group[c.group] = max(best_in_group.get(c.group, 0.0), float(fused[i]))
+    for i, c in enumerate(candidates):
+        if c.group is not None:
+            part[i] = plan.session_weight * best_in_group[c.group]
+    return part
+
+
+def _recency_part(query: str, candidates: list[Candidate], plan: Plan, now: datetime | None) -> np.ndarray:
+    """The current-state cue (relative to the newest candidate) and plain recency (relative to now)."""
+    part = np.zeros(len(candidates))
+    dated = [c.occurred_at for c in candidates if c.occurred_at is not None]
+    references: list[tuple[datetime, float]] = []
+    if plan.current_cue_weight > 0 and dated and asks_current_state(query):
+        references.append((max(dated), plan.current_cue_weight))
+    if plan.recency_weight > 0 and now is not None:
+        references.append((now, plan.recency_weight))
+    for reference, weight in references:
+        for i, c in enumerate(candidates):
+            if c.occurred_at is not None:
+                age_days = max(0.0, (reference - c.occurred_at).total_seconds() / 86400.0)
+                part[i] += weight * 2.0 ** (-age_days / plan.recency_half_life_days)
+    return part
