@@ -593,6 +593,53 @@ def memory_search(
     """
     scope = scope or SearchScope()
     query = (query or "").strip()
+    chosen = _search_validate(query=query, scope=scope, kinds=kinds, limit=limit, neighbours=neighbours)
+    plan_given = plan is not None
+    plan = plan or ranking.DEFAULT_PLAN
+    session_pks, _ = scope_sessions(tenant=tenant, scope=scope)
+    config = memory_policy_get(tenant=tenant).text_search_config or "english"
+    warnings: list[str] = []
+    vector: np.ndarray | None = None
+    try:
+        _, vector = embed_query(query)
+    except EmbedderError as exc:
+        warnings.append(f"The embedder is unavailable ({exc}); results are ranked by words only.")
+    kind_set = set(chosen)
+    if session_pks == []:
+        kind_set -= {"message", "summary", "fact"}
+    where = _Sql(tenant=tenant, session_pks=session_pks, time_from=time_from, time_to=time_to)
+    candidates: list[ranking.Candidate] = []
+    stats = ranking.CorpusStats(n_docs=0, avg_len=0.0)
+    if "message" in kind_set:
+        candidates, stats = _scope_message_candidates(
+            where=where, query=query, vector=vector, config=config, plan=plan
+        )
+    candidates += _other_candidates(
+        tenant=tenant, kinds=kind_set, session_pks=session_pks, scope=scope, query=query,
+        vector=vector, config=config, time_from=time_from, time_to=time_to,
+    )  # fmt: skip
+    ranked = _rank_by_kind(
+        query=query, candidates=candidates, stats=stats, plan=plan, experience_plan_given=plan_given
+    )
+    excluded = exclude_messages or set()
+    hits = [
+        _hit(item)
+        for item in ranked
+        if not (
+            item.candidate.kind == "message" and (item.candidate.group, item.candidate.position) in excluded
+        )
+    ][:limit]
+    if neighbours:
+        _attach_neighbours(tenant=tenant, hits=hits, radius=neighbours)
+    return SearchResult(
+        query=query, results=hits, plan=plan.as_dict(), warnings=warnings, candidates=len(candidates)
+    )
+
+
+def _search_validate(
+    *, query: str, scope: SearchScope, kinds: list[str] | None, limit: int, neighbours: int
+) -> list[str]:
+    """The chosen kinds, once every argument is valid. Raises InvalidInput naming the field."""
     if not query:
         raise InvalidInput("query must not be empty.", details={"fields": {"query": ["Must not be empty."]}})
     chosen = list(dict.fromkeys(kinds or KINDS))
@@ -610,67 +657,49 @@ def memory_search(
         raise InvalidInput(details={"fields": {"scope.sessions": ["Must be 'current' or 'all'."]}})
     if scope.sessions == "current" and not scope.session:
         raise InvalidInput(details={"fields": {"scope.session": ["Required when sessions is 'current'."]}})
-    plan_given = plan is not None
-    plan = plan or ranking.DEFAULT_PLAN
-    session_pks, _ = scope_sessions(tenant=tenant, scope=scope)
-    config = memory_policy_get(tenant=tenant).text_search_config or "english"
-    warnings: list[str] = []
-    vector: np.ndarray | None = None
-    try:
-        _, vector = embed_query(query)
-    except EmbedderError as exc:
-        warnings.append(f"The embedder is unavailable ({exc}); results are ranked by words only.")
-    kind_set = set(chosen)
-    candidates: list[ranking.Candidate] = []
-    stats = ranking.CorpusStats(n_docs=0, avg_len=0.0)
-    if session_pks == []:
-        kind_set -= {"message", "summary", "fact"}
-    where = _Sql(tenant=tenant, session_pks=session_pks, time_from=time_from, time_to=time_to)
-    if "message" in kind_set:
-        corpus = _scope_corpus(where)
-        if corpus is not None:
-            found, stats = _exact_message_candidates(
-                corpus=corpus, where=where, query=query, vector=vector, plan=plan
-            )
-            candidates += found
-        else:  # a very large scope: PostgreSQL's full text approximates the pool and statistics
-            terms = list(dict.fromkeys(ranking.tokenize(query)))
-            counts = _term_counts(where=where, terms=terms, config=config)
-            candidates += _message_candidates(
-                where=where, query=query, vector=vector, config=config, plan=plan, counts=counts
-            )
-            stats = _corpus_stats(where=where, counts=counts)
-    candidates += _other_candidates(
-        tenant=tenant, kinds=kind_set, session_pks=session_pks, scope=scope, query=query,
-        vector=vector, config=config, time_from=time_from, time_to=time_to,
-    )  # fmt: skip
-    # Experiences (problem/solution texts) rank in their own pool under EXPERIENCE_PLAN unless the
-    # caller chose a plan; the two lists merge by rank (ranking.py: "rank the two kinds in separate
-    # pools and merge by rank"), conversational memory first on a tie.
+    return chosen
+
+
+def _scope_message_candidates(
+    *, where: _Sql, query: str, vector: np.ndarray | None, config: str, plan: ranking.Plan
+) -> tuple[list[ranking.Candidate], ranking.CorpusStats]:
+    """The scope's message pool and its BM25 statistics: exact from the cached scope, or (a very
+    large scope) approximated by PostgreSQL's full text."""
+    corpus = _scope_corpus(where)
+    if corpus is not None:
+        found, stats = _exact_message_candidates(
+            corpus=corpus, where=where, query=query, vector=vector, plan=plan
+        )
+        return list(found), stats
+    terms = list(dict.fromkeys(ranking.tokenize(query)))
+    counts = _term_counts(where=where, terms=terms, config=config)
+    found = _message_candidates(
+        where=where, query=query, vector=vector, config=config, plan=plan, counts=counts
+    )
+    return list(found), _corpus_stats(where=where, counts=counts)
+
+
+def _rank_by_kind(
+    *,
+    query: str,
+    candidates: list[ranking.Candidate],
+    stats: ranking.CorpusStats,
+    plan: ranking.Plan,
+    experience_plan_given: bool,
+) -> list[ranking.Ranked]:
+    """Experiences (problem/solution texts) rank in their own pool under EXPERIENCE_PLAN unless the
+    caller chose a plan; the two lists merge by rank (ranking.py: "rank the two kinds in separate
+    pools and merge by rank"), conversational memory first on a tie."""
     conversational = [c for c in candidates if c.kind != "experience"]
     distilled = [c for c in candidates if c.kind == "experience"]
     now = timezone.now()
     ranked_lists = [ranking.rank(query=query, candidates=conversational, stats=stats, plan=plan, now=now)]
     if distilled:
-        experience_plan = plan if plan_given else ranking.EXPERIENCE_PLAN
+        experience_plan = plan if experience_plan_given else ranking.EXPERIENCE_PLAN
         ranked_lists.append(
             ranking.rank(query=query, candidates=distilled, stats=stats, plan=experience_plan, now=now)
         )
-    ranked = [item for group in zip_longest(*ranked_lists) for item in group if item is not None]
-    hits: list[SearchHit] = []
-    excluded = exclude_messages or set()
-    for item in ranked:
-        c = item.candidate
-        if c.kind == "message" and (c.group, c.position) in excluded:
-            continue
-        hits.append(_hit(item))
-        if len(hits) >= limit:
-            break
-    if neighbours:
-        _attach_neighbours(tenant=tenant, hits=hits, radius=neighbours)
-    return SearchResult(
-        query=query, results=hits, plan=plan.as_dict(), warnings=warnings, candidates=len(candidates)
-    )
+    return [item for group in zip_longest(*ranked_lists) for item in group if item is not None]
 
 
 def _hit(item: ranking.Ranked) -> SearchHit:
