@@ -168,6 +168,23 @@ def _wait_for_index(api: Client, *, timeout: float, progress: Any) -> None:
         delay = min(0.5, delay * 1.5)
 
 
+@dataclass
+class _Scope:
+    """One conversation as ingested: its scope id, (session id, seq) → dia_id, and its turns'
+    (dia_id, text) as the server indexes them for words (speaker + text), for the BM25 baseline."""
+
+    conversation: Conversation
+    scope_id: str
+    dia_of: dict[tuple[str, int], str] = field(default_factory=dict)
+    turns_text: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class _Tally:
+    per_question: list[tuple[str, dict[int, float]]] = field(default_factory=list)
+    bm25_hits: dict[int, list[float]] = field(default_factory=lambda: {k: [] for k in (5, 10)})
+
+
 def run_recall(
     path: str,
     *,
@@ -186,100 +203,114 @@ def run_recall(
     report = Report(conversations=len(conversations))
     err = err or sys.stderr
     created: list[str] = []
-    per_question: list[tuple[str, dict[int, float]]] = []
-    bm25_hits: dict[int, list[float]] = {k: [] for k in (5, 10)}
+    tally = _Tally()
     with Client(url, api_key) as api:
         try:
-            scopes: list[tuple[Conversation, str, dict[tuple[str, int], str], list[tuple[str, str]]]] = []
             total_turns = sum(len(turns) for c in conversations for _, _, turns in c.sessions)
             started = time.perf_counter()
             with tqdm(total=total_turns, desc="ingest", unit="turn", file=err, disable=not progress) as bar:
-                for number, conv in enumerate(conversations):
-                    scope_id = f"eval-{run}-{number}"
-                    dia_of: dict[tuple[str, int], str] = {}
-                    turns_text: list[tuple[str, str]] = []
-                    for _, when, turns in conv.sessions:
-                        session = api.session_create(scope_id, user_id=scope_id)
-                        created.append(session["id"])
-                        messages = []
-                        for turn in turns:
-                            speaker = str(turn.get("speaker") or "")
-                            message: dict[str, Any] = {
-                                "role": "user",
-                                "name": speaker[:200],
-                                "content": str(turn.get("text") or ""),
-                            }
-                            if when is not None:
-                                message["occurred_at"] = when.isoformat()
-                            messages.append(message)
-                        for start in range(0, len(messages), 1000):
-                            chunk = messages[start : start + 1000]
-                            if not chunk:
-                                continue
-                            out = api.messages_append(session["id"], chunk)
-                            for offset, turn in enumerate(turns[start : start + len(chunk)]):
-                                dia = str(turn.get("dia_id") or "")
-                                dia_of[(session["id"], out["first_seq"] + offset)] = dia
-                                # BM25 sees what the server indexes for words: speaker + text.
-                                speaker = str(turn.get("speaker") or "")
-                                text = str(turn.get("text") or "")
-                                turns_text.append((dia, f"{speaker}: {text}" if speaker else text))
-                            bar.update(len(chunk))
-                        report.sessions += 1
-                    scopes.append((conv, scope_id, dia_of, turns_text))
+                scopes = [
+                    _ingest(api, conv, f"eval-{run}-{number}", report=report, created=created, bar=bar)
+                    for number, conv in enumerate(conversations)
+                ]
                 report.turns = total_turns
                 bar.set_description("indexing")
                 _wait_for_index(api, timeout=index_timeout, progress=bar)
             report.ingest_s = time.perf_counter() - started
-            total_questions = sum(len(c.questions) for c, *_ in scopes)
+            total_questions = sum(len(scope.conversation.questions) for scope in scopes)
             with tqdm(
                 total=total_questions, desc="questions", unit="q", file=err, disable=not progress
             ) as bar:
-                for conv, scope_id, dia_of, turns_text in scopes:
-                    texts = [text for _, text in turns_text]
-                    for question in conv.questions:
-                        report.questions += 1
-                        query = str(question["question"])
-                        t0 = time.perf_counter()
-                        found = api.memory_search(
-                            query,
-                            scope={"user_id": scope_id, "agent": scope_id, "sessions": "all"},
-                            kinds=["message"],
-                            limit=SEARCH_LIMIT,
-                        )
-                        report.query_ms.append((time.perf_counter() - t0) * 1000)
-                        bar.update(1)
-                        evidence = {str(e) for e in question.get("evidence") or [] if e}
-                        if not evidence:
-                            continue
-                        report.with_evidence += 1
-                        ranked = [
-                            dia_of.get((str(hit["session"]), int(hit["seq"] or 0)), "")
-                            for hit in found["results"]
-                            if hit["kind"] == "message"
-                        ]
-                        per_question.append(
-                            (
-                                str(question.get("category", "")),
-                                {k: _recall_at(ranked, evidence, k) for k in KS},
-                            )
-                        )
-                        order = _bm25_ranking(query, texts)
-                        bm25_found = [turns_text[i][0] for i in order[:10]]
-                        for k in (5, 10):
-                            bm25_hits[k].append(_recall_at(bm25_found, evidence, k))
+                for scope in scopes:
+                    _ask(api, scope, report=report, tally=tally, bar=bar)
         finally:
             if cleanup:
-                for session_id in created:
-                    try:
-                        api.session_delete(session_id)
-                    except Exception as exc:  # keep deleting the rest
-                        print(f"ctxapp eval: could not delete {session_id}: {exc}", file=err)
+                _delete_sessions(api, created, err=err)
+    _summarise(report, tally)
+    return report
+
+
+def _ingest(
+    api: Client, conv: Conversation, scope_id: str, *, report: Report, created: list[str], bar: Any
+) -> _Scope:
+    """One ctxapp session per conversation session (date as occurred_at), appended in batches."""
+    scope = _Scope(conversation=conv, scope_id=scope_id)
+    for _, when, turns in conv.sessions:
+        session = api.session_create(scope_id, user_id=scope_id)
+        created.append(session["id"])
+        messages = [_message(turn, when) for turn in turns]
+        for start in range(0, len(messages), 1000):
+            chunk = messages[start : start + 1000]
+            out = api.messages_append(session["id"], chunk)
+            for offset, turn in enumerate(turns[start : start + len(chunk)]):
+                dia = str(turn.get("dia_id") or "")
+                scope.dia_of[(session["id"], out["first_seq"] + offset)] = dia
+                speaker, text = str(turn.get("speaker") or ""), str(turn.get("text") or "")
+                scope.turns_text.append((dia, f"{speaker}: {text}" if speaker else text))
+            bar.update(len(chunk))
+        report.sessions += 1
+    return scope
+
+
+def _message(turn: dict[str, Any], when: datetime | None) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "user",
+        "name": str(turn.get("speaker") or "")[:200],
+        "content": str(turn.get("text") or ""),
+    }
+    if when is not None:
+        message["occurred_at"] = when.isoformat()
+    return message
+
+
+def _ask(api: Client, scope: _Scope, *, report: Report, tally: _Tally, bar: Any) -> None:
+    """Every question of the conversation through POST /memory/search, and the BM25 baseline."""
+    texts = [text for _, text in scope.turns_text]
+    for question in scope.conversation.questions:
+        report.questions += 1
+        query = str(question["question"])
+        t0 = time.perf_counter()
+        found = api.memory_search(
+            query,
+            scope={"user_id": scope.scope_id, "agent": scope.scope_id, "sessions": "all"},
+            kinds=["message"],
+            limit=SEARCH_LIMIT,
+        )
+        report.query_ms.append((time.perf_counter() - t0) * 1000)
+        bar.update(1)
+        evidence = {str(e) for e in question.get("evidence") or [] if e}
+        if not evidence:
+            continue
+        report.with_evidence += 1
+        ranked = [
+            scope.dia_of.get((str(hit["session"]), int(hit["seq"] or 0)), "")
+            for hit in found["results"]
+            if hit["kind"] == "message"
+        ]
+        tally.per_question.append(
+            (str(question.get("category", "")), {k: _recall_at(ranked, evidence, k) for k in KS})
+        )
+        bm25_found = [scope.turns_text[i][0] for i in _bm25_ranking(query, texts)[:10]]
+        for k in (5, 10):
+            tally.bm25_hits[k].append(_recall_at(bm25_found, evidence, k))
+
+
+def _delete_sessions(api: Client, session_ids: list[str], *, err: TextIO) -> None:
+    for session_id in session_ids:
+        try:
+            api.session_delete(session_id)
+        except Exception as exc:  # keep deleting the rest
+            print(f"ctxapp eval: could not delete {session_id}: {exc}", file=err)
+
+
+def _summarise(report: Report, tally: _Tally) -> None:
+    """Turn recall averaged over the questions with evidence, overall and by category."""
+    per_question = tally.per_question
     if per_question:
         for k in KS:
             report.recall[k] = 100 * sum(r[k] for _, r in per_question) / len(per_question)
         for k in (5, 10):
-            report.bm25[k] = 100 * sum(bm25_hits[k]) / len(bm25_hits[k])
+            report.bm25[k] = 100 * sum(tally.bm25_hits[k]) / len(tally.bm25_hits[k])
     categories: dict[str, list[dict[int, float]]] = defaultdict(list)
     for category, recalls in per_question:
         categories[category].append(recalls)
@@ -290,7 +321,6 @@ def run_recall(
         }
         for category, items in sorted(categories.items())
     }
-    return report
 
 
 def format_report(report: Report) -> str:
