@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.db import connection
 from django.db.models import F, Subquery
@@ -198,80 +199,15 @@ def experiences_search(
             logger.warning("vector search skipped: %s", exc)
     tsquery = AnyLexemeQuery(query) if "text" in plan["sources"] else None
     per_source = max(CANDIDATES_PER_SOURCE, limit * 2)
-
-    vector_ranks: dict[int, int] = {}
-    text_ranks: dict[int, int] = {}
-    # pk → {"distance", "problem_distance", "rank"}: each signal computed once, where it is cheap.
-    signals: dict[int, dict[str, Any]] = {}
-    if vector is not None:
-        _configure_hnsw()
-        nearest = (
-            base.filter(embedding__isnull=False)
-            .annotate(
-                distance=CosineDistance("embedding", vector),
-                problem_distance=CosineDistance("problem_embedding", vector),
-            )
-            .order_by("distance")
-        )
-        fields = ["pk", "distance", "problem_distance"]
-        if tsquery is not None:
-            nearest = nearest.annotate(rank=SearchRank(F("search_vector"), tsquery))
-            fields.append("rank")
-        for position, row in enumerate(nearest.values(*fields)[:per_source], start=1):
-            vector_ranks[row["pk"]] = position
-            signals[row["pk"]] = row
-    if tsquery is not None:
-        # Rank at most TEXT_MATCH_CAP matching rows: an OR query of common words can match
-        # most of a large tenant, and ts_rank over all of them would dominate the latency.
-        matching = base.filter(search_vector=tsquery).values("pk")[:TEXT_MATCH_CAP]
-        ranked = (
-            Experience.objects.filter(pk__in=Subquery(matching))
-            .annotate(rank=SearchRank(F("search_vector"), tsquery))
-            .order_by("-rank", "pk")
-            .values("pk", "rank")[:per_source]
-        )
-        for position, row in enumerate(ranked, start=1):
-            text_ranks[row["pk"]] = position
-            signals.setdefault(row["pk"], {}).update(row)
+    vector_ranks, text_ranks, signals = _search_candidates(
+        base=base, vector=vector, tsquery=tsquery, per_source=per_source
+    )
     if not signals:
         return SearchResult([], plan, warnings)
-    # Text-only candidates still need their cosines (they may be pending: then None).
-    missing = [pk for pk, row in signals.items() if "distance" not in row]
-    if vector is not None and missing:
-        for row in (
-            Experience.objects.filter(pk__in=missing)
-            .annotate(
-                distance=CosineDistance("embedding", vector),
-                problem_distance=CosineDistance("problem_embedding", vector),
-            )
-            .values("pk", "distance", "problem_distance")
-        ):
-            signals[row["pk"]].update(row)
-    scored: list[tuple[float, int, float | None, float, dict[str, float]]] = []
-    for pk, row in signals.items():
-        similarity = None
-        if row.get("distance") is not None:
-            similarity = 1.0 - float(row["distance"])
-            if row.get("problem_distance") is not None:
-                problem_similarity = 1.0 - float(row["problem_distance"])
-                similarity = FULL_TEXT_SHARE * similarity + (1.0 - FULL_TEXT_SHARE) * problem_similarity
-        raw_rank = float(row.get("rank") or 0.0)
-        # Absolute, not relative to the best candidate: a weak accidental match of a paraphrase
-        # must stay weak (max-normalisation turned it into 1.0 and cut paraphrase R@1 in half).
-        text_score = raw_rank / (raw_rank + TEXT_RANK_HALF)
-        contributions: dict[str, float] = {}
-        if plan["fusion"] == "rrf":
-            if pk in vector_ranks:
-                contributions["vector"] = plan["weights"]["vector"] / (RRF_K + vector_ranks[pk])
-            if pk in text_ranks:
-                contributions["text"] = plan["weights"]["text"] / (RRF_K + text_ranks[pk])
-        else:
-            if "vector" in plan["weights"] and similarity is not None:
-                contributions["vector"] = plan["weights"]["vector"] * similarity
-            if "text" in plan["weights"]:
-                contributions["text"] = plan["weights"]["text"] * text_score
-        contributions = {k: round(v, 6) for k, v in contributions.items()}
-        scored.append((round(sum(contributions.values()), 6), pk, similarity, text_score, contributions))
+    scored = [
+        _score(pk, row, plan=plan, vector_rank=vector_ranks.get(pk), text_rank=text_ranks.get(pk))
+        for pk, row in signals.items()
+    ]
     scored.sort(key=lambda item: (-item[0], item[1]))
     top = scored[:limit]
     objects = Experience.objects.select_related(
@@ -348,3 +284,88 @@ def experiences_for_context(
 def experiences_mark_used(*, tenant: Any, experience_ids: list[str]) -> None:
     """Count a use of each experience (use count + 1, last used = now). Foreign ids are ignored."""
     experiences_touch(tenant=tenant, experience_ids=experience_ids)
+
+
+Scored = tuple[float, int, float | None, float, dict[str, float]]
+
+
+def _search_candidates(
+    *, base: Any, vector: np.ndarray | None, tsquery: Any, per_source: int
+) -> tuple[dict[int, int], dict[int, int], dict[int, dict[str, Any]]]:
+    """The candidates of both sources: (vector ranks, text ranks, pk → signals), each signal
+    ("distance", "problem_distance", "rank") computed once, where it is cheap."""
+    vector_ranks: dict[int, int] = {}
+    text_ranks: dict[int, int] = {}
+    signals: dict[int, dict[str, Any]] = {}
+    if vector is not None:
+        _configure_hnsw()
+        nearest = (
+            base.filter(embedding__isnull=False)
+            .annotate(
+                distance=CosineDistance("embedding", vector),
+                problem_distance=CosineDistance("problem_embedding", vector),
+            )
+            .order_by("distance")
+        )
+        fields = ["pk", "distance", "problem_distance"]
+        if tsquery is not None:
+            nearest = nearest.annotate(rank=SearchRank(F("search_vector"), tsquery))
+            fields.append("rank")
+        for position, row in enumerate(nearest.values(*fields)[:per_source], start=1):
+            vector_ranks[row["pk"]] = position
+            signals[row["pk"]] = row
+    if tsquery is not None:
+        # Rank at most TEXT_MATCH_CAP matching rows: an OR query of common words can match
+        # most of a large tenant, and ts_rank over all of them would dominate the latency.
+        matching = base.filter(search_vector=tsquery).values("pk")[:TEXT_MATCH_CAP]
+        ranked = (
+            Experience.objects.filter(pk__in=Subquery(matching))
+            .annotate(rank=SearchRank(F("search_vector"), tsquery))
+            .order_by("-rank", "pk")
+            .values("pk", "rank")[:per_source]
+        )
+        for position, row in enumerate(ranked, start=1):
+            text_ranks[row["pk"]] = position
+            signals.setdefault(row["pk"], {}).update(row)
+    # Text-only candidates still need their cosines (they may be pending: then None).
+    missing = [pk for pk, row in signals.items() if "distance" not in row]
+    if vector is not None and missing:
+        for row in (
+            Experience.objects.filter(pk__in=missing)
+            .annotate(
+                distance=CosineDistance("embedding", vector),
+                problem_distance=CosineDistance("problem_embedding", vector),
+            )
+            .values("pk", "distance", "problem_distance")
+        ):
+            signals[row["pk"]].update(row)
+    return vector_ranks, text_ranks, signals
+
+
+def _score(
+    pk: int, row: dict[str, Any], *, plan: dict[str, Any], vector_rank: int | None, text_rank: int | None
+) -> Scored:
+    """(score, pk, similarity, text score, contributions) of one candidate under the plan."""
+    similarity = None
+    if row.get("distance") is not None:
+        similarity = 1.0 - float(row["distance"])
+        if row.get("problem_distance") is not None:
+            problem_similarity = 1.0 - float(row["problem_distance"])
+            similarity = FULL_TEXT_SHARE * similarity + (1.0 - FULL_TEXT_SHARE) * problem_similarity
+    raw_rank = float(row.get("rank") or 0.0)
+    # Absolute, not relative to the best candidate: a weak accidental match of a paraphrase
+    # must stay weak (max-normalisation turned it into 1.0 and cut paraphrase R@1 in half).
+    text_score = raw_rank / (raw_rank + TEXT_RANK_HALF)
+    contributions: dict[str, float] = {}
+    if plan["fusion"] == "rrf":
+        if vector_rank is not None:
+            contributions["vector"] = plan["weights"]["vector"] / (RRF_K + vector_rank)
+        if text_rank is not None:
+            contributions["text"] = plan["weights"]["text"] / (RRF_K + text_rank)
+    else:
+        if "vector" in plan["weights"] and similarity is not None:
+            contributions["vector"] = plan["weights"]["vector"] * similarity
+        if "text" in plan["weights"]:
+            contributions["text"] = plan["weights"]["text"] * text_score
+    contributions = {k: round(v, 6) for k, v in contributions.items()}
+    return round(sum(contributions.values()), 6), pk, similarity, text_score, contributions
