@@ -686,16 +686,9 @@ def _span_ingest(
         result.duplicates += 1
         return
     hint = hints.get(trace_hex, {})
-    named = _text(attrs.get("gen_ai.agent.name") or attrs.get("gen_ai.agent.id") or hint.get("agent"))
-    if bound_agent and named and named != bound_agent:
-        raise AgentMismatch(
-            f"the API key is bound to agent {bound_agent!r}; this span names {named!r}",
-            details={"bound_agent": bound_agent, "requested_agent": named},
-        )
-    agent_name = bound_agent or named or _text(resource.get("service.name")) or DEFAULT_AGENT
-    if agent_name not in agents:
-        agents[agent_name] = sessions.agent_get_or_create(tenant=tenant, external_id=agent_name)
-    agent = agents[agent_name]
+    agent = _span_agent(
+        tenant=tenant, attrs=attrs, hint=hint, resource=resource, agents=agents, bound_agent=bound_agent
+    )
     conversation_id = _text(
         attrs.get("gen_ai.conversation.id")
         or attrs.get("session.id")
@@ -713,6 +706,62 @@ def _span_ingest(
     )
     session = conversation.session
     inputs, outputs = span_messages(attrs, span, operation, span_hex)
+    new = _unseen_messages(
+        conversation, inputs, outputs, operation=operation, trace_hex=trace_hex, span_hex=span_hex
+    )
+    recorded = sessions.messages_append(tenant=tenant, session=session, items=new) if new else []
+    for message in new:
+        conversation.seen[
+            _fingerprint(message.role, message.content, message.tool_call_id, message.tool_calls)
+        ] += 1
+    OtelSpan.objects.filter(tenant=tenant, trace_id=trace_hex, span_id=span_hex).update(session=session)
+    usage = _usage(attrs)
+    payload = _span_payload(
+        span, attrs, operation=operation, model=model, usage=usage, seqs=[m.seq for m in recorded]
+    )
+    recorder.event_append(
+        tenant=tenant, type=f"otel.{operation}", agent=agent, session=session, payload=payload
+    )
+    if usage.get("gen_ai.usage.input_tokens") is not None:
+        _usage_record(tenant=tenant, session=session, model=model, usage=usage, span_hex=span_hex)
+    result.accepted += 1
+    if session.public_id not in result.sessions:
+        result.sessions.append(session.public_id)
+
+
+def _span_agent(
+    *,
+    tenant: Tenant,
+    attrs: dict[str, Any],
+    hint: dict[str, str],
+    resource: dict[str, Any],
+    agents: dict[str, Agent],
+    bound_agent: str,
+) -> Agent:
+    """The span's agent: a bound key's, else the one the span (or its trace) names, else the
+    service. Raises AgentMismatch when a bound key's span names another agent."""
+    named = _text(attrs.get("gen_ai.agent.name") or attrs.get("gen_ai.agent.id") or hint.get("agent"))
+    if bound_agent and named and named != bound_agent:
+        raise AgentMismatch(
+            f"the API key is bound to agent {bound_agent!r}; this span names {named!r}",
+            details={"bound_agent": bound_agent, "requested_agent": named},
+        )
+    agent_name = bound_agent or named or _text(resource.get("service.name")) or DEFAULT_AGENT
+    if agent_name not in agents:
+        agents[agent_name] = sessions.agent_get_or_create(tenant=tenant, external_id=agent_name)
+    return agents[agent_name]
+
+
+def _unseen_messages(
+    conversation: _Conversation,
+    inputs: list[sessions.MessageInput],
+    outputs: list[sessions.MessageInput],
+    *,
+    operation: str,
+    trace_hex: str,
+    span_hex: str,
+) -> list[sessions.MessageInput]:
+    """The span's messages the session does not hold yet, tagged with the span."""
     # `seen` counts the session's messages by fingerprint; each span consumes from its own copy,
     # because every chat span repeats the whole history as its input.
     available = Counter(conversation.seen)
@@ -726,23 +775,29 @@ def _span_ingest(
             continue
         message.metadata = {**message.metadata, "otel": {"trace_id": trace_hex, "span_id": span_hex}}
         new.append(message)
-    recorded = sessions.messages_append(tenant=tenant, session=session, items=new) if new else []
-    for message in new:
-        conversation.seen[
-            _fingerprint(message.role, message.content, message.tool_call_id, message.tool_calls)
-        ] += 1
-    OtelSpan.objects.filter(tenant=tenant, trace_id=trace_hex, span_id=span_hex).update(session=session)
-    usage = _usage(attrs)
+    return new
+
+
+def _span_payload(
+    span: Span,
+    attrs: dict[str, Any],
+    *,
+    operation: str,
+    model: str,
+    usage: dict[str, int | None],
+    seqs: list[int],
+) -> dict[str, Any]:
+    """The `otel.<operation>` event's payload (OpenTelemetry GenAI names where they exist)."""
     duration_ns = max(0, span.end_time_unix_nano - span.start_time_unix_nano)
     payload: dict[str, Any] = {
-        "trace_id": trace_hex,
-        "span_id": span_hex,
+        "trace_id": span.trace_id.hex(),
+        "span_id": span.span_id.hex(),
         "parent_span_id": span.parent_span_id.hex(),
         "name": _clean_text(span.name)[:200],
         "gen_ai.operation.name": operation,
         "duration_ms": round(duration_ns / 1e6, 3),
         "status": {0: "unset", 1: "ok", 2: "error"}.get(span.status.code, "unset"),
-        "messages": [m.seq for m in recorded],
+        "messages": seqs,
     }
     if model:
         payload["gen_ai.request.model"] = model[:200]
@@ -751,14 +806,7 @@ def _span_ingest(
     if span.status.message:
         payload["status_message"] = _clean_text(span.status.message)[:500]
     payload.update({key: value for key, value in usage.items() if value is not None})
-    recorder.event_append(
-        tenant=tenant, type=f"otel.{operation}", agent=agent, session=session, payload=payload
-    )
-    if usage.get("gen_ai.usage.input_tokens") is not None:
-        _usage_record(tenant=tenant, session=session, model=model, usage=usage, span_hex=span_hex)
-    result.accepted += 1
-    if session.public_id not in result.sessions:
-        result.sessions.append(session.public_id)
+    return payload
 
 
 def _usage(attrs: dict[str, Any]) -> dict[str, int | None]:
