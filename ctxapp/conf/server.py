@@ -28,7 +28,12 @@ from ctxapp.conf.spec import setting
 @dataclass(frozen=True, kw_only=True)
 class ServerSettings:
     # --- core --------------------------------------------------------------------------------------
-    debug: bool = setting("CTXAPP_DEBUG", parse_bool, False, "Django debug mode. Never on in production.")
+    debug: bool = setting(
+        "CTXAPP_DEBUG",
+        parse_bool,
+        False,
+        "Django debug mode. Never on in production.",
+    )
     secret_key: str = setting(
         "CTXAPP_SECRET_KEY",
         parse_str,
@@ -70,17 +75,34 @@ class ServerSettings:
         "Unset: both run on the PostgreSQL database (see docs/run-modes.md).",
     )
     host: str = setting(
-        "CTXAPP_HOST", parse_str, "127.0.0.1", "Interface the web server of `ctxapp up` binds."
+        "CTXAPP_HOST",
+        parse_str,
+        "127.0.0.1",
+        "Interface the web server of `ctxapp up` binds.",
     )
-    port: int = setting("CTXAPP_PORT", parse_port, 8000, "Port the web server of `ctxapp up` binds.")
+    port: int = setting(
+        "CTXAPP_PORT",
+        parse_port,
+        8000,
+        "Port the web server of `ctxapp up` binds.",
+    )
     web_workers: int = setting(
-        "CTXAPP_WEB_WORKERS", parse_positive_int, 1, "ASGI server processes started by `ctxapp up`."
+        "CTXAPP_WEB_WORKERS",
+        parse_positive_int,
+        1,
+        "ASGI server processes started by `ctxapp up`.",
     )
     worker_concurrency: int = setting(
-        "CTXAPP_WORKER_CONCURRENCY", parse_positive_int, 2, "Celery worker processes started by `ctxapp up`."
+        "CTXAPP_WORKER_CONCURRENCY",
+        parse_positive_int,
+        2,
+        "Celery worker processes started by `ctxapp up`.",
     )
     log_level: str = setting(
-        "CTXAPP_LOG_LEVEL", parse_choice("debug", "info", "warning", "error"), "info", "Log level."
+        "CTXAPP_LOG_LEVEL",
+        parse_choice("debug", "info", "warning", "error"),
+        "info",
+        "Log level.",
     )
     queue_prefix: str = setting(
         "CTXAPP_QUEUE_PREFIX",
@@ -203,7 +225,11 @@ class ServerSettings:
         group="api",
     )
     login_cooloff_minutes: int = setting(
-        "CTXAPP_LOGIN_COOLOFF_MINUTES", parse_positive_int, 15, "How long a login lockout lasts.", group="api"
+        "CTXAPP_LOGIN_COOLOFF_MINUTES",
+        parse_positive_int,
+        15,
+        "How long a login lockout lasts.",
+        group="api",
     )
     json_max_depth: int = setting(
         "CTXAPP_JSON_MAX_DEPTH",
@@ -220,7 +246,11 @@ class ServerSettings:
         group="api",
     )
     page_size: int = setting(
-        "CTXAPP_PAGE_SIZE", parse_positive_int, 100, "Default page size of list endpoints.", group="api"
+        "CTXAPP_PAGE_SIZE",
+        parse_positive_int,
+        100,
+        "Default page size of list endpoints.",
+        group="api",
     )
     api_key_touch_seconds: int = setting(
         "CTXAPP_API_KEY_TOUCH_SECONDS",
