@@ -68,7 +68,7 @@ def main() -> None:
             experience_create(tenant=tenant, problem=f"{r['problem']} (case {i})", solution=r["solution"])
     ids = list(Experience.objects.filter(tenant=tenant).order_by("pk").values_list("pk", flat=True))
     print(f"RSS before the drain (model loaded, {len(ids):,} rows created): {rss_mb():.0f} MB")
-    size = settings.CTXAPP["CTXAPP_EMBEDDING_BATCH_SIZE"]
+    size = settings.CTXAPP.embedding_batch_size
     started = time.perf_counter()
     done = 0
     for i in range(0, len(ids), size):

@@ -183,7 +183,7 @@ def poll_seconds() -> float:
     from django.conf import settings
 
     if settings.configured and hasattr(settings, "CTXAPP"):
-        return float(settings.CTXAPP.get("CTXAPP_BROKER_POLL_SECONDS", DEFAULT_POLL_SECONDS))
+        return settings.CTXAPP.broker_poll_seconds
     return DEFAULT_POLL_SECONDS
 
 

@@ -291,7 +291,7 @@ def metrics_text() -> bytes:
 
 def metrics_allowed(request: HttpRequest) -> bool:
     """A matching bearer token, or (without one) a client address inside CTXAPP_METRICS_ALLOW."""
-    token = settings.CTXAPP["CTXAPP_METRICS_TOKEN"]
+    token = settings.CTXAPP.metrics_token
     header = request.headers.get("Authorization", "")
     if token and header.startswith("Bearer "):
         return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), str(token).encode())
@@ -300,9 +300,7 @@ def metrics_allowed(request: HttpRequest) -> bool:
     except ValueError:
         return False
     # The setting's parser already checked every network.
-    return any(
-        client in ipaddress.ip_network(n, strict=False) for n in settings.CTXAPP["CTXAPP_METRICS_ALLOW"]
-    )
+    return any(client in ipaddress.ip_network(n, strict=False) for n in settings.CTXAPP.metrics_allow)
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

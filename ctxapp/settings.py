@@ -1,4 +1,5 @@
-"""Django settings for ctxapp: every value comes from the one settings surface in `ctxapp.conf`."""
+"""Django settings for ctxapp: every value comes from the one settings surface in `ctxapp.conf`
+(`CTXAPP`, a typed `CtxappSettings`)."""
 
 from __future__ import annotations
 
@@ -11,25 +12,24 @@ from typing import Any
 
 import dj_database_url
 from csp.constants import NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
 
 from ctxapp import broker  # registers the `ctxsqla` Kombu transport
-from ctxapp.conf import SettingError, resolve_all
+from ctxapp.conf import SettingError, load
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 try:
-    CTXAPP = {name: r.value for name, r in resolve_all().items()}
+    CTXAPP = load()  # typed: settings.CTXAPP.job_keep_days
 except SettingError as exc:  # fail at start, naming the variable
-    from django.core.exceptions import ImproperlyConfigured
-
     raise ImproperlyConfigured(str(exc)) from None
 
-DATA_DIR = Path(CTXAPP["CTXAPP_DATA_DIR"]).expanduser().resolve()
+DATA_DIR = Path(CTXAPP.data_dir).expanduser().resolve()
 
 
 def _secret_key() -> str:
-    if CTXAPP["CTXAPP_SECRET_KEY"]:
-        return str(CTXAPP["CTXAPP_SECRET_KEY"])
+    if CTXAPP.secret_key:
+        return CTXAPP.secret_key
     path = DATA_DIR / "secret_key"
     if path.is_file():
         return path.read_text().strip()
@@ -40,10 +40,10 @@ def _secret_key() -> str:
     return key
 
 
-DEBUG = CTXAPP["CTXAPP_DEBUG"]
+DEBUG = CTXAPP.debug
 SECRET_KEY = _secret_key()
-ALLOWED_HOSTS = CTXAPP["CTXAPP_ALLOWED_HOSTS"]
-CSRF_TRUSTED_ORIGINS = CTXAPP["CTXAPP_CSRF_TRUSTED_ORIGINS"]
+ALLOWED_HOSTS = CTXAPP.allowed_hosts
+CSRF_TRUSTED_ORIGINS = CTXAPP.csrf_trusted_origins
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -104,8 +104,8 @@ TEMPLATES = [
 # --- database -----------------------------------------------------------------------------------
 # DATABASE_URL set: that server (it must have pgvector). Unset: the embedded server that
 # `ctxapp.embedded.ensure_started()` runs and announces through CTXAPP_EMBEDDED_DATABASE_URL.
-DATABASE_URL = CTXAPP["DATABASE_URL"] or os.environ.get("CTXAPP_EMBEDDED_DATABASE_URL", "")
-EMBEDDED_DATABASE = not CTXAPP["DATABASE_URL"]
+DATABASE_URL = CTXAPP.database_url or os.environ.get("CTXAPP_EMBEDDED_DATABASE_URL", "")
+EMBEDDED_DATABASE = not CTXAPP.database_url
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
 else:
@@ -119,10 +119,10 @@ else:
     }
 # Under ASGI each request runs its sync view in its own thread, so persistent connections
 # (CONN_MAX_AGE > 0) pile up one per dead thread; Django's answer is a pool per process.
-if CTXAPP["CTXAPP_DB_POOL_SIZE"] > 0 and DATABASE_URL:
+if CTXAPP.db_pool_size > 0 and DATABASE_URL:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
-        "max_size": CTXAPP["CTXAPP_DB_POOL_SIZE"],
+        "max_size": CTXAPP.db_pool_size,
         # A request waits at most this long for a connection (e.g. while PostgreSQL restarts),
         # then answers 503 `database_unavailable` instead of hanging.
         "timeout": 5,
@@ -132,8 +132,8 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- broker and channel layer -------------------------------------------------------------------
-REDIS_URL = CTXAPP["REDIS_URL"]
-QUEUE_PREFIX = CTXAPP["CTXAPP_QUEUE_PREFIX"]
+REDIS_URL = CTXAPP.redis_url
+QUEUE_PREFIX = CTXAPP.queue_prefix
 
 
 def _sqlalchemy_url(database: Any) -> str:
@@ -163,7 +163,7 @@ if REDIS_URL:
             "CONFIG": {
                 "hosts": [REDIS_URL],
                 "prefix": f"{QUEUE_PREFIX}:asgi",
-                "group_expiry": CTXAPP["CTXAPP_CHANNEL_GROUP_EXPIRY"],
+                "group_expiry": CTXAPP.channel_group_expiry,
             },
         }
     }
@@ -178,7 +178,7 @@ else:
                 **DATABASES["default"],
                 "TIME_ZONE": None,
                 "prefix": f"{QUEUE_PREFIX}_asgi",
-                "group_expiry": CTXAPP["CTXAPP_CHANNEL_GROUP_EXPIRY"],
+                "group_expiry": CTXAPP.channel_group_expiry,
             },
         }
     }
@@ -196,7 +196,7 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE: dict = {}  # filled by memory.tasks (see memory/tasks/__init__.py)
 # Transport options are transport-specific: Kombu's SQLAlchemy transport hands every option to
 # SQLAlchemy's create_engine() (ctxapp.broker takes visibility_timeout out first).
-CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": CTXAPP["CTXAPP_BROKER_VISIBILITY_TIMEOUT"]}
+CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": CTXAPP.broker_visibility_timeout}
 if not REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS.update(pool_pre_ping=True, pool_size=2, max_overflow=3)
 
@@ -231,8 +231,8 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
 ]
 # Failed admin and dashboard logins, per username and client address (django-axes).
-AXES_FAILURE_LIMIT = CTXAPP["CTXAPP_LOGIN_FAILURE_LIMIT"]
-AXES_COOLOFF_TIME = timedelta(minutes=CTXAPP["CTXAPP_LOGIN_COOLOFF_MINUTES"])
+AXES_FAILURE_LIMIT = CTXAPP.login_failure_limit
+AXES_COOLOFF_TIME = timedelta(minutes=CTXAPP.login_cooloff_minutes)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_CLIENT_IP_CALLABLE = "memory.api.throttles.login_client_address"
 AXES_RESET_ON_SUCCESS = True
@@ -257,7 +257,7 @@ STATIC_ROOT = DATA_DIR / "staticfiles"
 SERVESTATIC_USE_FINDERS = True
 warnings.filterwarnings("ignore", message="No directory at")
 
-DATA_UPLOAD_MAX_MEMORY_SIZE = CTXAPP["CTXAPP_MAX_BODY_BYTES"]
+DATA_UPLOAD_MAX_MEMORY_SIZE = CTXAPP.max_body_bytes
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000
 
 # --- REST API -----------------------------------------------------------------------------------
@@ -274,7 +274,7 @@ REST_FRAMEWORK = {
         "memory.api.throttles.ApiKeyRateThrottle",
         "memory.api.throttles.ClientAddressRateThrottle",
     ],
-    "NUM_PROXIES": CTXAPP["CTXAPP_NUM_PROXIES"],
+    "NUM_PROXIES": CTXAPP.num_proxies,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "ctxapp API",
@@ -306,7 +306,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": CTXAPP["CTXAPP_LOG_LEVEL"].upper()},
+    "root": {"handlers": ["console"], "level": CTXAPP.log_level.upper()},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
         # Every 4xx is an answer the client gets with its reason, not a server problem; 5xx stay ERROR.
@@ -346,7 +346,7 @@ CONTENT_SECURITY_POLICY = {
 # --- HTTPS (CTXAPP_HTTPS) -----------------------------------------------------------------------
 # Behind a TLS-terminating proxy that sets X-Forwarded-Proto (docs/production.md): HSTS, and
 # cookies that browsers send over HTTPS only.
-if CTXAPP["CTXAPP_HTTPS"]:
+if CTXAPP.https:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_HSTS_SECONDS = 365 * 24 * 3600
     SESSION_COOKIE_SECURE = True

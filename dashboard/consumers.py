@@ -42,7 +42,7 @@ CLOSE_FORBIDDEN = 4403
 
 
 def flush_interval() -> float:
-    return float(settings.CTXAPP.get("CTXAPP_DASHBOARD_FLUSH_MS", 400)) / 1000.0
+    return float(settings.CTXAPP.dashboard_flush_ms) / 1000.0
 
 
 class DashboardConsumer(AsyncWebsocketConsumer):
@@ -69,7 +69,7 @@ class DashboardConsumer(AsyncWebsocketConsumer):
     async def _renew_membership(self) -> None:
         # Group membership expires (CTXAPP_CHANNEL_GROUP_EXPIRY) so a page whose process died
         # without discarding stops costing a message per event; an open page renews it.
-        every = max(1.0, float(settings.CTXAPP.get("CTXAPP_CHANNEL_GROUP_EXPIRY", 300)) / 3)
+        every = max(1.0, float(settings.CTXAPP.channel_group_expiry) / 3)
         while self.group is not None:
             await asyncio.sleep(every)
             try:

@@ -3,6 +3,8 @@ readable from the allowed networks or with the token, refused elsewhere."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
@@ -93,10 +95,11 @@ def test_outside_the_allow_list_is_refused(settings: object) -> None:
 
 
 def test_the_token_opens_it_from_anywhere_and_a_wrong_one_does_not(settings: object) -> None:
-    ctxapp_settings = dict(settings.CTXAPP)  # type: ignore[attr-defined]
-    ctxapp_settings["CTXAPP_METRICS_TOKEN"] = "s3cret-metrics-token"
-    ctxapp_settings["CTXAPP_METRICS_ALLOW"] = []
-    settings.CTXAPP = ctxapp_settings  # type: ignore[attr-defined]
+    settings.CTXAPP = dataclasses.replace(  # type: ignore[attr-defined]
+        settings.CTXAPP,  # type: ignore[attr-defined]
+        metrics_token="s3cret-metrics-token",
+        metrics_allow=[],
+    )
     client = Client()
     assert client.get("/metrics").status_code == 403  # loopback no longer allowed
     good = client.get("/metrics", REMOTE_ADDR="203.0.113.9", HTTP_AUTHORIZATION="Bearer s3cret-metrics-token")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 
 from ctxapp.cli import main, settings_markdown
-from ctxapp.conf import SETTINGS, SettingError, resolve_all
+from ctxapp.conf import SETTINGS, CtxappSettings, SettingError, load, resolve_all
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,6 +64,26 @@ def test_values_are_parsed_to_their_types() -> None:
     assert resolved["CTXAPP_ALLOWED_HOSTS"].value == ["a.example", "b.example"]
     assert resolved["CTXAPP_MAX_BODY_BYTES"].value == 1_000_000
     assert {resolved[name].source for name in ("CTXAPP_PORT", "CTXAPP_DEBUG")} == {"environment"}
+
+
+def test_settings_ctxapp_is_typed_with_one_attribute_per_variable() -> None:
+    assert isinstance(django_settings.CTXAPP, CtxappSettings)
+    assert [field.name for field in dataclasses.fields(CtxappSettings)] == [
+        setting.env.removeprefix("CTXAPP_").lower() for setting in SETTINGS
+    ]
+    loaded = load(
+        environ={"CTXAPP_JOB_KEEP_DAYS": "3", "CTXAPP_THROTTLE_KEY_RATE": "off", "REDIS_URL": "redis://r"}
+    )
+    assert (loaded.job_keep_days, loaded.throttle_key_rate, loaded.redis_url) == (3, None, "redis://r")
+    assert loaded.page_size == 100  # the default
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loaded.page_size = 1  # type: ignore[misc]
+    assert dataclasses.replace(loaded, page_size=1).page_size == 1  # how a test overrides a value
+
+
+def test_loading_fails_naming_the_variable() -> None:
+    with pytest.raises(SettingError, match=r"^CTXAPP_JOB_KEEP_DAYS='0' is not a valid positive int"):
+        load(environ={"CTXAPP_JOB_KEEP_DAYS": "0"})
 
 
 @pytest.fixture

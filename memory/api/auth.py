@@ -43,7 +43,7 @@ def _api_key_lookup(prefix: str) -> ApiKey | None:
     (memory.services.tenancy.api_keys_changed starts a new one on every revocation). Only keys
     that exist are cached; the checks (hash, revoked, expired, tenant) run on every request.
     """
-    ttl = float(settings.CTXAPP["CTXAPP_API_KEY_CACHE_SECONDS"])
+    ttl = settings.CTXAPP.api_key_cache_seconds
     if ttl <= 0:
         return ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
     generation = api_keys_generation()
@@ -79,7 +79,7 @@ def api_key_authenticate(raw: str) -> ApiKey:
         raise exceptions.AuthenticationFailed("The API key has expired; ask an admin for a new one.")
     if not api_key.tenant.is_active:
         raise exceptions.AuthenticationFailed("The tenant of this API key is disabled.")
-    touch_every = timedelta(seconds=settings.CTXAPP["CTXAPP_API_KEY_TOUCH_SECONDS"])
+    touch_every = timedelta(seconds=settings.CTXAPP.api_key_touch_seconds)
     if api_key.last_used_at is None or now - api_key.last_used_at > touch_every:
         # A conditional update: concurrent requests touch the row once, not once each.
         ApiKey.objects.filter(pk=api_key.pk).exclude(last_used_at__gt=now - touch_every).update(

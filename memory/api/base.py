@@ -144,7 +144,7 @@ class TenantApiView(APIView):
         ).hexdigest()
         tenant = self.tenant
         now = timezone.now()
-        ttl = timedelta(hours=settings.CTXAPP["CTXAPP_IDEMPOTENCY_TTL_HOURS"])
+        ttl = timedelta(hours=settings.CTXAPP.idempotency_ttl_hours)
         if not self.idempotent_optimistic:
             return self._idempotent_reserved(request, key, digest, now, ttl, handler, *args, **kwargs)
         # Optimistic, one statement per write: run the write, then store its response under the
@@ -272,7 +272,7 @@ def keyset_page(
     queryset: QuerySet[Any], *, cursor: str | None, limit: int | None, newest_first: bool = True
 ) -> tuple[list[Any], str | None]:
     """One page of `queryset` ordered by primary key, and the cursor of the next page (or None)."""
-    size = limit or settings.CTXAPP["CTXAPP_PAGE_SIZE"]
+    size = limit or settings.CTXAPP.page_size
     if cursor:
         last = decode_cursor(cursor)
         queryset = queryset.filter(pk__lt=last) if newest_first else queryset.filter(pk__gt=last)

@@ -149,7 +149,7 @@ class ModelsApi(TenantApiView):
                 "models": ModelOutputSerializer(rows, many=True).data,
                 "source": table["source"],
                 "as_of": table["as_of"],
-                "unknown_model_input_limit": settings.CTXAPP["CTXAPP_UNKNOWN_MODEL_INPUT_TOKENS"],
+                "unknown_model_input_limit": settings.CTXAPP.unknown_model_input_tokens,
             }
         )
 

@@ -293,7 +293,7 @@ class ExperienceBulkApi(TenantApiView):
     def post(self, request: Request) -> Response:
         data = self.validate(self.InputSerializer)
         raw = data["items"]
-        limit = settings.CTXAPP["CTXAPP_EXPERIENCES_BULK_MAX"]
+        limit = settings.CTXAPP.experiences_bulk_max
         if len(raw) > limit:
             raise InvalidInput(
                 f"A bulk create holds at most {limit} experiences; got {len(raw)}. Split it.",

@@ -55,7 +55,7 @@ class StrictCharField(serializers.CharField):
 class ContentField(StrictCharField):
     def to_internal_value(self, data: Any) -> str:
         text = super().to_internal_value(data)
-        limit = settings.CTXAPP["CTXAPP_MESSAGE_MAX_BYTES"]
+        limit = settings.CTXAPP.message_max_bytes
         # Cheap bound first: a UTF-8 character is at most 4 bytes.
         if len(text) * 4 > limit and len(text.encode()) > limit:
             raise serializers.ValidationError(
@@ -229,7 +229,7 @@ def _batch_validate(data: dict[str, Any]) -> list[MessageInput]:
             details={"fields": {name: ["Unknown field in a batch body."] for name in sorted(extra)}},
         )
     raw = data["messages"]
-    limit = settings.CTXAPP["CTXAPP_BATCH_MAX_MESSAGES"]
+    limit = settings.CTXAPP.batch_max_messages
     if not isinstance(raw, list) or not raw:
         raise InvalidInput(
             "'messages' must be a non-empty list of messages.",

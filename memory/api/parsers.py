@@ -62,7 +62,7 @@ def find_unstorable_text(
 
 class TextSafeJSONParser(JSONParser):
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        max_depth = settings.CTXAPP["CTXAPP_JSON_MAX_DEPTH"]
+        max_depth = settings.CTXAPP.json_max_depth
         try:
             data = super().parse(stream, media_type, parser_context)
         except RecursionError:

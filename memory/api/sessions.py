@@ -290,7 +290,7 @@ class SessionMessagesApi(TenantApiView):
     )
     def get(self, request: Any, session_id: str) -> Response:
         data = self.validate_query(AfterSerializer)
-        limit = data.get("limit") or settings.CTXAPP["CTXAPP_PAGE_SIZE"]
+        limit = data.get("limit") or settings.CTXAPP.page_size
         session = svc.session_access(tenant=self.tenant, session_id=session_id)
         pages = SeqPagination()
         rows = pages.paginate_rows(
@@ -431,7 +431,7 @@ class AgentEventsApi(TenantApiView):
     )
     def get(self, request: Any, agent: str) -> Response:
         data = self.validate_query(self.FilterSerializer)
-        limit = data.get("limit") or settings.CTXAPP["CTXAPP_PAGE_SIZE"]
+        limit = data.get("limit") or settings.CTXAPP.page_size
         agent_row = selectors.agent_get(tenant=self.tenant, external_id=agent)
         types = [t.strip() for t in data.get("type", "").split(",") if t.strip()] or None
         session = None

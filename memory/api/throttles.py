@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 def client_address(request: HttpRequest | Request) -> str:
     """The client address: REMOTE_ADDR, or X-Forwarded-For's CTXAPP_NUM_PROXIES-th entry from the right."""
     meta = request.META
-    proxies = settings.CTXAPP["CTXAPP_NUM_PROXIES"]
+    proxies = settings.CTXAPP.num_proxies
     forwarded = [part.strip() for part in meta.get("HTTP_X_FORWARDED_FOR", "").split(",") if part.strip()]
     if proxies > 0 and forwarded:
         return forwarded[-min(proxies, len(forwarded))]
@@ -126,15 +126,18 @@ def window_peek(key: str, duration: int) -> tuple[int, float]:
 
 class _SettingRateThrottle(BaseThrottle, ABC):
     scope = ""
-    setting = ""
     wait_seconds: float | None = None
+
+    @abstractmethod
+    def rate(self) -> str | None:
+        """The rate this throttle applies (a `CTXAPP_THROTTLE_*` setting), or None when it is off."""
 
     @abstractmethod
     def ident(self, request: Request) -> str | None:
         """Who is counted (a key, an address), or None for a request this throttle leaves alone."""
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        parsed = parse_rate(settings.CTXAPP[self.setting])
+        parsed = parse_rate(self.rate())
         ident = self.ident(request)
         if parsed is None or ident is None:
             return True
@@ -155,7 +158,9 @@ class _SettingRateThrottle(BaseThrottle, ABC):
 
 class ApiKeyRateThrottle(_SettingRateThrottle):
     scope = "key"
-    setting = "CTXAPP_THROTTLE_KEY_RATE"
+
+    def rate(self) -> str | None:
+        return settings.CTXAPP.throttle_key_rate
 
     def ident(self, request: Request) -> str | None:
         return getattr(request.auth, "prefix", None)  # None: not authenticated by a key
@@ -163,7 +168,9 @@ class ApiKeyRateThrottle(_SettingRateThrottle):
 
 class ClientAddressRateThrottle(_SettingRateThrottle):
     scope = "address"
-    setting = "CTXAPP_THROTTLE_ADDRESS_RATE"
+
+    def rate(self) -> str | None:
+        return settings.CTXAPP.throttle_address_rate
 
     def ident(self, request: Request) -> str | None:
         return client_address(request)
@@ -175,7 +182,7 @@ def _auth_failure_key(request: Request) -> str:
 
 def auth_failures_check(request: Request) -> None:
     """Raise Throttled (429) while this address is over its failed-authentication rate. Read-only."""
-    parsed = parse_rate(settings.CTXAPP["CTXAPP_THROTTLE_AUTH_FAILURE_RATE"])
+    parsed = parse_rate(settings.CTXAPP.throttle_auth_failure_rate)
     if parsed is None:
         return
     limit, duration = parsed
@@ -193,7 +200,7 @@ def auth_failures_check(request: Request) -> None:
 
 def auth_failure_record(request: Request) -> None:
     """Count one failed authentication of this address, in the rate's current window."""
-    parsed = parse_rate(settings.CTXAPP["CTXAPP_THROTTLE_AUTH_FAILURE_RATE"])
+    parsed = parse_rate(settings.CTXAPP.throttle_auth_failure_rate)
     if parsed is None:
         return
     try:

@@ -263,20 +263,16 @@ def llm_digest(
         {"role": "system", "content": SYSTEM_PROMPT.replace("{max_items}", str(max_items))},
         {"role": "user", "content": f"Previous digest:\n{previous_json}\n\nNew messages:\n{transcript}"},
     ]
-    headers = (
-        {"Authorization": f"Bearer {conf['CTXAPP_SUMMARISER_API_KEY']}"}
-        if conf["CTXAPP_SUMMARISER_API_KEY"]
-        else {}
-    )
-    url = conf["CTXAPP_SUMMARISER_URL"].rstrip("/") + "/chat/completions"
+    headers = {"Authorization": f"Bearer {conf.summariser_api_key}"} if conf.summariser_api_key else {}
+    url = conf.summariser_url.rstrip("/") + "/chat/completions"
     errors: list[str] = []
-    for _ in range(1 + max(0, conf["CTXAPP_SUMMARISER_RETRIES"])):
+    for _ in range(1 + max(0, conf.summariser_retries)):
         try:
             response = httpx.post(
                 url,
-                json={"model": conf["CTXAPP_SUMMARISER_MODEL"], "messages": chat, "temperature": 0},
+                json={"model": conf.summariser_model, "messages": chat, "temperature": 0},
                 headers=headers,
-                timeout=conf["CTXAPP_SUMMARISER_TIMEOUT"],
+                timeout=conf.summariser_timeout,
             )
             response.raise_for_status()
             reply = response.json()["choices"][0]["message"]["content"] or ""
@@ -322,11 +318,11 @@ def session_digest_update(*, tenant: Tenant, session: Session) -> SessionDigest 
     ]
     if not rows:
         return None
-    max_items = int(settings.CTXAPP["CTXAPP_DIGEST_MAX_ITEMS"])
+    max_items = settings.CTXAPP.digest_max_items
     previous = latest.content if latest else None
     method, error = DigestMethod.OFFLINE, ""
     conf = settings.CTXAPP
-    if conf["CTXAPP_SUMMARISER_URL"] and conf["CTXAPP_DIGEST_LLM"]:
+    if conf.summariser_url and conf.digest_llm:
         try:
             content, _ = llm_digest(previous=previous, rows=rows, max_items=max_items)
             method = DigestMethod.LLM

@@ -244,29 +244,25 @@ def extract_summary(task: Task, messages: list[Message]) -> tuple[list[Candidate
     """Ask the configured chat endpoint. Returns (candidates, report). Never raises: after the
     retries the report says `fallback` and why, and the caller keeps the offline results."""
     conf = settings.CTXAPP
-    url = conf.get("CTXAPP_SUMMARISER_URL", "")
-    if not url or not conf.get("CTXAPP_DISTILL_LLM", True):
+    url = conf.summariser_url
+    if not url or not conf.distill_llm:
         return [], {"status": "not_configured"}
     import httpx
 
-    attempts = 1 + max(0, int(conf.get("CTXAPP_SUMMARISER_RETRIES", 2)))
+    attempts = 1 + max(0, conf.summariser_retries)
     chat = [
         {"role": "system", "content": SUMMARY_SYSTEM_PROMPT},
         {"role": "user", "content": _transcript(task, messages)},
     ]
-    headers = (
-        {"Authorization": f"Bearer {conf['CTXAPP_SUMMARISER_API_KEY']}"}
-        if conf.get("CTXAPP_SUMMARISER_API_KEY")
-        else {}
-    )
+    headers = {"Authorization": f"Bearer {conf.summariser_api_key}"} if conf.summariser_api_key else {}
     errors: list[str] = []
     for _attempt in range(attempts):
         try:
             response = httpx.post(
                 f"{url.rstrip('/')}/chat/completions",
-                json={"model": conf["CTXAPP_SUMMARISER_MODEL"], "messages": chat, "temperature": 0},
+                json={"model": conf.summariser_model, "messages": chat, "temperature": 0},
                 headers=headers,
-                timeout=conf.get("CTXAPP_SUMMARISER_TIMEOUT", 30.0),
+                timeout=conf.summariser_timeout,
             )
             response.raise_for_status()
             reply = response.json()["choices"][0]["message"]["content"] or ""

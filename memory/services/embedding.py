@@ -222,11 +222,11 @@ _embedders_lock = threading.Lock()
 def _config_key() -> tuple[Any, ...]:
     conf = settings.CTXAPP
     return (
-        conf["CTXAPP_EMBEDDER"],
-        conf["CTXAPP_EMBEDDING_URL"],
-        conf["CTXAPP_EMBEDDING_MODEL"],
-        conf["CTXAPP_EMBEDDING_API_KEY"],
-        conf["CTXAPP_EMBEDDING_TIMEOUT"],
+        conf.embedder,
+        conf.embedding_url,
+        conf.embedding_model,
+        conf.embedding_api_key,
+        conf.embedding_timeout,
     )
 
 

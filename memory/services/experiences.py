@@ -207,7 +207,7 @@ def _enqueue_embedding(ids: list[int]) -> None:
         return
     with transaction.atomic():
         connection_ = transaction.get_connection()
-        batch = settings.CTXAPP["CTXAPP_EMBEDDING_BATCH_SIZE"]
+        batch = settings.CTXAPP.embedding_batch_size
         open_intent: tuple[int, list[int]] | None = getattr(_local, "embed_intent", None)
         # Our intent belongs to this transaction only while its dispatch callback is registered
         # (after a commit or a rollback the callback list is cleared): otherwise start a new one.
@@ -406,7 +406,7 @@ def experiences_create_bulk(
     after commit in coalesced jobs of CTXAPP_EMBEDDING_BATCH_SIZE rows (not one job per row).
     Returns one result per item, in order.
     """
-    limit = settings.CTXAPP["CTXAPP_EXPERIENCES_BULK_MAX"]
+    limit = settings.CTXAPP.experiences_bulk_max
     if not items:
         raise InvalidInput("'items' must be a non-empty list.", details={"fields": {"items": ["Required."]}})
     if len(items) > limit:
@@ -894,7 +894,7 @@ def experiences_requeue_stale(*, older_than: timedelta | None = None) -> int:
 
     Safe to run at any time: the embedding job skips rows that are no longer pending.
     """
-    minutes = settings.CTXAPP["CTXAPP_EMBEDDING_STALE_MINUTES"]
+    minutes = settings.CTXAPP.embedding_stale_minutes
     cutoff = timezone.now() - (older_than if older_than is not None else timedelta(minutes=minutes))
     ids = list(
         Experience.objects.filter(embedding_status=EmbeddingStatus.PENDING, created_at__lt=cutoff)
@@ -946,7 +946,7 @@ def experiences_reembed(
     if only_failed:
         queryset = queryset.filter(embedding_status=EmbeddingStatus.FAILED)
     rows = list(queryset.order_by("pk").values_list("pk", "tenant_id"))
-    size = batch_size or int(settings.CTXAPP["CTXAPP_EMBEDDING_BATCH_SIZE"])
+    size = batch_size or settings.CTXAPP.embedding_batch_size
     job = f"reembed-{secrets.token_hex(4)}"
     tenants = {t.pk: t for t in Tenant.objects.filter(pk__in={tenant_id for _, tenant_id in rows})}
     totals: dict[int, int] = {}

@@ -260,11 +260,7 @@ def jobs_sweep(*, redispatch_after: float | None = None) -> int:
     are found with SKIP LOCKED, so a job a live worker is running is never touched. Returns how
     many were dispatched. Safe to run at any time.
     """
-    seconds = (
-        redispatch_after
-        if redispatch_after is not None
-        else float(settings.CTXAPP["CTXAPP_JOB_REDISPATCH_SECONDS"])
-    )
+    seconds = redispatch_after if redispatch_after is not None else settings.CTXAPP.job_redispatch_seconds
     now = timezone.now()
     cutoff = now - timedelta(seconds=seconds)
     with transaction.atomic():
@@ -276,7 +272,7 @@ def jobs_sweep(*, redispatch_after: float | None = None) -> int:
         pending = stale.filter(status=JobStatus.PENDING, dispatched_at__lt=cutoff)
         # A running intent nobody holds lost its runner (the lock dies with it): dispatched again
         # after one sweep period (not the redispatch bound), once per period while it waits.
-        orphan_cutoff = now - timedelta(seconds=float(settings.CTXAPP["CTXAPP_JOB_SWEEP_SECONDS"]))
+        orphan_cutoff = now - timedelta(seconds=settings.CTXAPP.job_sweep_seconds)
         orphaned = stale.filter(status=JobStatus.RUNNING).exclude(dispatched_at__gte=orphan_cutoff)
         ids = sorted(
             {
@@ -294,7 +290,7 @@ def jobs_sweep(*, redispatch_after: float | None = None) -> int:
 
 def jobs_purge(*, older_than: timedelta | None = None) -> int:
     """Delete finished intents (done or failed) older than CTXAPP_JOB_KEEP_DAYS. Returns how many."""
-    days = settings.CTXAPP["CTXAPP_JOB_KEEP_DAYS"]
+    days = settings.CTXAPP.job_keep_days
     cutoff = timezone.now() - (older_than if older_than is not None else timedelta(days=days))
     deleted, _ = JobIntent.objects.filter(
         status__in=[JobStatus.DONE, JobStatus.FAILED], finished_at__lt=cutoff
@@ -323,7 +319,7 @@ def _embed_ids(intents: list[JobIntent]) -> list[int]:
 
 def _embed_merge(intent: JobIntent) -> list[JobIntent]:
     """Other pending embedding intents, oldest first, up to one batch of experiences in all."""
-    batch = settings.CTXAPP["CTXAPP_EMBEDDING_BATCH_SIZE"]
+    batch = settings.CTXAPP.embedding_batch_size
     room = batch - len(_embed_ids([intent]))
     merged: list[JobIntent] = []
     if room <= 0:
@@ -392,8 +388,8 @@ def _register_kinds() -> None:
         JobKind(
             run=_embed_run,
             transient=(EmbedderUnavailable, OperationalError),
-            max_attempts=lambda: int(conf["CTXAPP_EMBEDDING_MAX_RETRIES"]) + 1,
-            backoff=lambda: float(conf["CTXAPP_EMBEDDING_RETRY_BACKOFF"]),
+            max_attempts=lambda: conf.embedding_max_retries + 1,
+            backoff=lambda: conf.embedding_retry_backoff,
             on_failure=_embed_failed,
             merge=_embed_merge,
         ),

@@ -178,8 +178,8 @@ def messages_embed_batch(*, batch_size: int | None = None) -> tuple[int, int, in
     the attempt on the claimed rows (they stay pending, or become `failed` after
     CTXAPP_EMBEDDING_MAX_RETRIES attempts). A permanent EmbedderError marks them `failed`.
     """
-    size = batch_size or int(settings.CTXAPP["CTXAPP_MEMORY_EMBED_BATCH"])
-    max_attempts = int(settings.CTXAPP["CTXAPP_EMBEDDING_MAX_RETRIES"]) + 1
+    size = batch_size or settings.CTXAPP.memory_embed_batch
+    max_attempts = settings.CTXAPP.embedding_max_retries + 1
     transient: EmbedderUnavailable | None = None
     with transaction.atomic():
         rows = list(
@@ -258,8 +258,8 @@ def memory_index_drain(*, time_budget: float | None = None, batch_size: int | No
     remain. Idempotent; safe to run concurrently. Raises EmbedderUnavailable (the task retries).
     """
     MemoryIndexState.objects.filter(pk=1).update(drain_scheduled=False)
-    budget = time_budget if time_budget is not None else float(settings.CTXAPP["CTXAPP_MEMORY_DRAIN_SECONDS"])
-    size = batch_size or int(settings.CTXAPP["CTXAPP_MEMORY_EMBED_BATCH"])
+    budget = time_budget if time_budget is not None else settings.CTXAPP.memory_drain_seconds
+    size = batch_size or settings.CTXAPP.memory_embed_batch
     result = DrainResult()
     started = time.monotonic()
     while True:
@@ -281,7 +281,7 @@ def memory_index_sweep(*, older_than: timedelta | None = None) -> int:
     The recovery path for a dispatch lost after a commit or a job lost with its worker. Returns
     how many stale rows there were. Never raises on a dispatch failure (it logs).
     """
-    seconds = int(settings.CTXAPP["CTXAPP_MEMORY_INDEX_STALE_SECONDS"])
+    seconds = settings.CTXAPP.memory_index_stale_seconds
     cutoff = timezone.now() - (older_than if older_than is not None else timedelta(seconds=seconds))
     stale = Message.objects.filter(embedding_status=MessageEmbeddingStatus.PENDING, created_at__lt=cutoff)
     count = stale.count()

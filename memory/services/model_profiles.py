@@ -125,7 +125,7 @@ def model_profile_resolve(*, tenant: Tenant, name: str) -> ResolvedModel:
         name=name,
         profile="",
         provider="unknown",
-        input_limit=settings.CTXAPP["CTXAPP_UNKNOWN_MODEL_INPUT_TOKENS"],
+        input_limit=settings.CTXAPP.unknown_model_input_tokens,
         output_limit=UNKNOWN_OUTPUT_LIMIT,
         tokenizer="estimate:generic",
         source="default",
@@ -155,7 +155,7 @@ def usage_correction(*, tenant: Tenant, model_name: str) -> tuple[float, int]:
         .order_by("-created_at")
         .values_list("input_tokens", "estimated_input_tokens")[:USAGE_WINDOW]
     )
-    if len(rows) < settings.CTXAPP["CTXAPP_CALIBRATION_MIN_REPORTS"]:
+    if len(rows) < settings.CTXAPP.calibration_min_reports:
         return 1.0, len(rows)
     ratios = sorted(actual / estimated for actual, estimated in rows if estimated)
     if not ratios:

@@ -335,7 +335,7 @@ def _role(value: Any) -> str:
 def _message(
     role: str, content: str, *, tool_calls: list[dict[str, Any]] | None = None, tool_call_id: str = ""
 ) -> sessions.MessageInput:
-    limit = settings.CTXAPP["CTXAPP_MESSAGE_MAX_BYTES"]
+    limit = settings.CTXAPP.message_max_bytes
     metadata: dict[str, Any] = {}
     if len(content.encode()) > limit:
         content = content.encode()[:limit].decode("utf-8", "ignore")
@@ -864,7 +864,7 @@ def traces_body_decompress(*, body: bytes, encoding: str) -> bytes:
         raise OtlpUnsupportedMediaType(
             f"Content-Encoding {encoding} is not supported: use gzip or none.", details={"encoding": encoding}
         )
-    limit = settings.CTXAPP["CTXAPP_MAX_BODY_BYTES"]
+    limit = settings.CTXAPP.max_body_bytes
     decompressor = zlib.decompressobj(wbits=47)  # 32 + 15: gzip or zlib header, detected
     try:
         data = decompressor.decompress(body, limit + 1)

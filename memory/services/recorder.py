@@ -217,7 +217,7 @@ def event_emit(
             f"(e.g. 'agent.tool.called'), at most 100 characters; got {type!r}.",
             details={"fields": {"type": ["Must match agent.<name>[.<name>…]."]}},
         )
-    limit = settings.CTXAPP["CTXAPP_EVENT_PAYLOAD_MAX_BYTES"]
+    limit = settings.CTXAPP.event_payload_max_bytes
     size = payload_size(payload)
     if size > limit:
         raise PayloadTooLarge(

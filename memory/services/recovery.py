@@ -130,7 +130,7 @@ def recovered_state(
     Records `agent.recovered` unless `record` is false (an operator inspecting, not an agent
     resuming); the recovered content itself is idempotent.
     """
-    timeout = timeout_ms or settings.CTXAPP["CTXAPP_RECOVERY_PART_TIMEOUT_MS"]
+    timeout = timeout_ms or settings.CTXAPP.recovery_part_timeout_ms
     slow = slow_parts or {}
     warnings: list[dict[str, Any]] = []
     timings: dict[str, Any] = {}
@@ -193,7 +193,7 @@ def recovered_state(
             )
             if session is None:
                 return None
-            limit = settings.CTXAPP["CTXAPP_RECOVERY_HISTORY_MESSAGES"]
+            limit = settings.CTXAPP.recovery_history_messages
             recent = list(Message.objects.filter(session=session).order_by("-seq")[:limit])
             recent.reverse()
             return {
@@ -223,7 +223,7 @@ def recovered_state(
 
         def events_part(deadline: float) -> dict[str, Any]:
             after = latest.covers_event_seq if latest is not None else 0
-            limit = settings.CTXAPP["CTXAPP_RECOVERY_MAX_EVENTS"]
+            limit = settings.CTXAPP.recovery_max_events
             queryset = Event.objects.filter(tenant=tenant, stream=recorder.stream_key(agent), seq__gt=after)
             rows = list(queryset.order_by("seq")[: limit + 1])
             return {

@@ -208,7 +208,7 @@ def events_purge(*, tenant: Tenant, now: datetime | None = None) -> int:
 def idempotency_purge(*, now: datetime | None = None) -> int:
     """Delete stored Idempotency-Key responses older than CTXAPP_IDEMPOTENCY_TTL_HOURS (all tenants)."""
     now = now or timezone.now()
-    cutoff = now - timedelta(hours=settings.CTXAPP["CTXAPP_IDEMPOTENCY_TTL_HOURS"])
+    cutoff = now - timedelta(hours=settings.CTXAPP.idempotency_ttl_hours)
     deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=cutoff).delete()
     return deleted
 

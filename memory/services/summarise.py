@@ -167,7 +167,7 @@ def llm_summary(*, previous: str, rows: list[dict[str, Any]], max_tokens: int) -
     if len(transcript) > LLM_TRANSCRIPT_CHARS:  # too long to send: send the extract instead
         transcript = offline_summary(previous="", rows=rows, max_tokens=max_tokens * 4)
     body = {
-        "model": conf["CTXAPP_SUMMARISER_MODEL"],
+        "model": conf.summariser_model,
         "temperature": 0,
         "max_tokens": max_tokens,
         "messages": [
@@ -187,16 +187,12 @@ def llm_summary(*, previous: str, rows: list[dict[str, Any]], max_tokens: int) -
             },
         ],
     }
-    headers = (
-        {"Authorization": f"Bearer {conf['CTXAPP_SUMMARISER_API_KEY']}"}
-        if conf["CTXAPP_SUMMARISER_API_KEY"]
-        else {}
-    )
-    url = conf["CTXAPP_SUMMARISER_URL"].rstrip("/") + "/chat/completions"
+    headers = {"Authorization": f"Bearer {conf.summariser_api_key}"} if conf.summariser_api_key else {}
+    url = conf.summariser_url.rstrip("/") + "/chat/completions"
     last_error = "no attempt"
-    for _ in range(1 + max(0, conf["CTXAPP_SUMMARISER_RETRIES"])):
+    for _ in range(1 + max(0, conf.summariser_retries)):
         try:
-            response = httpx.post(url, json=body, headers=headers, timeout=conf["CTXAPP_SUMMARISER_TIMEOUT"])
+            response = httpx.post(url, json=body, headers=headers, timeout=conf.summariser_timeout)
             response.raise_for_status()
             text = response.json()["choices"][0]["message"]["content"]
             if not isinstance(text, str) or not text.strip():
@@ -253,7 +249,7 @@ def session_summarise(*, tenant: Tenant, session: Session) -> Summary | None:
         return None
     previous = current.text if current else ""
     method, error = SummaryMethod.OFFLINE, ""
-    if settings.CTXAPP["CTXAPP_SUMMARISER_URL"]:
+    if settings.CTXAPP.summariser_url:
         try:
             text = llm_summary(previous=previous, rows=rows, max_tokens=policy.summary_max_tokens)
             method = SummaryMethod.LLM

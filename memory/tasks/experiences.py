@@ -29,14 +29,14 @@ def experiences_embed_task(self, experience_ids: list[int]) -> int:
     try:
         return experiences_embed(experience_ids=experience_ids)
     except EmbedderUnavailable as exc:
-        max_retries = settings.CTXAPP["CTXAPP_EMBEDDING_MAX_RETRIES"]
+        max_retries = settings.CTXAPP.embedding_max_retries
         if self.request.retries >= max_retries:
             experiences_mark_failed(
                 experience_ids=experience_ids,
                 reason=f"gave up after {self.request.retries + 1} attempts: {exc}",
             )
             return 0
-        backoff = settings.CTXAPP["CTXAPP_EMBEDDING_RETRY_BACKOFF"]
+        backoff = settings.CTXAPP.embedding_retry_backoff
         countdown = min(MAX_BACKOFF_SECONDS, backoff * 2**self.request.retries)
         logger.info("embedding batch retry %d in %.1fs: %s", self.request.retries + 1, countdown, exc)
         raise self.retry(exc=exc, countdown=countdown, max_retries=max_retries) from exc

@@ -30,7 +30,7 @@ def jobs_purge_task() -> int:
 SCHEDULE: dict = {
     "jobs-sweep": {
         "task": "memory.jobs.sweep",
-        "schedule": float(settings.CTXAPP["CTXAPP_JOB_SWEEP_SECONDS"]),
+        "schedule": settings.CTXAPP.job_sweep_seconds,
     },
     "jobs-purge": {"task": "memory.jobs.purge", "schedule": crontab(minute=17)},
 }

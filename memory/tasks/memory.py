@@ -23,7 +23,7 @@ def memory_index_drain_task(self) -> int:
     try:
         return memory_index_drain().completed
     except EmbedderUnavailable as exc:
-        backoff = settings.CTXAPP["CTXAPP_EMBEDDING_RETRY_BACKOFF"]
+        backoff = settings.CTXAPP.embedding_retry_backoff
         countdown = min(MAX_BACKOFF_SECONDS, backoff * 2 ** min(self.request.retries, 20))
         logger.info("memory index drain retry %d in %.1fs: %s", self.request.retries + 1, countdown, exc)
         raise self.retry(exc=exc, countdown=countdown) from exc

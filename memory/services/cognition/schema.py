@@ -163,7 +163,7 @@ def state_patched(*, document: dict[str, Any], patch: Any) -> dict[str, Any]:
 
 def state_check_size(text: str, field: str) -> None:
     """Raise PayloadTooLarge (413) when `text` exceeds CTXAPP_STATE_MAX_BYTES; `field` names it."""
-    limit = settings.CTXAPP["CTXAPP_STATE_MAX_BYTES"]
+    limit = settings.CTXAPP.state_max_bytes
     if len(text.encode()) > limit:
         raise PayloadTooLarge(
             f"The {field} is larger than the limit of {limit} bytes.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -417,7 +418,7 @@ def test_every_endpoint_answers_404_for_another_tenants_agent_or_task(
 def test_an_oversized_state_is_413_naming_the_field(api_a, alice_agents, monkeypatch):
     from django.conf import settings
 
-    monkeypatch.setitem(settings.CTXAPP, "CTXAPP_STATE_MAX_BYTES", 300)
+    monkeypatch.setattr(settings, "CTXAPP", dataclasses.replace(settings.CTXAPP, state_max_bytes=300))
     big = {**STATE, "working_memory": {"blob": "x" * 400}}
     err = error(api_a.put("/api/v1/agents/agent-a/state", big, format="json"), 413, "payload_too_large")
     assert err["details"]["field"] == "state"
@@ -430,7 +431,9 @@ def test_recovered_state_degrades_to_warnings_when_parts_miss_their_deadline(
     from django.conf import settings
 
     api_a.post("/api/v1/agents/agent-a/checkpoints", {"state": STATE}, format="json")
-    monkeypatch.setitem(settings.CTXAPP, "CTXAPP_RECOVERY_PART_TIMEOUT_MS", 200)
+    monkeypatch.setattr(
+        settings, "CTXAPP", dataclasses.replace(settings.CTXAPP, recovery_part_timeout_ms=200)
+    )
     from memory.services import recovery
 
     real = recovery._run_part

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from memory.models import Agent, Event
@@ -67,7 +69,7 @@ def test_an_agent_may_only_emit_agent_events(api_a, tenant_a, event_type):
 
 
 def test_a_payload_over_the_limit_is_413_naming_the_field(api_a, settings):
-    settings.CTXAPP = {**settings.CTXAPP, "CTXAPP_EVENT_PAYLOAD_MAX_BYTES": 100}
+    settings.CTXAPP = dataclasses.replace(settings.CTXAPP, event_payload_max_bytes=100)
     ok = emit(api_a, "bot-1", {"type": "agent.note", "payload": {"text": "x" * 50}})
     assert ok.status_code == 201
     too_big = emit(api_a, "bot-1", {"type": "agent.note", "payload": {"text": "x" * 200}})

@@ -3,6 +3,7 @@ once, one-statement idempotency records, pinned statement counts (issue 15, benc
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
@@ -68,7 +69,7 @@ def test_a_disabled_tenant_is_refused_at_once_though_its_key_was_cached(api_a: A
 
 
 def test_the_cache_can_be_turned_off(api_a: Any, settings: Any) -> None:
-    settings.CTXAPP = {**settings.CTXAPP, "CTXAPP_API_KEY_CACHE_SECONDS": 0}
+    settings.CTXAPP = dataclasses.replace(settings.CTXAPP, api_key_cache_seconds=0)
     assert key_queries(api_a)[0] == 200
     assert key_queries(api_a) == (200, 1)
     ApiKey.objects.filter(pk=api_a.api_key.pk).update(revoked_at="2026-01-01T00:00:00Z")  # no new generation

@@ -3,6 +3,7 @@ server, and hand-made OTLP/JSON bodies, become sessions, messages, tool calls, u
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from collections.abc import Iterator
@@ -331,7 +332,7 @@ def test_gzip_json_is_accepted_and_a_gzip_bomb_is_refused(
     )
     assert response.status_code == 200
     assert Message.objects.filter(tenant=tenant_a).count() == 2
-    settings.CTXAPP = {**settings.CTXAPP, "CTXAPP_MAX_BODY_BYTES": 4096}
+    settings.CTXAPP = dataclasses.replace(settings.CTXAPP, max_body_bytes=4096)
     bomb = gzip.compress(b"{" + b" " * 100_000 + b"}")
     response = api_a.generic(
         "POST", "/v1/traces", bomb, content_type="application/json", HTTP_CONTENT_ENCODING="gzip"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -256,7 +257,7 @@ def test_a_batch_with_one_bad_message_writes_none_of_them(api_a, tenant_a):
 
 
 def test_content_over_the_limit_is_refused(api_a, settings):
-    settings.CTXAPP = {**settings.CTXAPP, "CTXAPP_MESSAGE_MAX_BYTES": 10}
+    settings.CTXAPP = dataclasses.replace(settings.CTXAPP, message_max_bytes=10)
     session_id = create_session(api_a)["id"]
     ok = append(api_a, session_id, {"role": "user", "content": "0123456789"})
     assert ok.status_code == 201
@@ -267,7 +268,7 @@ def test_content_over_the_limit_is_refused(api_a, settings):
 
 
 def test_a_batch_over_the_limit_is_refused(api_a, settings):
-    settings.CTXAPP = {**settings.CTXAPP, "CTXAPP_BATCH_MAX_MESSAGES": 3}
+    settings.CTXAPP = dataclasses.replace(settings.CTXAPP, batch_max_messages=3)
     session_id = create_session(api_a)["id"]
     response = append(api_a, session_id, {"messages": [{"role": "user", "content": "x"}] * 4})
     assert response.status_code == 422

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pytest
@@ -14,10 +15,9 @@ def rates(settings):
     """Lower the limits for one test (the suite's own settings raise them far out of reach)."""
 
     def set_rates(**rates: str) -> None:
-        settings.CTXAPP = {
-            **settings.CTXAPP,
-            **{f"CTXAPP_THROTTLE_{k.upper()}_RATE": v for k, v in rates.items()},
-        }
+        settings.CTXAPP = dataclasses.replace(
+            settings.CTXAPP, **{f"throttle_{name}_rate": rate for name, rate in rates.items()}
+        )
 
     return set_rates
 

@@ -7,6 +7,7 @@ offered to the same user's next session, never another user's or another tenant'
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 
@@ -97,7 +98,7 @@ def test_versions_increment_keep_history_and_an_idle_run_writes_nothing(tenant_a
 @pytest.fixture
 def chat(settings) -> Iterator[FakeOpenAI]:
     server = FakeOpenAI()
-    settings.CTXAPP = {**settings.CTXAPP, "CTXAPP_SUMMARISER_URL": server.url, "CTXAPP_SUMMARISER_RETRIES": 1}
+    settings.CTXAPP = dataclasses.replace(settings.CTXAPP, summariser_url=server.url, summariser_retries=1)
     yield server
     server.close()
 

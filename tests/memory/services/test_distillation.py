@@ -3,6 +3,7 @@ local OpenAI-compatible chat server), robust to malformed model output."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def chat(settings) -> Iterator[FakeOpenAI]:
     server = FakeOpenAI()
-    settings.CTXAPP = {**settings.CTXAPP, "CTXAPP_SUMMARISER_URL": server.url, "CTXAPP_SUMMARISER_RETRIES": 2}
+    settings.CTXAPP = dataclasses.replace(settings.CTXAPP, summariser_url=server.url, summariser_retries=2)
     yield server
     server.close()
 

@@ -3,6 +3,7 @@ capacity eviction. Real PostgreSQL + pgvector and the real local MiniLM model.""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -239,7 +240,7 @@ def endpoint(settings):
     from tests.memory.services.experience_servers import FakeOpenAI
 
     server = FakeOpenAI()
-    settings.CTXAPP = {**settings.CTXAPP, "CTXAPP_EMBEDDER": "openai", "CTXAPP_EMBEDDING_URL": server.url}
+    settings.CTXAPP = dataclasses.replace(settings.CTXAPP, embedder="openai", embedding_url=server.url)
     yield server
     server.close()
 
@@ -252,7 +253,7 @@ def test_reembed_moves_every_row_to_the_new_model(tenant_a, settings):
     from tests.memory.services.experience_servers import FakeOpenAI
 
     server = FakeOpenAI()
-    settings.CTXAPP = {**settings.CTXAPP, "CTXAPP_EMBEDDER": "openai", "CTXAPP_EMBEDDING_URL": server.url}
+    settings.CTXAPP = dataclasses.replace(settings.CTXAPP, embedder="openai", embedding_url=server.url)
     try:
         call_command("reembed")
     finally:

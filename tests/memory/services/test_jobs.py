@@ -6,6 +6,7 @@ The broker is real: a Redis URL on a port nothing listens on is a broker that is
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from datetime import timedelta
 from typing import Any
@@ -108,7 +109,7 @@ def test_single_row_writes_share_one_embedding_run(tenant_a: Tenant, broker_down
 
 
 def test_one_transaction_writes_one_intent_per_batch(tenant_a: Tenant, settings: Any) -> None:
-    settings.CTXAPP = {**settings.CTXAPP, "CTXAPP_EMBEDDING_BATCH_SIZE": 2}
+    settings.CTXAPP = dataclasses.replace(settings.CTXAPP, embedding_batch_size=2)
     with transaction.atomic():
         for word in ("alpha", "bravo", "charlie", "delta", "echo"):
             experience_create(tenant=tenant_a, problem=f"problem {word}", solution=f"fix {word}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -243,15 +244,13 @@ def llm_server(monkeypatch) -> Iterator[type[_Handler]]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     _Handler.requests = []
-    conf = dict(django_settings.CTXAPP)
-    conf.update(
-        {
-            "CTXAPP_SUMMARISER_URL": f"http://127.0.0.1:{server.server_port}/v1",
-            "CTXAPP_SUMMARISER_MODEL": "tiny-llm",
-            "CTXAPP_SUMMARISER_API_KEY": "sk-test",
-            "CTXAPP_SUMMARISER_TIMEOUT": 0.5,
-            "CTXAPP_SUMMARISER_RETRIES": 1,
-        }
+    conf = dataclasses.replace(
+        django_settings.CTXAPP,
+        summariser_url=f"http://127.0.0.1:{server.server_port}/v1",
+        summariser_model="tiny-llm",
+        summariser_api_key="sk-test",
+        summariser_timeout=0.5,
+        summariser_retries=1,
     )
     monkeypatch.setattr(django_settings, "CTXAPP", conf)
     yield _Handler
