@@ -4,6 +4,7 @@ scope from PostgreSQL's HNSW and full-text indexes) and its summaries, facts and
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -164,12 +165,28 @@ def _text_rows_matching(queryset: Any, *, text_sql: str, query: str, config: str
     )[:limit]
 
 
-def _in_time(queryset: Any, field_name: str, time_from: datetime | None, time_to: datetime | None) -> Any:
-    if time_from is not None:
-        queryset = queryset.filter(**{f"{field_name}__gte": time_from})
-    if time_to is not None:
-        queryset = queryset.filter(**{f"{field_name}__lte": time_to})
-    return queryset
+@dataclass(frozen=True)
+class _KindQuery:
+    """What a search asks of summaries, facts and experiences."""
+
+    tenant: Tenant
+    session_pks: list[int] | None
+    scope: SearchScope
+    query: str
+    vector: np.ndarray | None
+    config: str
+    time_from: datetime | None
+    time_to: datetime | None
+
+    def in_time(self, queryset: Any, field_name: str) -> Any:
+        if self.time_from is not None:
+            queryset = queryset.filter(**{f"{field_name}__gte": self.time_from})
+        if self.time_to is not None:
+            queryset = queryset.filter(**{f"{field_name}__lte": self.time_to})
+        return queryset
+
+    def in_scope(self, queryset: Any) -> Any:
+        return queryset if self.session_pks is None else queryset.filter(session_id__in=self.session_pks)
 
 
 def _row_candidates(
@@ -197,91 +214,61 @@ def _row_candidates(
     ]
 
 
-def _summary_candidates(
-    *,
-    tenant: Tenant,
-    session_pks: list[int] | None,
-    query: str,
-    vector: np.ndarray | None,
-    config: str,
-    time_from: datetime | None,
-    time_to: datetime | None,
-) -> list[ranking.Candidate]:
+def _summary_candidates(q: _KindQuery) -> list[ranking.Candidate]:
     """The scope's current summaries that match a query term, then its sessions' digests."""
-    summaries = _in_time(
-        Summary.objects.filter(tenant=tenant, is_current=True).select_related("session"),
-        "created_at", time_from, time_to,
-    )  # fmt: skip
-    if session_pks is not None:
-        summaries = summaries.filter(session_id__in=session_pks)
-    rows = list(
-        _text_rows_matching(summaries, text_sql="text", query=query, config=config, limit=OTHER_KIND_POOL)
+    summaries = q.in_scope(
+        q.in_time(
+            Summary.objects.filter(tenant=q.tenant, is_current=True).select_related("session"), "created_at"
+        )
     )
-    candidates = _row_candidates("summary", rows, texts=[r.text for r in rows], vector=vector)
+    rows = list(
+        _text_rows_matching(summaries, text_sql="text", query=q.query, config=q.config, limit=OTHER_KIND_POOL)
+    )
+    candidates = _row_candidates("summary", rows, texts=[r.text for r in rows], vector=q.vector)
     # The sessions' digests (medium-term memory) are summaries too.
     return candidates + digest_candidates(
-        tenant=tenant, query=query, session_pks=session_pks, vector=vector,
-        time_from=time_from, time_to=time_to, limit=OTHER_KIND_POOL,
+        tenant=q.tenant, query=q.query, session_pks=q.session_pks, vector=q.vector,
+        time_from=q.time_from, time_to=q.time_to, limit=OTHER_KIND_POOL,
     )  # fmt: skip
 
 
-def _fact_candidates(
-    *,
-    tenant: Tenant,
-    session_pks: list[int] | None,
-    query: str,
-    vector: np.ndarray | None,
-    config: str,
-    time_from: datetime | None,
-    time_to: datetime | None,
-) -> list[ranking.Candidate]:
+def _fact_candidates(q: _KindQuery) -> list[ranking.Candidate]:
     """The scope's tracked facts whose key or content matches a query term."""
-    facts = _in_time(
-        TrackedFact.objects.filter(tenant=tenant).select_related("session"), "created_at", time_from, time_to
+    facts = q.in_scope(
+        q.in_time(TrackedFact.objects.filter(tenant=q.tenant).select_related("session"), "created_at")
     )
-    if session_pks is not None:
-        facts = facts.filter(session_id__in=session_pks)
     rows = list(
         _text_rows_matching(
-            facts, text_sql="(key || ' ' || content)", query=query, config=config, limit=OTHER_KIND_POOL
+            facts, text_sql="(key || ' ' || content)", query=q.query, config=q.config, limit=OTHER_KIND_POOL
         )
     )
     texts = [f"{r.key}: {r.content}" for r in rows]
-    return _row_candidates("fact", rows, texts=texts, embedded=[r.content for r in rows], vector=vector)
+    return _row_candidates("fact", rows, texts=texts, embedded=[r.content for r in rows], vector=q.vector)
 
 
-def _experience_candidates(
-    *,
-    tenant: Tenant,
-    scope: SearchScope,
-    query: str,
-    vector: np.ndarray | None,
-    time_from: datetime | None,
-    time_to: datetime | None,
-) -> list[ranking.Candidate]:
+def _experience_candidates(q: _KindQuery) -> list[ranking.Candidate]:
     """The tenant's shared experiences and the scope user's own: the nearest by vector, then
     those matching a query term (english full text, as experiences search)."""
     visible = Q(scope=ExperienceScope.TENANT)
-    if scope.user_id:
-        visible |= Q(user_id=scope.user_id)
-    experiences = _in_time(
-        Experience.objects.filter(tenant=tenant).filter(visible_filter()).filter(visible),
-        "created_at", time_from, time_to,
-    ).defer("embedding", "problem_embedding", "search_vector")  # fmt: skip
+    if q.scope.user_id:
+        visible |= Q(user_id=q.scope.user_id)
+    experiences = q.in_time(
+        Experience.objects.filter(tenant=q.tenant).filter(visible_filter()).filter(visible), "created_at"
+    ).defer("embedding", "problem_embedding", "search_vector")
     found: dict[int, Experience] = {}
-    if vector is not None:
+    if q.vector is not None:
         _configure_hnsw()
-        nearest = experiences.exclude(embedding=None).order_by(CosineDistance("embedding", vector))
+        nearest = experiences.exclude(embedding=None).order_by(CosineDistance("embedding", q.vector))
         for row in nearest[:OTHER_KIND_POOL]:
             found[row.pk] = row
-    or_query = terms_or_query(query)
+    or_query = terms_or_query(q.query)
     if or_query:
         for row in experiences.extra(
             where=["search_vector @@ to_tsquery(%s::regconfig, %s)"], params=["english", or_query]
         )[:OTHER_KIND_POOL]:
             found.setdefault(row.pk, row)
     rows = list(found.values())
-    return _row_candidates("experience", rows, texts=[r.text for r in rows], vector=vector)
+    return _row_candidates("experience", rows, texts=[r.text for r in rows], vector=q.vector)
 
 
 def other_candidates(
@@ -297,18 +284,18 @@ def other_candidates(
     time_to: datetime | None,
 ) -> list[ranking.Candidate]:
     """Summaries, facts and experiences of the scope among `kinds`, in that order."""
-    window = {"time_from": time_from, "time_to": time_to}
+    q = _KindQuery(
+        tenant=tenant, session_pks=session_pks, scope=scope, query=query, vector=vector, config=config,
+        time_from=time_from, time_to=time_to,
+    )  # fmt: skip
     candidates: list[ranking.Candidate] = []
-    if "summary" in kinds:
-        candidates += _summary_candidates(
-            tenant=tenant, session_pks=session_pks, query=query, vector=vector, config=config, **window
-        )
-    if "fact" in kinds:
-        candidates += _fact_candidates(
-            tenant=tenant, session_pks=session_pks, query=query, vector=vector, config=config, **window
-        )
-    if "experience" in kinds:
-        candidates += _experience_candidates(tenant=tenant, scope=scope, query=query, vector=vector, **window)
+    for kind, step in (
+        ("summary", _summary_candidates),
+        ("fact", _fact_candidates),
+        ("experience", _experience_candidates),
+    ):
+        if kind in kinds:
+            candidates += step(q)
     return candidates
 
 
