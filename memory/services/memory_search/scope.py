@@ -1,0 +1,88 @@
+"""Memory search's scope: which sessions a search covers, and its arguments validated. Read-only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from memory.exceptions import InvalidInput
+from memory.models import Session, Tenant
+from memory.selectors.sessions import agent_get, session_get
+from memory.services import ranking
+
+KINDS = ("message", "summary", "fact", "experience")
+SESSIONS_CHOICES = ("current", "all")
+MAX_LIMIT = 100
+MAX_NEIGHBOURS = 5
+
+
+@dataclass(frozen=True)
+class SearchScope:
+    agent: str | None = None
+    user_id: str | None = None
+    session: str | None = None
+    sessions: str = "all"  # "current" (only `session`) | "all"
+
+
+def plan_parse(data: Any, *, field_name: str = "plan") -> ranking.Plan:
+    """A ranking plan from a request (None → defaults). Raises InvalidInput naming the field."""
+    if data is None:
+        return ranking.DEFAULT_PLAN
+    if not isinstance(data, dict):
+        raise InvalidInput(details={"fields": {field_name: ["Expected an object of plan fields."]}})
+    try:
+        return ranking.Plan.from_dict(data)
+    except ValueError as exc:
+        name, _, reason = str(exc).partition(":")
+        raise InvalidInput(
+            f"{field_name}.{name}: {reason.strip()}",
+            details={"fields": {f"{field_name}.{name}": [reason.strip()]}},
+        ) from exc
+
+
+def scope_sessions(*, tenant: Tenant, scope: SearchScope) -> tuple[list[int] | None, dict[int, str]]:
+    """The session pks the scope covers (None = the whole tenant) and their public ids.
+
+    Raises NotFound for an unknown (or another tenant's) session or agent. Read-only.
+    """
+    queryset = Session.objects.filter(tenant=tenant)
+    if scope.session:
+        current = session_get(tenant=tenant, session_id=scope.session)
+        if scope.sessions == "current":
+            return [current.pk], {current.pk: current.public_id}
+        if scope.user_id is None and current.user_id:
+            queryset = queryset.filter(user_id=current.user_id)
+        if scope.agent is None and not current.user_id:
+            queryset = queryset.filter(agent_id=current.agent_id)
+    if scope.agent:
+        queryset = queryset.filter(agent=agent_get(tenant=tenant, external_id=scope.agent))
+    if scope.user_id is not None:
+        queryset = queryset.filter(user_id=scope.user_id)
+    if not scope.session and not scope.agent and scope.user_id is None:
+        return None, {}
+    rows = dict(queryset.values_list("pk", "public_id"))
+    return list(rows), rows
+
+
+def search_validate(
+    *, query: str, scope: SearchScope, kinds: list[str] | None, limit: int, neighbours: int
+) -> list[str]:
+    """The chosen kinds, once every argument is valid. Raises InvalidInput naming the field."""
+    if not query:
+        raise InvalidInput("query must not be empty.", details={"fields": {"query": ["Must not be empty."]}})
+    chosen = list(dict.fromkeys(kinds or KINDS))
+    unknown = [k for k in chosen if k not in KINDS]
+    if unknown:
+        raise InvalidInput(
+            f"Unknown kind {unknown[0]!r}; kinds are {', '.join(KINDS)}.",
+            details={"fields": {"kinds": [f"Unknown kind {k!r}." for k in unknown]}},
+        )
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidInput(details={"fields": {"limit": [f"Must be between 1 and {MAX_LIMIT}."]}})
+    if not 0 <= neighbours <= MAX_NEIGHBOURS:
+        raise InvalidInput(details={"fields": {"neighbours": [f"Must be between 0 and {MAX_NEIGHBOURS}."]}})
+    if scope.sessions not in SESSIONS_CHOICES:
+        raise InvalidInput(details={"fields": {"scope.sessions": ["Must be 'current' or 'all'."]}})
+    if scope.sessions == "current" and not scope.session:
+        raise InvalidInput(details={"fields": {"scope.session": ["Required when sessions is 'current'."]}})
+    return chosen

@@ -1,0 +1,107 @@
+"""memory_search: validate, resolve the scope, gather candidates, rank, cut, attach neighbours."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from itertools import zip_longest
+
+import numpy as np
+from django.utils import timezone
+
+from memory.models import Tenant
+from memory.services import ranking
+from memory.services.embedding import EmbedderError, embed_query
+from memory.services.memory_index import memory_policy_get
+from memory.services.memory_search.candidates import other_candidates, scope_message_candidates
+from memory.services.memory_search.results import SearchResult, hit_from_ranked, neighbours_attach
+from memory.services.memory_search.scope import SearchScope, scope_sessions, search_validate
+from memory.services.memory_search.sql import ScopeWhere
+
+
+def memory_search(
+    *,
+    tenant: Tenant,
+    query: str,
+    scope: SearchScope | None = None,
+    kinds: list[str] | None = None,
+    limit: int = 10,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+    plan: ranking.Plan | None = None,
+    neighbours: int = 0,
+    exclude_messages: set[tuple[str, int]] | None = None,
+) -> SearchResult:
+    """Search the scope's conversational memory for `query`; best first, at most `limit` hits.
+
+    Read-only. Raises InvalidInput (empty query, unknown kind, limit or neighbours out of
+    range) and NotFound (unknown or foreign session / agent in the scope). When the embedder is
+    unavailable the dense signal is left out with a warning (words still answer).
+    `exclude_messages` ((session id, seq) pairs) are left out of the results (context recall:
+    what the window already holds).
+    """
+    scope = scope or SearchScope()
+    query = (query or "").strip()
+    chosen = search_validate(query=query, scope=scope, kinds=kinds, limit=limit, neighbours=neighbours)
+    plan_given = plan is not None
+    plan = plan or ranking.DEFAULT_PLAN
+    session_pks, _ = scope_sessions(tenant=tenant, scope=scope)
+    config = memory_policy_get(tenant=tenant).text_search_config or "english"
+    warnings: list[str] = []
+    vector: np.ndarray | None = None
+    try:
+        _, vector = embed_query(query)
+    except EmbedderError as exc:
+        warnings.append(f"The embedder is unavailable ({exc}); results are ranked by words only.")
+    kind_set = set(chosen)
+    if session_pks == []:
+        kind_set -= {"message", "summary", "fact"}
+    where = ScopeWhere(tenant=tenant, session_pks=session_pks, time_from=time_from, time_to=time_to)
+    candidates: list[ranking.Candidate] = []
+    stats = ranking.CorpusStats(n_docs=0, avg_len=0.0)
+    if "message" in kind_set:
+        candidates, stats = scope_message_candidates(
+            where=where, query=query, vector=vector, config=config, plan=plan
+        )
+    candidates += other_candidates(
+        tenant=tenant, kinds=kind_set, session_pks=session_pks, scope=scope, query=query,
+        vector=vector, config=config, time_from=time_from, time_to=time_to,
+    )  # fmt: skip
+    ranked = _rank_by_kind(
+        query=query, candidates=candidates, stats=stats, plan=plan, experience_plan_given=plan_given
+    )
+    excluded = exclude_messages or set()
+    hits = [
+        hit_from_ranked(item)
+        for item in ranked
+        if not (
+            item.candidate.kind == "message" and (item.candidate.group, item.candidate.position) in excluded
+        )
+    ][:limit]
+    if neighbours:
+        neighbours_attach(tenant=tenant, hits=hits, radius=neighbours)
+    return SearchResult(
+        query=query, results=hits, plan=plan.as_dict(), warnings=warnings, candidates=len(candidates)
+    )
+
+
+def _rank_by_kind(
+    *,
+    query: str,
+    candidates: list[ranking.Candidate],
+    stats: ranking.CorpusStats,
+    plan: ranking.Plan,
+    experience_plan_given: bool,
+) -> list[ranking.Ranked]:
+    """Experiences (problem/solution texts) rank in their own pool under EXPERIENCE_PLAN unless the
+    caller chose a plan; the two lists merge by rank (ranking.py: "rank the two kinds in separate
+    pools and merge by rank"), conversational memory first on a tie."""
+    conversational = [c for c in candidates if c.kind != "experience"]
+    distilled = [c for c in candidates if c.kind == "experience"]
+    now = timezone.now()
+    ranked_lists = [ranking.rank(query=query, candidates=conversational, stats=stats, plan=plan, now=now)]
+    if distilled:
+        experience_plan = plan if experience_plan_given else ranking.EXPERIENCE_PLAN
+        ranked_lists.append(
+            ranking.rank(query=query, candidates=distilled, stats=stats, plan=experience_plan, now=now)
+        )
+    return [item for group in zip_longest(*ranked_lists) for item in group if item is not None]

@@ -1,0 +1,64 @@
+"""The SQL every message query of one search shares: the scope's WHERE clause and a raw fetch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from django.db import connection
+
+from memory.models import Tenant
+from memory.services import ranking
+
+
+@dataclass
+class MessageCandidate(ranking.Candidate):
+    speaker: str = ""
+    content: str = ""
+
+
+def vector_literal(vector: np.ndarray) -> str:
+    return "[" + ",".join(f"{x:.7g}" for x in vector.tolist()) + "]"
+
+
+def terms_or_query(query: str) -> str:
+    """The query's terms OR-ed for to_tsquery (terms are [a-z0-9]+, so nothing to escape)."""
+    return " | ".join(dict.fromkeys(ranking.tokenize(query)))
+
+
+class ScopeWhere:
+    """The WHERE clause shared by every message query of one search."""
+
+    def __init__(
+        self,
+        *,
+        tenant: Tenant,
+        session_pks: list[int] | None,
+        time_from: datetime | None,
+        time_to: datetime | None,
+    ) -> None:
+        clauses = ["m.tenant_id = %s"]
+        params: list[Any] = [tenant.pk]
+        if session_pks is not None:
+            clauses.append("m.session_id = ANY(%s)")
+            params.append(session_pks)
+        if time_from is not None:
+            clauses.append("m.occurred_at >= %s")
+            params.append(time_from)
+        if time_to is not None:
+            clauses.append("m.occurred_at <= %s")
+            params.append(time_to)
+        self.where = " AND ".join(clauses)
+        self.params = params
+
+
+def fetch_rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+
+
+def scope_key(where: ScopeWhere) -> tuple[Any, ...]:
+    return (where.where, *[tuple(p) if isinstance(p, list) else p for p in where.params])

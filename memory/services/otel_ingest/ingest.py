@@ -1,0 +1,417 @@
+"""Decoded spans recorded: the agent and conversation of each span, its unseen messages, its
+`otel.<operation>` event and usage report, one savepoint per span. Writes."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DataError, IntegrityError, connection, transaction
+from django.utils import timezone
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from memory.exceptions import AgentMismatch, DomainError, InvalidInput
+from memory.models import (
+    Agent,
+    Message,
+    OtelConversation,
+    OtelSpan,
+    Session,
+    SessionStatus,
+    Tenant,
+    TokenUsageReport,
+)
+from memory.services import recorder, sessions
+from memory.services.otel_ingest.attributes import (
+    as_text,
+    attributes_dict,
+    clean_text,
+    span_attributes,
+    token_count,
+)
+from memory.services.otel_ingest.messages import fingerprint, span_messages
+from memory.services.otel_ingest.wire import IngestResult
+
+DEFAULT_AGENT = "otel"
+CONVERSATION_ID_MAX_LENGTH = 255
+OPERATION_NAME = re.compile(r"[^a-z0-9_]+")
+
+
+@dataclass
+class _Conversation:
+    session: Session
+    seen: Counter[str]
+
+
+def _span_operation(attrs: dict[str, Any]) -> str:
+    operation = attrs.get("gen_ai.operation.name") or attrs.get("llm.request.type")
+    if operation:
+        return OPERATION_NAME.sub("_", str(operation).lower()).strip("_")[:60] or "unknown"
+    if attrs.get("gen_ai.tool.name"):
+        return "execute_tool"
+    if any(key.startswith(("gen_ai.prompt.", "gen_ai.completion.")) for key in attrs):
+        return "chat"
+    return ""
+
+
+def _has_genai(attrs: dict[str, Any], span: Span) -> bool:
+    return any(key.startswith("gen_ai.") for key in attrs) or any(
+        event.name.startswith("gen_ai.") for event in span.events
+    )
+
+
+def _conversation(
+    *, tenant: Tenant, agent: Agent, conversation_id: str, user_id: str, model: str,
+    cache: dict[tuple[int, str], _Conversation],
+) -> _Conversation:  # fmt: skip
+    key = (agent.pk, conversation_id)
+    found = cache.get(key)
+    if found is not None and found.session.status == SessionStatus.OPEN:
+        return found
+    row = (
+        OtelConversation.objects.select_for_update()
+        .select_related("session", "session__agent")
+        .filter(tenant=tenant, agent=agent, conversation_id=conversation_id)
+        .first()
+    )
+    session = row.session if row is not None else None
+    if session is None or session.status != SessionStatus.OPEN:
+        try:
+            with transaction.atomic():
+                session = sessions.session_create(
+                    tenant=tenant,
+                    agent_external_id=agent.external_id,
+                    user_id=user_id[:200],
+                    model_name=model[:200],
+                    metadata={"otel": {"conversation_id": conversation_id}},
+                )
+                if row is None:
+                    OtelConversation.objects.create(
+                        tenant=tenant, agent=agent, conversation_id=conversation_id, session=session
+                    )
+                else:
+                    row.session = session
+                    row.save(update_fields=["session"])
+        except IntegrityError:
+            # Another batch of the same new conversation won the race (the unique index made us
+            # wait for its commit): use its session; ours was rolled back with the savepoint.
+            row = (
+                OtelConversation.objects.select_for_update()
+                .select_related("session")
+                .get(tenant=tenant, agent=agent, conversation_id=conversation_id)
+            )
+            session = row.session
+    seen: Counter[str] = Counter(
+        fingerprint(role, content, tool_call_id, tool_calls)
+        for role, content, tool_call_id, tool_calls in Message.objects.filter(session=session).values_list(
+            "role", "content", "tool_call_id", "tool_calls"
+        )
+    )
+    cache[key] = _Conversation(session=session, seen=seen)
+    return cache[key]
+
+
+def _claim_span(*, tenant: Tenant, trace_hex: str, span_hex: str, operation: str) -> int | None:
+    """Insert the span's row; None if it was already recorded (waits for a concurrent sender)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {OtelSpan._meta.db_table} (tenant_id, trace_id, span_id, operation, created_at) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (tenant_id, trace_id, span_id) DO NOTHING RETURNING id",
+            [tenant.pk, trace_hex, span_hex, operation, timezone.now()],
+        )
+        row = cursor.fetchone()
+    return int(row[0]) if row else None
+
+
+def _valid_agent_id(text: str) -> bool:
+    # The rule of sessions.agent_get_or_create: a bad name of one span must not spread to its trace.
+    return (
+        bool(text.strip())
+        and len(text) <= sessions.AGENT_ID_MAX_LENGTH
+        and "/" not in text
+        and text.isprintable()
+    )
+
+
+def _trace_hints(request: ExportTraceServiceRequest) -> dict[str, dict[str, str]]:
+    """Per trace id: the agent and conversation some span of it names (others inherit them)."""
+    hints: dict[str, dict[str, str]] = {}
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                attrs = span_attributes(span)
+                hint = hints.setdefault(span.trace_id.hex(), {})
+                agent = attrs.get("gen_ai.agent.name") or attrs.get("gen_ai.agent.id")
+                conversation = attrs.get("gen_ai.conversation.id") or attrs.get("session.id")
+                if agent and "agent" not in hint and _valid_agent_id(as_text(agent)):
+                    hint["agent"] = as_text(agent)
+                if conversation and "conversation" not in hint:
+                    hint["conversation"] = as_text(conversation)
+    return hints
+
+
+def _trace_hints_recorded(*, tenant: Tenant, hints: dict[str, dict[str, str]]) -> None:
+    """Fill in the agent and conversation of traces that an earlier batch already recorded."""
+    missing = [trace for trace, hint in hints.items() if "agent" not in hint or "conversation" not in hint]
+    if not missing:
+        return
+    sessions_of = dict(
+        OtelSpan.objects.filter(tenant=tenant, trace_id__in=missing, session__isnull=False).values_list(
+            "trace_id", "session_id"
+        )
+    )
+    rows = OtelConversation.objects.filter(
+        tenant=tenant, session_id__in=set(sessions_of.values())
+    ).values_list("session_id", "conversation_id", "agent__external_id")
+    known = {session_id: (conversation, agent) for session_id, conversation, agent in rows}
+    for trace, session_id in sessions_of.items():
+        if session_id in known:
+            conversation, agent = known[session_id]
+            hints[trace].setdefault("agent", agent)
+            hints[trace].setdefault("conversation", conversation)
+
+
+def traces_ingest(
+    *, tenant: Tenant, request: ExportTraceServiceRequest, bound_agent: str = ""
+) -> IngestResult:
+    """Record a decoded OTLP export. Idempotent per span (trace id + span id, per tenant).
+
+    Spans are handled in the order they ended (an agent span ends after the model and tool
+    spans inside it). Each span is recorded in its own savepoint: a span that cannot be recorded
+    (no GenAI attributes, bad ids, an agent id ctxapp refuses) is counted in `rejected` with a
+    reason and leaves nothing behind, and the others are still recorded. Records one
+    `otel.<operation>` event per span, `usage.reported` per span with usage, and one
+    `otel.rejected` event on the tenant stream when spans were rejected. Broadcasts after commit.
+    With `bound_agent` (the API key is bound to that agent) every span is recorded as that agent,
+    and a span naming another agent is rejected.
+    """
+    result = IngestResult()
+    hints = _trace_hints(request)
+    _trace_hints_recorded(tenant=tenant, hints=hints)
+    spans: list[tuple[int, Span, dict[str, Any]]] = []
+    for resource_spans in request.resource_spans:
+        resource = attributes_dict(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                spans.append((span.end_time_unix_nano or span.start_time_unix_nano, span, resource))
+    spans.sort(key=lambda entry: entry[0])
+    cache: dict[tuple[int, str], _Conversation] = {}
+    agents: dict[str, Agent] = {}
+    with transaction.atomic():
+        for _, span, resource in spans:
+            try:
+                with transaction.atomic():
+                    _span_ingest(
+                        tenant=tenant, span=span, resource=resource, hints=hints, cache=cache,
+                        agents=agents, result=result, bound_agent=bound_agent,
+                    )  # fmt: skip
+            except (DomainError, DataError) as exc:
+                # The savepoint rolled back: sessions and agents it created no longer exist. A
+                # DataError (a value the database cannot store) is the span's fault, not ours.
+                cache.clear()
+                agents.clear()
+                reason = exc.message if isinstance(exc, DomainError) else "a value cannot be stored"
+                result.reject(f"span {span.span_id.hex() or '?'}: {reason}")
+        if result.rejected:
+            recorder.event_append(
+                tenant=tenant,
+                type="otel.rejected",
+                payload={"rejected_spans": result.rejected, "errors": result.errors[:5]},
+            )
+    return result
+
+
+def _span_ingest(
+    *,
+    tenant: Tenant,
+    span: Span,
+    resource: dict[str, Any],
+    hints: dict[str, dict[str, str]],
+    cache: dict[tuple[int, str], _Conversation],
+    agents: dict[str, Agent],
+    result: IngestResult,
+    bound_agent: str,
+) -> None:
+    trace_hex, span_hex = span.trace_id.hex(), span.span_id.hex()
+    if len(span.trace_id) != 16 or len(span.span_id) != 8 or not any(span.trace_id) or not any(span.span_id):
+        raise InvalidInput("a span needs a 16-byte trace id and an 8-byte span id")
+    attrs = span_attributes(span)
+    if not _has_genai(attrs, span):
+        raise InvalidInput(f"{span.name or 'span'!r} has no gen_ai.* attributes (not a GenAI span)")
+    operation = _span_operation(attrs) or "unknown"
+    if _claim_span(tenant=tenant, trace_hex=trace_hex, span_hex=span_hex, operation=operation) is None:
+        result.duplicates += 1
+        return
+    hint = hints.get(trace_hex, {})
+    agent = _span_agent(
+        tenant=tenant, attrs=attrs, hint=hint, resource=resource, agents=agents, bound_agent=bound_agent
+    )
+    conversation_id = as_text(
+        attrs.get("gen_ai.conversation.id")
+        or attrs.get("session.id")
+        or hint.get("conversation")
+        or trace_hex
+    )[:CONVERSATION_ID_MAX_LENGTH]
+    model = as_text(attrs.get("gen_ai.request.model") or attrs.get("gen_ai.response.model"))
+    conversation = _conversation(
+        tenant=tenant,
+        agent=agent,
+        conversation_id=conversation_id,
+        user_id=as_text(attrs.get("user.id") or attrs.get("enduser.id")),
+        model=model,
+        cache=cache,
+    )
+    session = conversation.session
+    inputs, outputs = span_messages(attrs, span, operation, span_hex)
+    new = _unseen_messages(
+        conversation, inputs, outputs, operation=operation, trace_hex=trace_hex, span_hex=span_hex
+    )
+    recorded = sessions.messages_append(tenant=tenant, session=session, items=new) if new else []
+    for message in new:
+        conversation.seen[
+            fingerprint(message.role, message.content, message.tool_call_id, message.tool_calls)
+        ] += 1
+    OtelSpan.objects.filter(tenant=tenant, trace_id=trace_hex, span_id=span_hex).update(session=session)
+    usage = _usage(attrs)
+    payload = _span_payload(
+        span, attrs, operation=operation, model=model, usage=usage, seqs=[m.seq for m in recorded]
+    )
+    recorder.event_append(
+        tenant=tenant, type=f"otel.{operation}", agent=agent, session=session, payload=payload
+    )
+    if usage.get("gen_ai.usage.input_tokens") is not None:
+        _usage_record(tenant=tenant, session=session, model=model, usage=usage, span_hex=span_hex)
+    result.accepted += 1
+    if session.public_id not in result.sessions:
+        result.sessions.append(session.public_id)
+
+
+def _span_agent(
+    *,
+    tenant: Tenant,
+    attrs: dict[str, Any],
+    hint: dict[str, str],
+    resource: dict[str, Any],
+    agents: dict[str, Agent],
+    bound_agent: str,
+) -> Agent:
+    """The span's agent: a bound key's, else the one the span (or its trace) names, else the
+    service. Raises AgentMismatch when a bound key's span names another agent."""
+    named = as_text(attrs.get("gen_ai.agent.name") or attrs.get("gen_ai.agent.id") or hint.get("agent"))
+    if bound_agent and named and named != bound_agent:
+        raise AgentMismatch(
+            f"the API key is bound to agent {bound_agent!r}; this span names {named!r}",
+            details={"bound_agent": bound_agent, "requested_agent": named},
+        )
+    agent_name = bound_agent or named or as_text(resource.get("service.name")) or DEFAULT_AGENT
+    if agent_name not in agents:
+        agents[agent_name] = sessions.agent_get_or_create(tenant=tenant, external_id=agent_name)
+    return agents[agent_name]
+
+
+def _unseen_messages(
+    conversation: _Conversation,
+    inputs: list[sessions.MessageInput],
+    outputs: list[sessions.MessageInput],
+    *,
+    operation: str,
+    trace_hex: str,
+    span_hex: str,
+) -> list[sessions.MessageInput]:
+    """The span's messages the session does not hold yet, tagged with the span."""
+    # `seen` counts the session's messages by fingerprint; each span consumes from its own copy,
+    # because every chat span repeats the whole history as its input.
+    available = Counter(conversation.seen)
+    new: list[sessions.MessageInput] = []
+    for index, message in enumerate(inputs + outputs):
+        mark = fingerprint(message.role, message.content, message.tool_call_id, message.tool_calls)
+        # A chat span's outputs are new by definition; an agent span's outputs repeat the last answer.
+        fresh_output = index >= len(inputs) and operation != "invoke_agent"
+        if available[mark] > 0 and not fresh_output:
+            available[mark] -= 1
+            continue
+        message.metadata = {**message.metadata, "otel": {"trace_id": trace_hex, "span_id": span_hex}}
+        new.append(message)
+    return new
+
+
+def _span_payload(
+    span: Span,
+    attrs: dict[str, Any],
+    *,
+    operation: str,
+    model: str,
+    usage: dict[str, int | None],
+    seqs: list[int],
+) -> dict[str, Any]:
+    """The `otel.<operation>` event's payload (OpenTelemetry GenAI names where they exist)."""
+    duration_ns = max(0, span.end_time_unix_nano - span.start_time_unix_nano)
+    payload: dict[str, Any] = {
+        "trace_id": span.trace_id.hex(),
+        "span_id": span.span_id.hex(),
+        "parent_span_id": span.parent_span_id.hex(),
+        "name": clean_text(span.name)[:200],
+        "gen_ai.operation.name": operation,
+        "duration_ms": round(duration_ns / 1e6, 3),
+        "status": {0: "unset", 1: "ok", 2: "error"}.get(span.status.code, "unset"),
+        "messages": seqs,
+    }
+    if model:
+        payload["gen_ai.request.model"] = model[:200]
+    if attrs.get("gen_ai.tool.name"):
+        payload["gen_ai.tool.name"] = as_text(attrs["gen_ai.tool.name"])[:200]
+    if span.status.message:
+        payload["status_message"] = clean_text(span.status.message)[:500]
+    payload.update({key: value for key, value in usage.items() if value is not None})
+    return payload
+
+
+def _usage(attrs: dict[str, Any]) -> dict[str, int | None]:
+    input_tokens = token_count(
+        attrs.get("gen_ai.usage.input_tokens", attrs.get("gen_ai.usage.prompt_tokens"))
+    )
+    output_tokens = token_count(
+        attrs.get("gen_ai.usage.output_tokens", attrs.get("gen_ai.usage.completion_tokens"))
+    )
+    if input_tokens is None and output_tokens is None:
+        return {}
+    return {
+        "gen_ai.usage.input_tokens": input_tokens,
+        "gen_ai.usage.output_tokens": output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": token_count(
+            attrs.get("gen_ai.usage.cache_read.input_tokens")
+        ),
+        "gen_ai.usage.reasoning.output_tokens": token_count(
+            attrs.get("gen_ai.usage.reasoning.output_tokens")
+        ),
+    }
+
+
+def _usage_record(
+    *, tenant: Tenant, session: Session, model: str, usage: dict[str, int | None], span_hex: str
+) -> None:
+    # No context build was estimated for this call, so estimated_input_tokens is 0 and the report
+    # is left out of calibration (model_profiles.usage_correction); it still counts as usage.
+    input_tokens = usage["gen_ai.usage.input_tokens"] or 0
+    cached = usage.get("gen_ai.usage.cache_read.input_tokens")
+    TokenUsageReport.objects.create(
+        tenant=tenant,
+        session=session,
+        budget_sample=None,
+        model_name=(model or session.model_name)[:200],
+        tokenizer="",
+        estimated_input_tokens=0,
+        input_tokens=input_tokens,
+        output_tokens=usage.get("gen_ai.usage.output_tokens"),
+        cached_input_tokens=cached if cached is None or cached <= input_tokens else None,
+        reasoning_tokens=usage.get("gen_ai.usage.reasoning.output_tokens"),
+    )
+    recorder.event_append(
+        tenant=tenant,
+        type="usage.reported",
+        session=session,
+        payload={"source": "otel", "span_id": span_hex, **usage},
+    )

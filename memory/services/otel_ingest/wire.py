@@ -1,0 +1,133 @@
+"""The OTLP/HTTP wire: the export body decompressed and decoded, the response encoded, and the
+errors a sender can act on. Pure."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from memory.exceptions import DomainError, PayloadTooLarge
+
+
+class OtlpUnsupportedMediaType(DomainError):
+    code, http_status = "unsupported_media_type", 415
+    default_message = "Send OTLP as application/x-protobuf or application/json."
+
+
+class OtlpMalformed(DomainError):
+    code, http_status = "otlp_malformed", 400
+    default_message = "The body is not an OTLP ExportTraceServiceRequest."
+
+
+@dataclass
+class IngestResult:
+    """What a batch did: spans recorded, already recorded (skipped), rejected (with reasons)."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+    sessions: list[str] = field(default_factory=list)
+
+    def reject(self, reason: str) -> None:
+        self.rejected += 1
+        if len(self.errors) < 20:
+            self.errors.append(reason)
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+
+def _hex_ids_to_base64(value: Any) -> Any:
+    """OTLP/JSON writes trace and span ids as hex, where proto3's JSON mapping expects base64."""
+    if isinstance(value, list):
+        return [_hex_ids_to_base64(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        if key in {"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"} and (
+            isinstance(item, str)
+        ):
+            # not hex: left for json_format to refuse (or a base64 sender to pass)
+            with contextlib.suppress(ValueError):
+                item = base64.b64encode(bytes.fromhex(item)).decode()
+        out[key] = _hex_ids_to_base64(item)
+    return out
+
+
+def traces_request_decode(*, body: bytes, content_type: str) -> ExportTraceServiceRequest:
+    """Decode an OTLP/HTTP export body (already decompressed). Pure.
+
+    Raises OtlpUnsupportedMediaType (415) for another content type and OtlpMalformed (400) for a
+    body that does not decode.
+    """
+    media = content_type.split(";")[0].strip().lower()
+    request = ExportTraceServiceRequest()
+    if media == "application/x-protobuf":
+        try:
+            request.ParseFromString(body)
+        except (DecodeError, ValueError, RecursionError) as exc:
+            raise OtlpMalformed(
+                f"The body is not an OTLP ExportTraceServiceRequest (protobuf): {exc}."
+            ) from None
+        return request
+    if media == "application/json":
+        try:
+            data = json.loads(body)
+            json_format.ParseDict(_hex_ids_to_base64(data), request, ignore_unknown_fields=True)
+        except (ValueError, json_format.ParseError, TypeError, AttributeError, RecursionError) as exc:
+            raise OtlpMalformed(f"The body is not an OTLP ExportTraceServiceRequest (JSON): {exc}.") from None
+        return request
+    raise OtlpUnsupportedMediaType(
+        f"Content-Type {media or '(none)'} is not OTLP: send application/x-protobuf or application/json.",
+        details={"content_type": media},
+    )
+
+
+def traces_response_encode(*, result: IngestResult, content_type: str) -> bytes:
+    """The OTLP ExportTraceServiceResponse for `result`, in the request's encoding. Pure."""
+    response = ExportTraceServiceResponse()
+    if result.rejected:
+        response.partial_success.rejected_spans = result.rejected
+        response.partial_success.error_message = "; ".join(result.errors)[:2000]
+    if content_type.split(";")[0].strip().lower() == "application/x-protobuf":
+        return response.SerializeToString()
+    return json_format.MessageToJson(response, indent=None).encode()
+
+
+def traces_body_decompress(*, body: bytes, encoding: str) -> bytes:
+    """The body without its Content-Encoding (gzip/deflate/identity), bounded by
+    CTXAPP_MAX_BODY_BYTES after decompression. Raises PayloadTooLarge, OtlpMalformed,
+    OtlpUnsupportedMediaType (an unknown encoding). Pure."""
+    encoding = (encoding or "identity").strip().lower()
+    if encoding in {"", "identity"}:
+        return body
+    if encoding not in {"gzip", "deflate"}:
+        raise OtlpUnsupportedMediaType(
+            f"Content-Encoding {encoding} is not supported: use gzip or none.", details={"encoding": encoding}
+        )
+    limit = settings.CTXAPP.max_body_bytes
+    decompressor = zlib.decompressobj(wbits=47)  # 32 + 15: gzip or zlib header, detected
+    try:
+        data = decompressor.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise OtlpMalformed(f"The body is not valid {encoding} data: {exc}.") from None
+    if len(data) > limit or decompressor.unconsumed_tail:
+        raise PayloadTooLarge(
+            f"The decompressed body is over the limit of {limit} bytes; send smaller batches.",
+            details={"limit_bytes": limit},
+        )
+    return data
