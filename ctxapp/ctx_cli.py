@@ -108,14 +108,16 @@ def target(args: argparse.Namespace, *, need_key: bool = True) -> tuple[str, str
 
 
 def _console() -> Any:
-    from rich.console import Console  # lazy: startup-cost (every `ctxapp` command imports this module)
+    # Every `ctxapp` command imports this module for its parser: rich, httpx (the client) and the
+    # MCP SDK are imported only by the commands that use them.
+    from rich.console import Console  # lazy: startup-cost
 
     # Piped output (a file, `less`, a test) gets wide tables rather than rich's 80-column default.
     return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 
 
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Any:
-    from rich.table import Table  # lazy: startup-cost (every `ctxapp` command imports this module)
+    from rich.table import Table  # lazy: startup-cost
 
     table = Table(title=title, title_justify="left")
     for column in columns:
@@ -196,7 +198,7 @@ def do_enhance(client: Any, args: argparse.Namespace) -> Result:
 
 
 def do_register(client: Any, args: argparse.Namespace) -> Result:
-    from ctxapp.mcp_tools import fact_key  # lazy: startup-cost (the MCP SDK takes about a second)
+    from ctxapp.mcp_tools import fact_key  # lazy: startup-cost
 
     key = args.key or fact_key(args.type, args.text)
     fact = client.fact_register(args.session, key=key, type=args.type, content=args.text)
@@ -371,7 +373,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run one `ctxapp ctx` command; errors the user can fix are printed without a traceback."""
-    from ctxapp import client as api  # lazy: startup-cost (httpx; every `ctxapp` command imports this module)
+    from ctxapp import client as api  # lazy: startup-cost
 
     try:
         url, key = target(args)

@@ -60,7 +60,8 @@ def anchor_data_dir(cwd: Path | None = None) -> Path | None:
 
 def prepare_database(values: dict[str, Any]) -> None:
     """Start the embedded database, or check the configured one has pgvector."""
-    from ctxapp import embedded  # lazy: startup-cost (psycopg; commands that talk to a server skip it)
+    # psycopg takes ~0.1 s to import; the commands that only call a server never need it.
+    from ctxapp import embedded  # lazy: startup-cost
 
     try:
         if values["DATABASE_URL"]:

@@ -22,7 +22,7 @@ SCHEMALESS_COMMANDS = frozenset(
 
 def _check_database_exists(values: dict[str, Any], command: str) -> None:
     """Refuse to start a new, empty embedded database for anything but `migrate`."""
-    from ctxapp import embedded  # lazy: startup-cost (psycopg, for `manage` only)
+    from ctxapp import embedded  # lazy: startup-cost
 
     if values["DATABASE_URL"] or command == "migrate":
         return

@@ -17,14 +17,15 @@ def _target(args: argparse.Namespace, *, need_key: bool = True) -> tuple[str, st
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ctxapp import demo  # lazy: startup-cost (httpx, through the client)
+    # These three import httpx (the client) or the MCP SDK (about a second): only when run.
+    from ctxapp import demo  # lazy: startup-cost
 
     args.url, args.api_key = _target(args, need_key=False)
     return int(demo.main(args))
 
 
 def cmd_eval_recall(args: argparse.Namespace) -> int:
-    from ctxapp import evaluation  # lazy: startup-cost (httpx, through the client)
+    from ctxapp import evaluation  # lazy: startup-cost
 
     return evaluation.main_recall(
         file=args.file, url=args.url, api_key=args.api_key, as_json=args.json, cleanup=args.cleanup
@@ -32,7 +33,7 @@ def cmd_eval_recall(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    from ctxapp import mcp_tools  # lazy: startup-cost (the MCP SDK takes about a second to import)
+    from ctxapp import mcp_tools  # lazy: startup-cost
 
     url, key = _target(args)
     mcp_tools.run_stdio(url=url, api_key=key)

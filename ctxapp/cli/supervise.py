@@ -96,7 +96,7 @@ def process_record(pid: int) -> dict[str, Any] | None:
 
 
 def up_file_write(data_dir: Path, children: dict[str, subprocess.Popen[bytes]]) -> None:
-    from ctxapp.embedded import pgdata_dir  # lazy: startup-cost (psycopg; `up` has loaded it by now)
+    from ctxapp.embedded import pgdata_dir  # lazy: startup-cost
 
     records = {name: process_record(proc.pid) for name, proc in children.items()}
     with contextlib.suppress(OSError, ValueError, IndexError):

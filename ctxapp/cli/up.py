@@ -35,7 +35,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _check_redis(url: str) -> None:
-    import redis  # lazy: startup-cost (only `up` with REDIS_URL set needs it)
+    # redis-py takes ~0.2 s to import; only `up` with REDIS_URL set needs it.
+    import redis  # lazy: startup-cost
 
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
