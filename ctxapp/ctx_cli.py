@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from ctxapp.conf import SettingError, resolve_all
 
 DEFAULT_CONFIG = Path("~/.config/ctxapp/config.toml")
 SERVER_FILE = "server.json"  # written by `ctxapp up` in the data directory while it runs
@@ -67,8 +70,6 @@ def running_server_url(values: dict[str, Any]) -> str | None:
 
 
 def _alive(pid: int) -> bool:
-    import os
-
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -83,8 +84,6 @@ def default_url(values: dict[str, Any]) -> str:
 
 
 def _settings() -> dict[str, Any]:
-    from ctxapp.conf import SettingError, resolve_all
-
     try:
         return {name: r.value for name, r in resolve_all().items()}
     except SettingError as exc:
@@ -109,14 +108,16 @@ def target(args: argparse.Namespace, *, need_key: bool = True) -> tuple[str, str
 
 
 def _console() -> Any:
-    from rich.console import Console
+    # Every `ctxapp` command imports this module for its parser: rich, httpx (the client) and the
+    # MCP SDK are imported only by the commands that use them.
+    from rich.console import Console  # lazy: startup-cost
 
     # Piped output (a file, `less`, a test) gets wide tables rather than rich's 80-column default.
     return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 
 
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Any:
-    from rich.table import Table
+    from rich.table import Table  # lazy: startup-cost
 
     table = Table(title=title, title_justify="left")
     for column in columns:
@@ -197,7 +198,7 @@ def do_enhance(client: Any, args: argparse.Namespace) -> Result:
 
 
 def do_register(client: Any, args: argparse.Namespace) -> Result:
-    from ctxapp.mcp_server import fact_key
+    from ctxapp.mcp_tools import fact_key  # lazy: startup-cost
 
     key = args.key or fact_key(args.type, args.text)
     fact = client.fact_register(args.session, key=key, type=args.type, content=args.text)
@@ -372,7 +373,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run one `ctxapp ctx` command; errors the user can fix are printed without a traceback."""
-    from ctxapp import client as api
+    from ctxapp import client as api  # lazy: startup-cost
 
     try:
         url, key = target(args)

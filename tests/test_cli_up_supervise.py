@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from ctxapp import cli
+from ctxapp.cli import supervise
 from tests.test_cli_up import (
     READY_TIMEOUT,
     free_port,
@@ -52,7 +52,7 @@ def test_a_sigkilled_up_takes_its_children_along_and_the_next_up_starts_cleanly(
         up.wait_for("Ctrl-C stops everything.", READY_TIMEOUT)
         children = [p for p in up.tree() if p.pid != up.proc.pid]
         assert len(children) >= 3, [p.cmdline() for p in children]  # web, worker (+ pool), beat
-        recorded = json.loads((data_dir / cli.UP_FILE).read_text())["processes"]
+        recorded = json.loads((data_dir / supervise.UP_FILE).read_text())["processes"]
         assert set(recorded) == {"web", "worker", "beat", "postgres"}
         first_postmaster = postmaster_pid(data_dir)
         killed_at = time.monotonic()
@@ -89,7 +89,7 @@ def test_a_sigkilled_up_takes_its_children_along_and_the_next_up_starts_cleanly(
     assert code == 0, rerun.output()
     assert not wait_gone(processes, 10)
     assert postmaster_pid(data_dir) is None  # stopping the rerun stopped the reused PostgreSQL
-    assert not (data_dir / cli.UP_FILE).exists()
+    assert not (data_dir / supervise.UP_FILE).exists()
 
 
 def _sleeper() -> subprocess.Popen[bytes]:
@@ -99,19 +99,19 @@ def _sleeper() -> subprocess.Popen[bytes]:
 def test_orphans_recorded_by_a_dead_up_are_stopped_and_a_reused_pid_is_spared(tmp_path: Path) -> None:
     orphan, stranger = _sleeper(), _sleeper()
     try:
-        record = cli._process_record(stranger.pid)
+        record = supervise.process_record(stranger.pid)
         assert record is not None
         reused = {**record, "cmdline": ["celery", "beat"]}  # the pid now runs something else
-        processes = {"worker": cli._process_record(orphan.pid), "beat": reused}
-        (tmp_path / cli.UP_FILE).write_text(json.dumps({"pid": 1, "processes": processes}))
+        processes = {"worker": supervise.process_record(orphan.pid), "beat": reused}
+        (tmp_path / supervise.UP_FILE).write_text(json.dumps({"pid": 1, "processes": processes}))
 
-        stopped = cli._stop_leftovers(tmp_path, timeout=10)
+        stopped = supervise.stop_leftovers(tmp_path, timeout=10)
 
         assert stopped == [f"worker (pid {orphan.pid})"]
         orphan.wait(10)  # already reaped by _stop_leftovers: it is gone when that returns
         assert not psutil.pid_exists(orphan.pid)
         assert stranger.poll() is None  # not ours: left alone
-        assert not (tmp_path / cli.UP_FILE).exists()
+        assert not (tmp_path / supervise.UP_FILE).exists()
     finally:
         for proc in (orphan, stranger):
             if proc.poll() is None:

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from ctxapp import cli
+from ctxapp.cli import up
 from tests.dashboard.live_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 def banner(tmp_path: Path, first_run: object, capsys: pytest.CaptureFixture[str]) -> str:
     report = {"checks": {"database": {"ok": True, "pgvector": "0.8"}}}
     values = {"CTXAPP_HOST": "127.0.0.1", "CTXAPP_ALLOWED_HOSTS": ["localhost"]}
-    cli._print_banner("http://127.0.0.1:8123", report, first_run, tmp_path, values)
+    up._print_banner("http://127.0.0.1:8123", report, first_run, tmp_path, values)
     return capsys.readouterr().out
 
 

@@ -1,0 +1,269 @@
+"""`ctxapp up`: web server (HTTP + websockets), Celery worker and scheduler, and — when
+DATABASE_URL is unset — the embedded PostgreSQL, together; Ctrl-C stops all."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from ctxapp.cli import supervise
+from ctxapp.cli.base import (
+    CliError,
+    Interrupted,
+    checked_port,
+    command_name,
+    data_dir_of,
+    django_setup,
+    metrics_dir,
+    prepare_database,
+    settings_values,
+)
+from ctxapp.cli.processes import beat_argv, web_argv, worker_argv
+from ctxapp.conf import SETTINGS, mask_url
+
+BANNER_WIDTH = 72
+READY_TIMEOUT_SECONDS = 80.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _check_redis(url: str) -> None:
+    # redis-py takes ~0.2 s to import; only `up` with REDIS_URL set needs it.
+    import redis  # lazy: startup-cost
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+        client.ping()
+        client.close()
+    except (redis.RedisError, ValueError) as exc:
+        raise CliError(
+            f"Cannot reach Redis at REDIS_URL={mask_url(url)} ({exc}). Start Redis, fix REDIS_URL, "
+            "or unset it to run the broker and channel layer on PostgreSQL."
+        ) from None
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Bind host:port once, so each reason it cannot be served gets its own message."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise CliError(
+            f"Cannot resolve the host {host!r} to bind ({reason}). Give an address of this machine "
+            "(127.0.0.1, 0.0.0.0 for every interface, ::1) or a name that resolves to one: "
+            "ctxapp up --host 127.0.0.1"
+        ) from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CliError(
+                    f"Port {port} on {host} is already in use ({exc.strerror}). Stop whatever listens "
+                    f"there, or choose another port: CTXAPP_PORT={port % 65535 + 1} ctxapp up"
+                ) from None
+            if exc.errno == errno.EACCES:
+                raise CliError(
+                    f"Cannot bind port {port} on {host}: permission denied (ports below 1024 need "
+                    "privileges). Choose a port above 1024, e.g. --port 8000."
+                ) from None
+            raise CliError(
+                f"Cannot bind {host}:{port} ({exc.strerror}): is {host} an address of this machine? "
+                "Use 127.0.0.1, or 0.0.0.0 for every interface."
+            ) from None
+
+
+_interrupted = {"signal": 0, "defer": False}
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    _interrupted["signal"] = signum
+    # While the embedded database initialises, an exception here would kill initdb half-way
+    # (subprocess kills its child on any exception) and leave a broken directory: stop after it.
+    if not _interrupted["defer"]:
+        raise Interrupted()
+
+
+def _prepare_database_deferring_stop(values: dict[str, Any]) -> None:
+    _interrupted["defer"] = True
+    try:
+        prepare_database(values)
+    except CliError:
+        if _interrupted["signal"]:  # the error is the interruption's (a terminal's Ctrl-C reaches initdb too)
+            raise Interrupted() from None
+        raise
+    finally:
+        _interrupted["defer"] = False
+    if _interrupted["signal"]:
+        raise Interrupted()
+
+
+def _migrate_and_bootstrap() -> Any:
+    from django.core.management import call_command  # lazy: django-setup
+    from django.db import DatabaseError, connections  # lazy: django-setup
+
+    from memory.services import tenancy  # lazy: django-setup
+
+    try:
+        call_command("migrate", interactive=False, verbosity=0)
+        first_run = tenancy.bootstrap_demo()
+    except DatabaseError as exc:
+        if _interrupted["signal"]:  # the interruption surfaced as the rollback's error
+            raise Interrupted() from None
+        raise CliError(f"The database refused the schema setup: {exc}".strip()) from None
+    finally:
+        connections.close_all()  # the children open their own; we hold none while supervising
+    return first_run
+
+
+def _child_env(data_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "ctxapp.settings")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir(data_dir))
+    # `up` is the one-command developer mode: Celery's "running as root" warning (a container or
+    # a CI machine) is noise there; `ctxapp worker` (production) keeps it.
+    env["PYTHONWARNINGS"] = "ignore::UserWarning:platformdirs,ignore:You're running the worker with superuser"
+    return env
+
+
+def _prepare(values: dict[str, Any], host: str, port: int, data_dir: Path) -> Any:
+    """Everything before the children start: leftovers, port, Redis, database, migrations.
+    Returns the first run's credentials (None on a later run)."""
+    stopped = supervise.stop_leftovers(data_dir)
+    if stopped:
+        print(
+            "ctxapp: stopped processes an earlier `ctxapp up` on this data directory left running: "
+            + ", ".join(stopped),
+            flush=True,
+        )
+    (data_dir / "staticfiles").mkdir(exist_ok=True)  # served by ServeStatic (collectstatic target)
+    _check_port_free(host, port)
+    if values["REDIS_URL"]:
+        _check_redis(values["REDIS_URL"])
+    print(f"ctxapp: data directory {data_dir}", flush=True)
+    if values["DATABASE_URL"]:
+        print("ctxapp: checking DATABASE_URL (PostgreSQL with pgvector) …", flush=True)
+    else:
+        print("ctxapp: starting the embedded PostgreSQL + pgvector …", flush=True)
+    _prepare_database_deferring_stop(values)
+    django_setup()
+    print("ctxapp: applying database migrations …", flush=True)
+    return _migrate_and_bootstrap()
+
+
+def _watch(children: dict[str, subprocess.Popen[bytes]], stop: dict[str, Any]) -> int:
+    """Until a stop is requested or a child exits: 0, or 1 when a child exited on its own."""
+    while stop["signal"] is None:
+        for name, proc in children.items():
+            if proc.poll() is not None:
+                print(f"ctxapp: the {name} process exited (code {proc.returncode}); stopping.", flush=True)
+                stop["signal"] = "child"
+                return 1
+        time.sleep(0.3)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    values = settings_values()
+    host = args.host or values["CTXAPP_HOST"]
+    port = checked_port(args.port or values["CTXAPP_PORT"])
+    data_dir = data_dir_of(values)
+    # Until the children run, a stop request unwinds normally, so the embedded PostgreSQL we may
+    # have started is stopped by its atexit hook (a bare SIGTERM would skip it).
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _raise_interrupted)
+    # Keep the lock referenced until we return: a collected lock object closes its file and
+    # silently releases the lock.
+    data_dir_lock = supervise.lock_data_dir(data_dir)
+    first_run = _prepare(values, host, port, data_dir)
+
+    env = _child_env(data_dir)
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    stop: dict[str, Any] = {"signal": None}
+
+    def request_stop(signum: int, frame: Any) -> None:
+        stop["signal"] = signum
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, request_stop)
+    exit_code = 0
+    try:
+        print("ctxapp: starting the web server, the Celery worker and the scheduler …", flush=True)
+        children["web"] = supervise.spawn(web_argv(values, host, port), env)
+        children["worker"] = supervise.spawn(worker_argv(values), env)
+        children["beat"] = supervise.spawn(beat_argv(values), env)
+        supervise.up_file_write(data_dir, children)
+        local = supervise.local_url(host, port)
+        report = supervise.wait_ready(
+            f"{local}/readyz", children, lambda: stop["signal"] is not None, READY_TIMEOUT_SECONDS
+        )
+        _print_banner(local, report, first_run, data_dir, {**values, "CTXAPP_HOST": host})
+        supervise.server_file_write(data_dir, local)
+        exit_code = _watch(children, stop)
+    except Interrupted:
+        pass
+    finally:
+        _shut_down(children, values, data_dir)
+        data_dir_lock.release()
+    return exit_code
+
+
+def _shut_down(children: dict[str, subprocess.Popen[bytes]], values: dict[str, Any], data_dir: Path) -> None:
+    if children:
+        print("\nctxapp: stopping …", flush=True)
+        supervise.stop_children(children)
+    if not values["DATABASE_URL"]:
+        print("ctxapp: stopping the embedded PostgreSQL …", flush=True)
+        supervise.stop_embedded()
+    print("ctxapp: stopped.", flush=True)
+    supervise.server_file_remove(data_dir)
+    with contextlib.suppress(OSError):
+        (data_dir / supervise.UP_FILE).unlink()
+
+
+def _print_banner(
+    base: str, report: dict[str, Any], first_run: Any, data_dir: Path, values: dict[str, Any]
+) -> None:
+    checks = report.get("checks", {})
+    parts = []
+    for name, check in checks.items():
+        detail = (
+            check.get("transport")
+            or check.get("backend")
+            or (f"pgvector {check['pgvector']}" if check.get("pgvector") else "")
+        )
+        parts.append(f"{name.replace('_', ' ')} ok ({detail})" if check.get("ok") else f"{name} FAILING")
+    default_dir = next(s.default for s in SETTINGS if s.env == "CTXAPP_DATA_DIR")
+    same_dir = "" if data_dir == Path(default_dir).expanduser().resolve() else f"CTXAPP_DATA_DIR={data_dir} "
+    ctxapp = command_name()
+    line = "=" * BANNER_WIDTH
+    print(line)
+    print(f"ctxapp is up at {base}/")
+    print(f"  {', '.join(parts)}")
+    print(f"  dashboard   {base}/            API docs  {base}/api/docs/")
+    print(f"  admin       {base}/admin/      ready     {base}/readyz")
+    if values["CTXAPP_HOST"] in {"0.0.0.0", "::"}:
+        hosts = ",".join(values["CTXAPP_ALLOWED_HOSTS"])
+        print(f"  from other machines: add the name they use to CTXAPP_ALLOWED_HOSTS (now {hosts})")
+    if first_run is not None:
+        print("First run: created tenant 'demo', an admin login and an API key (shown only now):")
+        print(f"  admin login   user {first_run.username}  password {first_run.password}")
+        print(f"  API key       {first_run.api_key}")
+        print(f"  try it        curl -H 'Authorization: Bearer {first_run.api_key}' {base}/api/v1/tenant")
+        print(f"  see it move   {same_dir}{ctxapp} demo --api-key {first_run.api_key}")
+    else:
+        print("Data reused from the previous run; the admin login and API key printed then still work.")
+        print(f"  new API key   {same_dir}{ctxapp} manage create_api_key --tenant demo")
+        print(f"  new password  {same_dir}{ctxapp} manage changepassword admin")
+    print("Ctrl-C stops everything.")
+    print(line, flush=True)
