@@ -23,7 +23,7 @@ The package, lowest layer first (each module imports only those above it, all at
 
 - `reads`: experience_get, the visible and scope filters, experiences_list (read-only);
 - `records`: what every write shares — the input (`BulkItem`), its normalised `Draft`, the new
-  row, provenance, event payloads, the exact-duplicate merge (pure);
+  row, provenance, event payloads, the exact-duplicate merge (no writes);
 - `queue`: the coalesced embedding job intent of the current transaction;
 - `reconcile`: merge and supersede, and what an embedded row does with its nearest neighbour;
 - `create`: experience_create; `bulk`: experiences_create_bulk (check, duplicates, plan, write);

@@ -1,5 +1,5 @@
 """The pieces every write of an experience shares: its input, normalised draft, new row,
-provenance entry, event payload and the exact-duplicate merge. Pure (no queries)."""
+provenance entry, event payload and the exact-duplicate merge. Nothing here writes."""
 
 from __future__ import annotations
 
