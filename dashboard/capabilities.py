@@ -297,7 +297,7 @@ EXPERIENCES_SHOWN = 25
 
 
 def experience_card(x: Any) -> dict[str, Any]:
-    """What the dashboard shows of one experience: text, origin, embedding status, links."""
+    """What the dashboard shows of one experience: text, origin, agent, merged texts, embedding, links."""
     links = []
     if x.merged_into_id:
         links.append({"kind": "merged into", "target": x.merged_into.public_id})
@@ -319,6 +319,8 @@ def experience_card(x: Any) -> dict[str, Any]:
         "use_count": x.use_count,
         "created_at": x.created_at,
         "user_id": x.user_id,
+        "agent": x.agent,
+        "aliases": [line for line in x.aliases.splitlines() if line],  # texts merged into it
         "source_task_public_id": x.source_task.public_id if x.source_task_id else "",
         "source_task_id": x.source_task_id,
         "source_session": x.source_session.public_id if x.source_session_id else "",

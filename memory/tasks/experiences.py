@@ -13,7 +13,15 @@ from celery import shared_task
 from celery.schedules import crontab
 from django.conf import settings
 
+from memory.models import Task
+from memory.services.distillation import task_distill_full
 from memory.services.embedding import EmbedderError, EmbedderUnavailable
+from memory.services.experiences import (
+    experiences_embed,
+    experiences_evict_all,
+    experiences_mark_failed,
+    experiences_requeue_stale,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -24,8 +32,6 @@ MAX_BACKOFF_SECONDS = 600.0
 def experiences_embed_task(self, experience_ids: list[int]) -> int:
     """Embed one batch. Transient errors retry with exponential backoff (CTXAPP_EMBEDDING_MAX_RETRIES,
     CTXAPP_EMBEDDING_RETRY_BACKOFF); then, or on a permanent error, the rows become `failed`."""
-    from memory.services.experiences import experiences_embed, experiences_mark_failed
-
     try:
         return experiences_embed(experience_ids=experience_ids)
     except EmbedderUnavailable as exc:
@@ -48,9 +54,6 @@ def experiences_embed_task(self, experience_ids: list[int]) -> int:
 @shared_task(acks_late=True, name="memory.experiences.distill")
 def task_distill_task(task_pk: int) -> int:
     """Full distillation of one finished task (see memory.services.distillation)."""
-    from memory.models import Task
-    from memory.services.distillation import task_distill_full
-
     task = Task.objects.filter(pk=task_pk).select_related("tenant", "session", "agent").first()
     if task is None:  # purged meanwhile: nothing to learn from
         return 0
@@ -60,16 +63,12 @@ def task_distill_task(task_pk: int) -> int:
 @shared_task(acks_late=True, name="memory.experiences.evict")
 def experiences_evict_task() -> int:
     """Capacity: evict least recently used experiences of every tenant over its policy's capacity."""
-    from memory.services.experiences import experiences_evict_all
-
     return experiences_evict_all()
 
 
 @shared_task(acks_late=True, name="memory.experiences.requeue_stale")
 def experiences_requeue_stale_task() -> int:
     """Re-queue embedding of experiences pending for too long (a job lost before it was queued)."""
-    from memory.services.experiences import experiences_requeue_stale
-
     return experiences_requeue_stale()
 
 

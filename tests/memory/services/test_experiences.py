@@ -312,8 +312,9 @@ def test_the_beat_job_evicts_every_tenant_over_capacity(tenant_a, tenant_b):
 
 def test_reembed_reports_progress_per_tenant(tenant_a, tenant_b, monkeypatch):
     from memory.services import experiences as service
+    from memory.services.experiences import reembed
 
-    monkeypatch.setattr(service, "REEMBED_PROGRESS_EVERY_SECONDS", 0.0)
+    monkeypatch.setattr(reembed, "REEMBED_PROGRESS_EVERY_SECONDS", 0.0)  # where experiences_reembed reads it
     for n in range(5):
         create(tenant_a, problem=f"Pod {n} crash-loops on start")
     for n in range(2):

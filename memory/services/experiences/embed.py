@@ -1,0 +1,161 @@
+"""Embedding experiences: the job body, failures, retries and lost jobs.
+
+A written vector makes the row findable by similarity and reconciles it with its neighbours
+(merge / supersede, see `reconcile`).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from memory.models import EmbeddingStatus, Experience, ExperiencePolicy, JobIntent, JobStatus, Tenant
+from memory.services import jobs, recorder
+from memory.services.embedding import text_hash, vectors_cached
+from memory.services.experiences.queue import embedding_enqueue
+from memory.services.experiences.reconcile import reconcile
+from memory.services.experiences.records import event_payload
+
+logger = logging.getLogger(__name__)
+
+_EMBEDDED_FIELDS = [
+    "embedding", "problem_embedding", "embedding_model", "embedding_dimensions",
+    "embedding_status", "embedding_error", "embedding_attempts", "embedded_at",
+]  # fmt: skip
+
+
+def experiences_embed(*, experience_ids: list[int]) -> int:
+    """Embed the still-pending experiences among `experience_ids`; return how many were completed.
+
+    Idempotent: rows no longer pending are skipped, and rows are re-checked and written under
+    `SELECT … FOR UPDATE SKIP LOCKED` in one transaction, so a redelivered job (the worker died
+    after embedding but before the ack) or a concurrent duplicate never writes a row twice.
+    Each written row gets `embedding_attempts + 1`, `embedded_at`, an `experience.embedded`
+    event, and is then merged / superseded against its neighbours. Raises EmbedderUnavailable
+    (transient, the job retries) or EmbedderError (permanent).
+    """
+    rows = list(
+        Experience.objects.filter(pk__in=experience_ids, embedding_status=EmbeddingStatus.PENDING).only(
+            "pk", "problem", "cause", "solution", "text_hash"
+        )
+    )
+    if not rows:
+        return 0
+    texts = {row.text_hash: row.text for row in rows}
+    texts.update({text_hash(row.problem_text): row.problem_text for row in rows})
+    model_name, vectors = vectors_cached(texts)
+    now = timezone.now()
+    done = 0
+    with transaction.atomic():
+        locked = list(
+            Experience.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(pk__in=[row.pk for row in rows], embedding_status=EmbeddingStatus.PENDING)
+            .select_related("tenant", "source_task", "source_session")
+            .order_by("created_at", "pk")
+        )
+        policies: dict[int, ExperiencePolicy] = {}
+        for experience in locked:
+            vector = vectors.get(experience.text_hash)
+            if vector is None:  # text changed since the read above (never in practice): next job
+                continue
+            experience.embedding = vector
+            experience.problem_embedding = vectors[text_hash(experience.problem_text)]
+            experience.embedding_model = model_name
+            experience.embedding_dimensions = len(vector)
+            experience.embedding_status = EmbeddingStatus.COMPLETED
+            experience.embedding_error = ""
+            experience.embedding_attempts += 1
+            experience.embedded_at = now
+            experience.save(update_fields=_EMBEDDED_FIELDS)
+            recorder.event_append(
+                tenant=experience.tenant,
+                type="experience.embedded",
+                session=experience.source_session,
+                payload=event_payload(experience, model=model_name, dimensions=len(vector)),
+            )
+            policy = policies.get(experience.tenant_id)
+            if policy is None:
+                policy = policies[experience.tenant_id] = ExperiencePolicy.for_tenant(experience.tenant)
+            reconcile(experience=experience, policy=policy)
+            done += 1
+    return done
+
+
+def experiences_mark_failed(*, experience_ids: list[int], reason: str) -> int:
+    """Mark the still-pending experiences among `experience_ids` failed with `reason`. Idempotent."""
+    reason = reason[:2000]
+    with transaction.atomic():
+        rows = list(
+            Experience.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(pk__in=experience_ids, embedding_status=EmbeddingStatus.PENDING)
+            .select_related("tenant", "source_task", "source_session")
+        )
+        for experience in rows:
+            experience.embedding_status = EmbeddingStatus.FAILED
+            experience.embedding_error = reason
+            experience.save(update_fields=["embedding_status", "embedding_error"])
+            recorder.event_append(
+                tenant=experience.tenant,
+                type="experience.embedding_failed",
+                session=experience.source_session,
+                payload=event_payload(experience, reason=reason),
+            )
+    if rows:
+        logger.warning("embedding failed for %d experiences: %s", len(rows), reason)
+    return len(rows)
+
+
+def experiences_retry_failed(*, tenant: Tenant | None = None, experience_ids: list[str] | None = None) -> int:
+    """Put failed experiences (of `tenant`, or all) back to pending and queue their embedding.
+
+    Idempotent; returns how many were re-queued. Records `experience.embedding_retried` per tenant.
+    """
+    with transaction.atomic():
+        queryset = Experience.objects.select_for_update().filter(embedding_status=EmbeddingStatus.FAILED)
+        if tenant is not None:
+            queryset = queryset.filter(tenant=tenant)
+        if experience_ids is not None:
+            queryset = queryset.filter(public_id__in=experience_ids)
+        rows = list(queryset.select_related("tenant").order_by("pk"))
+        by_tenant: dict[int, list[Experience]] = {}
+        for row in rows:
+            by_tenant.setdefault(row.tenant_id, []).append(row)
+        Experience.objects.filter(pk__in=[r.pk for r in rows]).update(
+            embedding_status=EmbeddingStatus.PENDING, embedding_error=""
+        )
+        for items in by_tenant.values():
+            recorder.event_append(
+                tenant=items[0].tenant,
+                type="experience.embedding_retried",
+                payload={"experiences": [r.public_id for r in items[:100]], "count": len(items)},
+            )
+        embedding_enqueue([r.pk for r in rows])
+    return len(rows)
+
+
+def experiences_requeue_stale(*, older_than: timedelta | None = None) -> int:
+    """Re-queue embedding of experiences pending for longer than `older_than` (a lost job).
+
+    Safe to run at any time: the embedding job skips rows that are no longer pending.
+    """
+    minutes = settings.CTXAPP.embedding_stale_minutes
+    cutoff = timezone.now() - (older_than if older_than is not None else timedelta(minutes=minutes))
+    ids = list(
+        Experience.objects.filter(embedding_status=EmbeddingStatus.PENDING, created_at__lt=cutoff)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:10_000]
+    )
+    # Rows an open job intent already holds (waiting, running, or backing off) are not lost.
+    held: set[int] = set()
+    for payload in JobIntent.objects.filter(
+        kind=jobs.EMBED, status__in=[JobStatus.PENDING, JobStatus.RUNNING]
+    ).values_list("payload", flat=True):
+        held.update(int(i) for i in (payload or {}).get("ids", []))
+    ids = [i for i in ids if i not in held]
+    with transaction.atomic():
+        embedding_enqueue(ids)
+    return len(ids)

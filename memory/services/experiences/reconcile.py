@@ -1,0 +1,200 @@
+"""Merge and supersede: what happens between two experiences, by hand or once embedded.
+
+Only near-identical texts merge (cosine AND word overlap, `merge_allowed`); a newer experience
+with the same problem but a different solution supersedes the older one. Both keep every row.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from django.utils import timezone
+from pgvector.django import CosineDistance
+
+from memory.exceptions import NotFound
+from memory.models import EmbeddingStatus, Experience, ExperienceKind, ExperiencePolicy, Tenant
+from memory.services import recorder
+from memory.services.embedding import text_hash, vectors_cached
+from memory.services.experiences.records import boosted_confidence, event_payload
+
+# A neighbour less similar than this is not even considered for merge / supersede.
+RECONCILE_CANDIDATE_FLOOR = 0.55
+_WORD = re.compile(r"\w+")
+
+
+def experience_merge(*, tenant: Tenant, duplicate: Experience, into: Experience, similarity: float) -> None:
+    """Fold `duplicate` into the older `into`: confidence and use count up, provenance kept.
+
+    `duplicate`'s text joins `into.aliases` (searchable by full text); `duplicate` stays, hidden,
+    with merged_into. Call inside a transaction. Records experience.merged.
+    """
+    now = timezone.now()
+    into.confidence = boosted_confidence(into.confidence, duplicate.confidence)
+    into.use_count += 1 + duplicate.use_count
+    into.merge_count += 1
+    into.helpful_count += duplicate.helpful_count
+    into.unhelpful_count += duplicate.unhelpful_count
+    into.provenance = [
+        *into.provenance,
+        *({**p, "merged_from": duplicate.public_id} for p in duplicate.provenance),
+    ]
+    # The duplicate's own wording (and what was merged into it) stays findable by full text.
+    # One alias per line (the text on one line).
+    current = [line for line in into.aliases.splitlines() if line]
+    known = {*current, " ".join(into.text.split())}
+    incoming = [" ".join(duplicate.text.split()), *duplicate.aliases.splitlines()]
+    added = [t for t in dict.fromkeys(incoming) if t and t not in known]
+    into.aliases = "\n".join([*current, *added])
+    into.updated_at = now
+    into.save(
+        update_fields=[
+            "confidence", "use_count", "merge_count", "helpful_count", "unhelpful_count", "provenance",
+            "aliases", "updated_at",
+        ]
+    )  # fmt: skip
+    duplicate.merged_into = into
+    duplicate.merged_at = now
+    duplicate.updated_at = now
+    duplicate.save(update_fields=["merged_into", "merged_at", "updated_at"])
+    recorder.event_append(
+        tenant=tenant,
+        type="experience.merged",
+        session=duplicate.source_session,
+        payload=event_payload(into, merged=duplicate.public_id, similarity=round(similarity, 4)),
+    )
+
+
+def experience_supersede(
+    *, tenant: Tenant, older: Experience, newer: Experience, reason: str, **scores: float
+) -> None:
+    """Hide `older` behind `newer` (kept, linked). Call inside a transaction.
+
+    Records experience.superseded.
+    """
+    if older.tenant_id != tenant.pk or newer.tenant_id != tenant.pk:
+        raise NotFound.of("experience", older.public_id)
+    now = timezone.now()
+    older.superseded_by = newer
+    older.superseded_at = now
+    older.updated_at = now
+    older.save(update_fields=["superseded_by", "superseded_at", "updated_at"])
+    recorder.event_append(
+        tenant=tenant,
+        type="experience.superseded",
+        session=newer.source_session,
+        payload=event_payload(
+            older, superseded_by=newer.public_id, reason=reason, **{k: round(v, 4) for k, v in scores.items()}
+        ),
+    )
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b))
+
+
+def token_overlap(a: str, b: str) -> float:
+    """Jaccard overlap of the two texts' lower-cased word sets (1.0 = the same words)."""
+    left, right = set(_WORD.findall(a.lower())), set(_WORD.findall(b.lower()))
+    if not left and not right:
+        return 1.0
+    return len(left & right) / len(left | right)
+
+
+def merge_allowed(
+    *, duplicate: Experience, into: Experience, similarity: float, policy: ExperiencePolicy
+) -> bool:
+    """Whether `duplicate` may merge into `into`: near-identical only (cosine AND word overlap).
+
+    A paraphrase scores a high cosine (0.9+) yet says something in other words that a reader
+    may search for; only a cosine >= policy.merge_threshold (0.97) with a word-set overlap >=
+    policy.merge_token_overlap (0.8) counts as the same text. A row created with merge=False
+    never merges into another.
+    """
+    if not duplicate.mergeable:
+        return False
+    if similarity < policy.merge_threshold:
+        return False
+    return token_overlap(duplicate.text, into.text) >= policy.merge_token_overlap
+
+
+def _nearest_neighbour(experience: Experience) -> Experience | None:
+    """The closest other completed, visible experience of the same kind, scope, user and agent."""
+    neighbour_query = (
+        Experience.objects.filter(
+            tenant_id=experience.tenant_id,
+            kind=experience.kind,
+            scope=experience.scope,
+            user_id=experience.user_id,
+            agent=experience.agent,
+            embedding_status=EmbeddingStatus.COMPLETED,
+            merged_into__isnull=True,
+            superseded_by__isnull=True,
+        )
+        .exclude(pk=experience.pk)
+        .annotate(distance=CosineDistance("embedding", experience.embedding))
+        .order_by("distance")
+        .select_related("source_session")
+        .defer("embedding", "problem_embedding", "search_vector")
+    )
+    if experience.problem_embedding is not None:
+        neighbour_query = neighbour_query.annotate(
+            problem_distance=CosineDistance("problem_embedding", experience.problem_embedding)
+        )
+    return neighbour_query.first()
+
+
+def _supersede_if_contradicting(
+    *, experience: Experience, neighbour: Experience, similarity: float, policy: ExperiencePolicy
+) -> bool:
+    """Same problem, different solution: the older of the two is superseded. Whether it was."""
+    problem_distance = getattr(neighbour, "problem_distance", None)
+    # Problems are compared on the stored problem vectors; only a pair about the same problem
+    # pays for embedding its two solutions (cached by text).
+    problem_similarity = 1.0 - float(problem_distance) if problem_distance is not None else similarity
+    if not (
+        experience.solution
+        and neighbour.solution
+        and problem_similarity >= policy.supersede_problem_threshold
+    ):
+        return False
+    texts = [experience.solution, neighbour.solution]
+    _, by_hash = vectors_cached({text_hash(t): t for t in texts})
+    solution_similarity = _cosine(by_hash[text_hash(texts[0])], by_hash[text_hash(texts[1])])
+    if solution_similarity >= policy.solution_agreement_threshold:
+        return False
+    older, newer = (
+        (neighbour, experience) if neighbour.created_at <= experience.created_at else (experience, neighbour)
+    )
+    experience_supersede(
+        tenant=experience.tenant,
+        older=older,
+        newer=newer,
+        reason="contradiction",
+        problem_similarity=problem_similarity,
+        solution_similarity=solution_similarity,
+    )
+    return True
+
+
+def reconcile(*, experience: Experience, policy: ExperiencePolicy) -> str | None:
+    """After `experience` got its vector: merge it into, or let it supersede, its nearest neighbour."""
+    if experience.kind != ExperienceKind.EXPERIENCE or experience.embedding is None:
+        return None
+    neighbour = _nearest_neighbour(experience)
+    if neighbour is None:
+        return None
+    similarity = 1.0 - float(neighbour.distance)  # type: ignore[attr-defined]
+    if similarity < RECONCILE_CANDIDATE_FLOOR:
+        return None
+    if _supersede_if_contradicting(
+        experience=experience, neighbour=neighbour, similarity=similarity, policy=policy
+    ):
+        return "superseded"
+    duplicate, into = (
+        (experience, neighbour) if neighbour.created_at <= experience.created_at else (neighbour, experience)
+    )
+    if merge_allowed(duplicate=duplicate, into=into, similarity=similarity, policy=policy):
+        experience_merge(tenant=experience.tenant, duplicate=duplicate, into=into, similarity=similarity)
+        return "merged"
+    return None
