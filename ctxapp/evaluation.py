@@ -4,6 +4,11 @@ The file is a JSON list of samples, each with
     conversation: {speaker_a, speaker_b, session_N: [{speaker, dia_id, text}], session_N_date_time}
     qa:           [{question, answer, evidence: [dia_id, ...], category}]
 
+The original LoCoMo release's quirks are read as its authors meant them: a turn that shares an
+image carries its caption (`blip_caption`), which becomes part of the message ("[shares a photo:
+…]"); evidence written as one string ("D8:6; D9:17") or with leading zeros ("D30:05") names the
+same turns as the `dia_id`s it means.
+
 For each sample (conversation) the harness creates a fresh agent and user (`eval-<run>-<n>`), one
 ctxapp session per conversation session, and appends its turns in one batch each, with the
 speaker as the message `name` (indexed) and `occurred_at` from `session_N_date_time`. It then
@@ -36,6 +41,7 @@ KS = (1, 5, 10)
 SEARCH_LIMIT = 10
 INDEX_TIMEOUT_SECONDS = 1800.0
 _SESSION_KEY = re.compile(r"^session_(\d+)$")
+_DIA_ID = re.compile(r"D(\d+):(\d+)", re.IGNORECASE)
 
 
 class HarnessError(Exception):
@@ -101,6 +107,32 @@ def parse_date(text: str | None) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def dia_key(dia_id: Any) -> str:
+    """A turn's id as the evidence names it: 'D3:05' and 'd3:5' are 'D3:5'; other ids unchanged."""
+    text = str(dia_id or "").strip()
+    match = _DIA_ID.fullmatch(text)
+    return f"D{int(match[1])}:{int(match[2])}" if match else text
+
+
+def evidence_ids(question: dict[str, Any]) -> set[str]:
+    """The turns a question's evidence names, however LoCoMo wrote them (a list, or 'D1:2; D3:4')."""
+    found: set[str] = set()
+    for item in question.get("evidence") or []:
+        named = [dia_key(match[0]) for match in _DIA_ID.finditer(str(item))]
+        if named:
+            found.update(named)
+        elif item:
+            found.add(str(item))
+    return found
+
+
+def turn_text(turn: dict[str, Any]) -> str:
+    """The turn's words, with the caption of an image it shares (LoCoMo's `blip_caption`)."""
+    text = str(turn.get("text") or "")
+    caption = str(turn.get("blip_caption") or "").strip()
+    return f"{text} [shares a photo: {caption}]".strip() if caption else text
 
 
 def load(path: str) -> list[Conversation]:
@@ -243,9 +275,9 @@ def _ingest(
             chunk = messages[start : start + 1000]
             out = api.messages_append(session["id"], chunk)
             for offset, turn in enumerate(turns[start : start + len(chunk)]):
-                dia = str(turn.get("dia_id") or "")
+                dia = dia_key(turn.get("dia_id"))
                 scope.dia_of[(session["id"], out["first_seq"] + offset)] = dia
-                speaker, text = str(turn.get("speaker") or ""), str(turn.get("text") or "")
+                speaker, text = str(turn.get("speaker") or ""), turn_text(turn)
                 scope.turns_text.append((dia, f"{speaker}: {text}" if speaker else text))
             bar.update(len(chunk))
         report.sessions += 1
@@ -256,7 +288,7 @@ def _message(turn: dict[str, Any], when: datetime | None) -> dict[str, Any]:
     message: dict[str, Any] = {
         "role": "user",
         "name": str(turn.get("speaker") or "")[:200],
-        "content": str(turn.get("text") or ""),
+        "content": turn_text(turn),
     }
     if when is not None:
         message["occurred_at"] = when.isoformat()
@@ -278,7 +310,7 @@ def _ask(api: Client, scope: _Scope, *, report: Report, tally: _Tally, bar: Any)
         )
         report.query_ms.append((time.perf_counter() - t0) * 1000)
         bar.update(1)
-        evidence = {str(e) for e in question.get("evidence") or [] if e}
+        evidence = evidence_ids(question)
         if not evidence:
             continue
         report.with_evidence += 1

@@ -145,6 +145,124 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield path
 
 
+def check_first_run_banner(up: Up, base: str) -> tuple[str, str]:
+    """The first run prints where it is, an admin password and an API key; returns both."""
+    out = up.output()
+    assert "Traceback" not in out
+    password = re.search(r"admin login\s+user admin\s+password (\S+)", out)
+    api_key = re.search(r"API key\s+(ctx_\S+)", out)
+    assert password and api_key, out
+    assert f"ctxapp is up at {base}/" in out
+    return password[1], api_key[1]
+
+
+def check_ready_without_redis(base: str, api_key: str) -> None:
+    ready = httpx.get(f"{base}/readyz", timeout=15)
+    assert ready.status_code == 200, ready.text
+    checks = ready.json()["checks"]
+    assert {name: check["ok"] for name, check in checks.items()} == {
+        "database": True,
+        "broker": True,
+        "channel_layer": True,
+    }
+    assert checks["broker"]["transport"] == "sql"  # Kombu's SQLAlchemy transport, no Redis
+    assert checks["channel_layer"]["backend"] == "PostgresChannelLayer"
+    tenant = httpx.get(f"{base}/api/v1/tenant", headers=bearer(api_key), timeout=15)
+    assert tenant.status_code == 200, tenant.text
+    assert tenant.json()["slug"] == "demo"
+
+
+def check_background_job(base: str, api_key: str) -> None:
+    """A background job goes through the Redis-less broker: the worker embeds a new experience."""
+    made_exp = httpx.post(
+        f"{base}/api/v1/experiences",
+        json={"problem": "Pod crash-loops after deploy", "solution": "Restore the ConfigMap key"},
+        headers=bearer(api_key),
+        timeout=15,
+    )
+    assert made_exp.status_code == 201, made_exp.text
+    url = f"{base}/api/v1/experiences/{made_exp.json()['id']}"
+    deadline = time.monotonic() + 60
+    embedding = httpx.get(url, headers=bearer(api_key), timeout=15).json()["embedding"]
+    while embedding["status"] == "pending" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        embedding = httpx.get(url, headers=bearer(api_key), timeout=15).json()["embedding"]
+    assert embedding["status"] == "completed", embedding
+
+
+def check_admin_login(base: str, password: str) -> None:
+    with httpx.Client(base_url=base, timeout=15) as browser:
+        form = browser.get("/admin/login/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)
+        assert token, form.text
+        login = browser.post(
+            "/admin/login/?next=/admin/",
+            data={"csrfmiddlewaretoken": token[1], "username": "admin", "password": password},
+            headers={"Referer": f"{base}/admin/login/"},
+        )
+        assert login.status_code == 302, login.text
+        assert login.headers["location"] == "/admin/", login.text
+        assert "Site administration" in browser.get("/admin/").text
+        assert browser.get("/static/admin/css/base.css").status_code == 200
+
+
+def check_api_keys_and_body_limit(base: str, env: dict[str, str], workdir: Path) -> None:
+    """The banner's "new API key" command works against the running installation; bodies over
+    CTXAPP_MAX_BODY_BYTES are refused by the real ASGI server, announced or chunked."""
+    made = run_quick(["manage", "create_api_key", "--tenant", "demo", "--scopes", "admin"], env, workdir)
+    assert made.returncode == 0, made.stderr
+    admin_key = made.stdout.strip().splitlines()[-1]
+    created = httpx.post(f"{base}/api/v1/tenant/api-keys", json={"name": "ci"}, headers=bearer(admin_key))
+    assert created.status_code == 201, created.text
+    big = b'{"name": "' + b"x" * (BODY_LIMIT * 2) + b'"}'
+    for content in (big, iter([big[:1000], big[1000:]])):
+        refused = httpx.post(
+            f"{base}/api/v1/tenant/api-keys",
+            content=content,
+            headers={**bearer(admin_key), "Content-Type": "application/json"},
+            timeout=15,
+        )
+        assert refused.status_code == 413, refused.text
+        assert refused.json()["error"]["code"] == "payload_too_large"
+    chunked = httpx.post(
+        f"{base}/api/v1/tenant/api-keys",
+        content=iter([b'{"name": "chu', b'nked"}']),
+        headers={**bearer(admin_key), "Content-Type": "application/json"},
+        timeout=15,
+    )
+    assert chunked.status_code == 201, chunked.text  # a chunked body within the limit is read
+    listed = httpx.get(f"{base}/api/v1/tenant/api-keys", headers=bearer(admin_key), timeout=15).json()
+    names = sorted(item["name"] for item in listed["items"])
+    assert names == ["chunked", "ci", "created from the command line", "demo key (first run)"]
+
+
+def check_second_up_refused(data_dir: Path, port: int, workdir: Path) -> None:
+    """The data directory is taken, and so is the port: both refused clearly, nothing started."""
+    second = run_quick(["up"], newcomer_env(data_dir, free_port()), workdir)
+    assert second.returncode == 2, second
+    assert "Another `ctxapp up`" in second.stderr
+    assert str(data_dir) in second.stderr
+    taken = run_quick(["up"], newcomer_env(workdir / "other", port), workdir)
+    assert taken.returncode == 2, taken
+    assert f"Port {port} on 127.0.0.1 is already in use" in taken.stderr
+    assert "Traceback" not in second.stderr + taken.stderr
+
+
+def running_tree(up: Up, data_dir: Path) -> tuple[list[psutil.Process], set[int]]:
+    """`up`'s processes with the embedded PostgreSQL, and their process groups."""
+    processes = up.tree()
+    pg_pid = postmaster_pid(data_dir)
+    assert pg_pid is not None
+    processes.append(psutil.Process(pg_pid))
+    return processes, {os.getpgid(p.pid) for p in processes}
+
+
+def stop(up: Up) -> int:
+    code = up.interrupt() if up.proc.poll() is None else up.proc.returncode
+    print(up.output())  # pytest shows it when the test fails
+    return code
+
+
 def test_ctxapp_up_end_to_end(workdir: Path) -> None:
     data_dir, port = workdir / "data", free_port()
     env = newcomer_env(data_dir, port)
@@ -154,106 +272,16 @@ def test_ctxapp_up_end_to_end(workdir: Path) -> None:
     up = start_up(env, workdir)
     try:
         up.wait_for("Ctrl-C stops everything.", READY_TIMEOUT)
-        out = up.output()
-        assert "Traceback" not in out
-        password = re.search(r"admin login\s+user admin\s+password (\S+)", out)
-        api_key = re.search(r"API key\s+(ctx_\S+)", out)
-        assert password and api_key, out
-        assert f"ctxapp is up at {base}/" in out
-
-        ready = httpx.get(f"{base}/readyz", timeout=15)
-        assert ready.status_code == 200, ready.text
-        checks = ready.json()["checks"]
-        assert {name: check["ok"] for name, check in checks.items()} == {
-            "database": True,
-            "broker": True,
-            "channel_layer": True,
-        }
-        assert checks["broker"]["transport"] == "sql"  # Kombu's SQLAlchemy transport, no Redis
-        assert checks["channel_layer"]["backend"] == "PostgresChannelLayer"
-
-        tenant = httpx.get(f"{base}/api/v1/tenant", headers=bearer(api_key[1]), timeout=15)
-        assert tenant.status_code == 200, tenant.text
-        assert tenant.json()["slug"] == "demo"
-
-        # A background job goes through the Redis-less broker: the worker embeds a new experience.
-        made_exp = httpx.post(
-            f"{base}/api/v1/experiences",
-            json={"problem": "Pod crash-loops after deploy", "solution": "Restore the ConfigMap key"},
-            headers=bearer(api_key[1]),
-            timeout=15,
-        )
-        assert made_exp.status_code == 201, made_exp.text
-        deadline = time.monotonic() + 60
-        while True:
-            embedding = httpx.get(
-                f"{base}/api/v1/experiences/{made_exp.json()['id']}", headers=bearer(api_key[1]), timeout=15
-            ).json()["embedding"]
-            if embedding["status"] != "pending" or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert embedding["status"] == "completed", embedding
-
-        with httpx.Client(base_url=base, timeout=15) as browser:
-            form = browser.get("/admin/login/")
-            token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)
-            assert token, form.text
-            login = browser.post(
-                "/admin/login/?next=/admin/",
-                data={"csrfmiddlewaretoken": token[1], "username": "admin", "password": password[1]},
-                headers={"Referer": f"{base}/admin/login/"},
-            )
-            assert login.status_code == 302 and login.headers["location"] == "/admin/", login.text
-            assert "Site administration" in browser.get("/admin/").text
-            assert browser.get("/static/admin/css/base.css").status_code == 200
-
-        # The banner's "new API key" command works against the running installation.
-        made = run_quick(["manage", "create_api_key", "--tenant", "demo", "--scopes", "admin"], env, workdir)
-        assert made.returncode == 0, made.stderr
-        admin_key = made.stdout.strip().splitlines()[-1]
-        created = httpx.post(f"{base}/api/v1/tenant/api-keys", json={"name": "ci"}, headers=bearer(admin_key))
-        assert created.status_code == 201, created.text
-        # Bodies over CTXAPP_MAX_BODY_BYTES are refused by the real ASGI server, whether they
-        # announce their length or arrive chunked without one.
-        big = b'{"name": "' + b"x" * (BODY_LIMIT * 2) + b'"}'
-        for content in (big, iter([big[:1000], big[1000:]])):
-            refused = httpx.post(
-                f"{base}/api/v1/tenant/api-keys",
-                content=content,
-                headers={**bearer(admin_key), "Content-Type": "application/json"},
-                timeout=15,
-            )
-            assert refused.status_code == 413, refused.text
-            assert refused.json()["error"]["code"] == "payload_too_large"
-        chunked = httpx.post(
-            f"{base}/api/v1/tenant/api-keys",
-            content=iter([b'{"name": "chu', b'nked"}']),
-            headers={**bearer(admin_key), "Content-Type": "application/json"},
-            timeout=15,
-        )
-        assert chunked.status_code == 201, chunked.text  # a chunked body within the limit is read
-        listed = httpx.get(f"{base}/api/v1/tenant/api-keys", headers=bearer(admin_key), timeout=15).json()
-        names = sorted(item["name"] for item in listed["items"])
-        assert names == ["chunked", "ci", "created from the command line", "demo key (first run)"]
-
-        # The data directory is taken, and so is the port: both refused clearly, nothing started.
-        second = run_quick(["up"], newcomer_env(data_dir, free_port()), workdir)
-        assert second.returncode == 2, second
-        assert "Another `ctxapp up`" in second.stderr and str(data_dir) in second.stderr
-        taken = run_quick(["up"], newcomer_env(workdir / "other", port), workdir)
-        assert taken.returncode == 2, taken
-        assert f"Port {port} on 127.0.0.1 is already in use" in taken.stderr
-        assert "Traceback" not in second.stderr + taken.stderr
-
-        processes = up.tree()
-        pg_pid = postmaster_pid(data_dir)
-        assert pg_pid is not None
-        processes.append(psutil.Process(pg_pid))
-        pgids = {os.getpgid(p.pid) for p in processes}
+        password, api_key = check_first_run_banner(up, base)
+        check_ready_without_redis(base, api_key)
+        check_background_job(base, api_key)
+        check_admin_login(base, password)
+        check_api_keys_and_body_limit(base, env, workdir)
+        check_second_up_refused(data_dir, port, workdir)
+        processes, pgids = running_tree(up, data_dir)
         assert len(processes) >= 5  # up, web, worker (+ its pool), beat, postgres
     finally:
-        code = up.interrupt() if up.proc.poll() is None else up.proc.returncode
-        print(up.output())  # pytest shows it when the test fails
+        code = stop(up)
     assert code == 0, up.output()
     assert up.output().rstrip().endswith("ctxapp: stopped.")
     assert_nothing_left(processes, pgids)
@@ -264,19 +292,16 @@ def test_ctxapp_up_end_to_end(workdir: Path) -> None:
     try:
         rerun.wait_for("Ctrl-C stops everything.", READY_TIMEOUT)
         out = rerun.output()
-        assert "First run" not in out and password[1] not in out  # no new password
+        assert "First run" not in out
+        assert password not in out  # no new password
         assert not re.search(r"API key\s+ctx_", out)  # and no new key
         assert "Data reused from the previous run" in out
         assert "ctxapp manage create_api_key --tenant demo" in out
-        tenant = httpx.get(f"{base}/api/v1/tenant", headers=bearer(api_key[1]), timeout=15)
-        assert tenant.status_code == 200 and tenant.json()["slug"] == "demo"
-        processes = rerun.tree()
-        pg_pid = postmaster_pid(data_dir)
-        assert pg_pid is not None
-        processes.append(psutil.Process(pg_pid))
-        pgids = {os.getpgid(p.pid) for p in processes}
+        tenant = httpx.get(f"{base}/api/v1/tenant", headers=bearer(api_key), timeout=15)
+        assert tenant.status_code == 200
+        assert tenant.json()["slug"] == "demo"
+        processes, pgids = running_tree(rerun, data_dir)
     finally:
-        code = rerun.interrupt() if rerun.proc.poll() is None else rerun.proc.returncode
-        print(rerun.output())  # pytest shows it when the test fails
+        code = stop(rerun)
     assert code == 0, rerun.output()
     assert_nothing_left(processes, pgids)

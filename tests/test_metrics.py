@@ -33,8 +33,6 @@ def value(samples: dict, name: str, **labels: str) -> float:
 
 def test_scrape_after_api_calls_and_a_context_build(api_a: APIClient, tenant_a: Tenant) -> None:
     before = scrape()
-    latency = "ctxapp_http_request_duration_seconds_count"
-    route = {"route": "api-sessions", "method": "POST", "status": "2xx"}
     session = api_a.post("/api/v1/sessions", {"agent": "bot"}, format="json").json()["id"]
     api_a.post(
         f"/api/v1/sessions/{session}/messages", {"role": "user", "content": "hello " * 50}, format="json"
@@ -50,6 +48,13 @@ def test_scrape_after_api_calls_and_a_context_build(api_a: APIClient, tenant_a: 
     )
 
     after = scrape()
+    assert_request_and_build_metrics(before, after, built, tenant_a)
+    assert_job_and_retrieval_metrics(after)
+
+
+def assert_request_and_build_metrics(before: dict, after: dict, built: dict, tenant: Tenant) -> None:
+    latency = "ctxapp_http_request_duration_seconds_count"
+    route = {"route": "api-sessions", "method": "POST", "status": "2xx"}
     assert value(after, latency, **route) == value(before, latency, **route) + 1
     missing = {"route": "api-session", "method": "GET", "status": "4xx"}
     assert value(after, latency, **missing) == value(before, latency, **missing) + 1
@@ -61,10 +66,12 @@ def test_scrape_after_api_calls_and_a_context_build(api_a: APIClient, tenant_a: 
     smallest = next(b for b in metrics.CONTEXT_TOKEN_BUCKETS if tokens <= b)
     assert value(after, "ctxapp_context_build_tokens_bucket", le=str(float(smallest))) == 1
     assert value(after, "ctxapp_context_build_tokens_bucket", le="+Inf") == 1
-    sample = BudgetSample.objects.get(tenant=tenant_a)
+    sample = BudgetSample.objects.get(tenant=tenant)
     assert value(after, "ctxapp_context_build_utilisation_sum") == pytest.approx(sample.utilisation)
     assert value(after, "ctxapp_context_build_utilisation_bucket", le="0.1") == (sample.utilisation <= 0.1)
 
+
+def assert_job_and_retrieval_metrics(after: dict) -> None:
     assert value(after, "ctxapp_decay_events_total") == 1
     assert value(after, "ctxapp_job_outcomes_total", job="experience_embed", outcome="failed") == 1
     assert value(after, "ctxapp_job_outcomes_total", job="session_summarise", outcome="succeeded") == 0

@@ -79,32 +79,66 @@ EXPECTED = {
 }
 
 
+def play_round(api, session_id: str, round_: int, ids: dict[str, str]) -> None:
+    """One round of the script: the user's line, facts registered or referenced, the answer."""
+    if round_ == PREFERENCE_AT:
+        append(api, session_id, "user", PREFERENCE_TEXT, event_kind="preference")
+    elif round_ in PREFERENCE_REFS:
+        append(api, session_id, "user", "Keep answers short, in bullet points as I prefer.")
+    else:
+        append(api, session_id, "user", MENTIONS.get(round_, f"Round {round_}: please continue."))
+    for name in [name for name, at in REGISTER_AT.items() if at == round_]:
+        key, type_, content, importance = FACTS[name]
+        fact = register(api, session_id, key, type_, content)
+        assert fact["importance"] == importance
+        assert fact["registered_round"] == round_
+        ids[name] = fact["id"]
+    if round_ in EXPLICIT_REFERENCE:
+        name = EXPLICIT_REFERENCE[round_]
+        response = api.post(f"{API}/sessions/{session_id}/facts/{ids[name]}/reference", {}, format="json")
+        assert response.status_code == 200, response.content
+        assert response.json()["last_referenced_round"] == round_
+    append(api, session_id, "assistant", f"Continuing with round {round_}.")
+
+
+def assert_final_report(snapshot: dict[str, Any], names: dict[str, str]) -> None:
+    final = {names[item["id"]]: item for item in snapshot["items"]}
+    assert final["A"]["decayed_round"] == 40
+    assert final["A"]["last_referenced_round"] == 30
+    assert {name: final[name]["decayed_round"] for name in "BCDE"} == {"B": 18, "C": 40, "D": 30, "E": 54}
+    assert (final["A"]["threshold"], final["C"]["threshold"]) == (10, 20)
+    assert {name: item["recommendation"] for name, item in final.items()} == {
+        "A": "restate_now",
+        "B": "restate_now",
+        "C": "consider_restating",
+        "D": "consider_restating",
+        "E": "no_action",
+    }
+    # most urgent first: high importance, then the longest unreferenced
+    assert [names[item["id"]] for item in snapshot["items"]] == ["B", "A", "D", "C", "E"]
+
+
+def assert_stored_decay(tenant, names: dict[str, str]) -> None:
+    # one fact.decayed event per crossing: A crossed twice (rounds 15 and 40), F never
+    decayed_events = Event.objects.filter(tenant=tenant, type="fact.decayed")
+    per_fact: dict[str, list[int]] = {}
+    for event in decayed_events.order_by("seq"):
+        per_fact.setdefault(names[event.payload["fact"]], []).append(event.payload["decayed_round"])
+    assert per_fact == {"A": [15, 40], "B": [18], "C": [40], "D": [30], "E": [54]}
+    stored = {names[f.public_id]: f for f in TrackedFact.objects.filter(tenant=tenant)}
+    assert (stored["A"].decay_count, stored["F"].decay_count) == (2, 0)
+    preference = stored["F"]
+    assert (preference.fact_type, preference.importance) == ("user_preference", "high")
+    assert (preference.registered_round, preference.last_referenced_round) == (PREFERENCE_AT, 57)
+    assert preference.reference_count == 1 + len(PREFERENCE_REFS)
+
+
 def test_a_scripted_60_round_conversation_yields_the_planned_decay_reports(api_a, tenant_a):
     session_id = create_session(api_a)
     ids: dict[str, str] = {}
     snapshots: dict[int, dict[str, Any]] = {}
     for round_ in range(1, 61):
-        if round_ == PREFERENCE_AT:
-            append(api_a, session_id, "user", PREFERENCE_TEXT, event_kind="preference")
-        elif round_ in PREFERENCE_REFS:
-            append(api_a, session_id, "user", "Keep answers short, in bullet points as I prefer.")
-        else:
-            append(api_a, session_id, "user", MENTIONS.get(round_, f"Round {round_}: please continue."))
-        for name, at in REGISTER_AT.items():
-            if at == round_:
-                key, type_, content, importance = FACTS[name]
-                fact = register(api_a, session_id, key, type_, content)
-                assert fact["importance"] == importance
-                assert fact["registered_round"] == round_
-                ids[name] = fact["id"]
-        if round_ in EXPLICIT_REFERENCE:
-            name = EXPLICIT_REFERENCE[round_]
-            response = api_a.post(
-                f"{API}/sessions/{session_id}/facts/{ids[name]}/reference", {}, format="json"
-            )
-            assert response.status_code == 200, response.content
-            assert response.json()["last_referenced_round"] == round_
-        append(api_a, session_id, "assistant", f"Continuing with round {round_}.")
+        play_round(api_a, session_id, round_, ids)
         if round_ in EXPECTED:
             snapshots[round_] = report(api_a, session_id)
     ids["F"] = TrackedFact.objects.get(tenant=tenant_a, source="message").public_id
@@ -116,40 +150,14 @@ def test_a_scripted_60_round_conversation_yields_the_planned_decay_reports(api_a
         listed = sorted(names[item["id"]] for item in body["items"])
         assert listed == expected, f"round {round_}: {listed} != {expected}"
         assert all(item["decayed"] for item in body["items"])
-
-    final = {names[item["id"]]: item for item in snapshots[60]["items"]}
-    assert final["A"]["decayed_round"] == 40 and final["A"]["last_referenced_round"] == 30
-    assert final["B"]["decayed_round"] == 18
-    assert final["C"]["decayed_round"] == 40
-    assert final["D"]["decayed_round"] == 30
-    assert final["E"]["decayed_round"] == 54
-    assert final["A"]["threshold"] == 10 and final["C"]["threshold"] == 20
-    assert {name: item["recommendation"] for name, item in final.items()} == {
-        "A": "restate_now",
-        "B": "restate_now",
-        "C": "consider_restating",
-        "D": "consider_restating",
-        "E": "no_action",
-    }
-    # most urgent first: high importance, then the longest unreferenced
-    assert [names[item["id"]] for item in snapshots[60]["items"]] == ["B", "A", "D", "C", "E"]
-
-    # one fact.decayed event per crossing: A crossed twice (rounds 15 and 40), F never
-    decayed_events = Event.objects.filter(tenant=tenant_a, type="fact.decayed")
-    per_fact: dict[str, list[int]] = {}
-    for event in decayed_events.order_by("seq"):
-        per_fact.setdefault(names[event.payload["fact"]], []).append(event.payload["decayed_round"])
-    assert per_fact == {"A": [15, 40], "B": [18], "C": [40], "D": [30], "E": [54]}
-    stored = {names[f.public_id]: f for f in TrackedFact.objects.filter(tenant=tenant_a)}
-    assert stored["A"].decay_count == 2 and stored["F"].decay_count == 0
-    assert stored["F"].fact_type == "user_preference" and stored["F"].importance == "high"
-    assert stored["F"].registered_round == PREFERENCE_AT and stored["F"].last_referenced_round == 57
-    assert stored["F"].reference_count == 1 + len(PREFERENCE_REFS)
+    assert_final_report(snapshots[60], names)
+    assert_stored_decay(tenant_a, names)
 
     # the full list (no filter) has all six, fresh ones after the decayed ones
     full = api_a.get(f"{API}/sessions/{session_id}/facts").json()
     assert len(full["items"]) == 6
-    assert names[full["items"][-1]["id"]] == "F" and full["items"][-1]["recommendation"] == "no_action"
+    assert names[full["items"][-1]["id"]] == "F"
+    assert full["items"][-1]["recommendation"] == "no_action"
     fresh = api_a.get(f"{API}/sessions/{session_id}/facts", {"decayed": "false"}).json()
     assert [names[item["id"]] for item in fresh["items"]] == ["F"]
 
@@ -157,11 +165,13 @@ def test_a_scripted_60_round_conversation_yields_the_planned_decay_reports(api_a
     # reference first), then pins the fresh high-importance one; medium and low stay out
     response = api_a.post(f"{API}/sessions/{session_id}/context", {"input": "What next?"}, format="json")
     assert response.status_code == 200, response.content
-    opening = [m["content"] for m in response.json()["messages"][:3]]
+    messages = response.json()["messages"]
+    opening = [m["content"] for m in messages[:3]]
     assert FACTS["B"][2] in opening[0] and "restated" in opening[0]
     assert FACTS["A"][2] in opening[1] and "restated" in opening[1]
     assert PREFERENCE_TEXT in opening[2] and "restated" not in opening[2]
-    assert not any(FACTS[name][2] in str(m["content"]) for m in response.json()["messages"] for name in "CDE")
+    everything = " ".join(str(m["content"]) for m in messages)
+    assert [name for name in "CDE" if FACTS[name][2] in everything] == []
     after = report(api_a, session_id)
     assert sorted(names[item["id"]] for item in after["items"]) == ["C", "D", "E"]
     restated = TrackedFact.objects.get(public_id=ids["A"])
