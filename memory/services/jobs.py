@@ -357,3 +357,11 @@ def embed_intents_merge(intent: JobIntent) -> list[JobIntent]:
         merged.append(other)
         room -= size
     return merged
+
+
+def embed_max_attempts() -> int:
+    return int(settings.CTXAPP["CTXAPP_EMBEDDING_MAX_RETRIES"]) + 1
+
+
+def embed_backoff() -> float:
+    return float(settings.CTXAPP["CTXAPP_EMBEDDING_RETRY_BACKOFF"])

@@ -84,14 +84,13 @@ def _summarise_run(intents: list[JobIntent]) -> dict[str, Any]:
 
 
 def _register_kinds() -> None:
-    conf = settings.CTXAPP
     jobs.job_kind_register(
         jobs.EMBED,
         jobs.JobKind(
             run=_embed_run,
             transient=(EmbedderUnavailable, OperationalError),
-            max_attempts=lambda: int(conf["CTXAPP_EMBEDDING_MAX_RETRIES"]) + 1,
-            backoff=lambda: float(conf["CTXAPP_EMBEDDING_RETRY_BACKOFF"]),
+            max_attempts=jobs.embed_max_attempts,
+            backoff=jobs.embed_backoff,
             on_failure=_embed_failed,
             merge=jobs.embed_intents_merge,
         ),
