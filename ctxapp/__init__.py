@@ -14,7 +14,7 @@ __all__ = ["celery_app"]
 
 def __getattr__(name: str) -> Any:
     if name == "celery_app":
-        from ctxapp.celery import app
+        from ctxapp.celery import app  # lazy: startup-cost
 
         return app
     raise AttributeError(f"module 'ctxapp' has no attribute {name!r}")

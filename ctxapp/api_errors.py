@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import page_not_found, server_error
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
@@ -127,8 +129,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 
 def _body_limit() -> int:
-    from django.conf import settings
-
     return int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
 
 
@@ -151,8 +151,6 @@ def _is_api(request: HttpRequest) -> bool:
 def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if _is_api(request):
         return JsonResponse(error_body("not_found", f"No endpoint at {request.path}."), status=404)
-    from django.views.defaults import page_not_found
-
     return page_not_found(request, exception or Http404())
 
 
@@ -165,6 +163,4 @@ def handler500(request: HttpRequest) -> HttpResponse:
             ),
             status=500,
         )
-    from django.views.defaults import server_error
-
     return server_error(request)

@@ -31,6 +31,7 @@ from json import loads
 from queue import Empty
 from typing import Any
 
+from django.conf import settings
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import sqlalchemy as kombu_sqlalchemy
 from kombu.transport.sqlalchemy.models import metadata
@@ -180,8 +181,6 @@ class Transport(kombu_sqlalchemy.Transport):
 
 
 def poll_seconds() -> float:
-    from django.conf import settings
-
     if settings.configured and hasattr(settings, "CTXAPP"):
         return settings.CTXAPP.broker_poll_seconds
     return DEFAULT_POLL_SECONDS

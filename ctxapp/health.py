@@ -11,8 +11,12 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
+
+from ctxapp.celery import app
+from memory.services.jobs import jobs_waiting
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +36,6 @@ def check_database() -> dict[str, Any]:
 
 def check_broker() -> dict[str, Any]:
     """Connect to the broker and declare the default queue (a real round trip, for every transport)."""
-    from django.conf import settings
-
-    from ctxapp.celery import app
-
     with app.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1, timeout=3)
         with conn.channel() as channel:
@@ -108,8 +108,6 @@ def readyz(request: HttpRequest) -> JsonResponse:
     if not report["broker"]["ok"]:
         report["broker"]["degraded"] = True
         try:
-            from memory.services.jobs import jobs_waiting
-
             report["broker"]["jobs_waiting"] = jobs_waiting()
         except Exception as exc:  # the database check above reports the cause
             logger.debug("jobs_waiting: %s", exc)

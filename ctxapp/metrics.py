@@ -26,10 +26,15 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Count, Min, Q, Sum
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from django.utils import timezone
+from prometheus_client import CollectorRegistry, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from dashboard.jobs import queue_depths
+from memory.models import BudgetSample, Event, Experience, ExperienceFeedback, Message
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -123,10 +128,6 @@ class DatabaseCollector(Collector):
         yield from self._queues()
 
     def _context_builds(self) -> Iterator[Metric]:
-        from django.db.models import Count, Q, Sum
-
-        from memory.models import BudgetSample
-
         tokens = {
             f"le_{i}": Count("id", filter=Q(prompt_tokens__lte=b))
             for i, b in enumerate(CONTEXT_TOKEN_BUCKETS)
@@ -152,10 +153,6 @@ class DatabaseCollector(Collector):
         )
 
     def _events(self) -> Iterator[Metric]:
-        from django.db.models import Count, Q
-
-        from memory.models import Event
-
         counts = dict(
             # as the jobs page: `*.failed` / `*_failed` events are job failures, except the agents' own
             Event.objects.filter(Q(type__in=JOB_OUTCOME_EVENTS) | Q(type__endswith="failed"))
@@ -183,10 +180,6 @@ class DatabaseCollector(Collector):
         yield jobs
 
     def _retrieval(self) -> Iterator[Metric]:
-        from django.db.models import Count, Q, Sum
-
-        from memory.models import Experience, ExperienceFeedback
-
         returned = int(Experience.objects.aggregate(n=Sum("use_count"))["n"] or 0)
         feedback = ExperienceFeedback.objects.aggregate(
             used=Count("id", filter=Q(helpful=True)), unused=Count("id", filter=Q(helpful=False))
@@ -215,11 +208,6 @@ class DatabaseCollector(Collector):
     def _embedding(self) -> Iterator[Metric]:
         """Backlog and lag of each embedded kind: experiences, and messages (memory search's index;
         summaries and facts have no stored vector or status: they are embedded at query time)."""
-        from django.db.models import Count, Min
-        from django.utils import timezone
-
-        from memory.models import Experience, Message
-
         kinds: list[tuple[str, Any, str, tuple[str, ...]]] = [
             ("experience", Experience, _queue_for("memory.tasks.experiences.experiences_embed_task"),
              ("pending", "failed", "completed")),
@@ -249,8 +237,6 @@ class DatabaseCollector(Collector):
         yield lag
 
     def _queues(self) -> Iterator[Metric]:
-        from dashboard.jobs import queue_depths
-
         depth = GaugeMetricFamily(
             "ctxapp_queue_depth", "Messages waiting in each broker queue.", labels=["queue"]
         )
@@ -280,8 +266,6 @@ def metrics_text() -> bytes:
     database.register(DatabaseCollector())
     directory = multiprocess_dir()
     if directory:
-        from prometheus_client import multiprocess
-
         processes = CollectorRegistry()
         multiprocess.MultiProcessCollector(processes, path=directory)
     else:

@@ -14,6 +14,7 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
 from django_htmx.middleware import HtmxDetails
 
 from memory.models import Membership, Tenant
@@ -80,8 +81,6 @@ def tenant_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse
     @login_required
     @wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        from django.shortcuts import render
-
         tenant = selected_tenant(request)
         if tenant is None:
             return render(request, "dashboard/no_tenant.html", status=403)

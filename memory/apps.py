@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_delete, post_save
 
 
 class MemoryConfig(AppConfig):
@@ -8,12 +9,11 @@ class MemoryConfig(AppConfig):
     def ready(self) -> None:
         # Create the Celery app in every Django process so shared_task(...).delay() uses its
         # broker settings (ctxapp/__init__.py no longer imports it eagerly; see ctxapp.client).
-        from django.db.models.signals import post_delete, post_save
-
-        import ctxapp.celery  # noqa: F401
-        import memory.api.schema  # noqa: F401  (registers the OpenAPI auth extension)
-        from memory.models import ApiKey, Tenant
-        from memory.services.tenancy import api_keys_changed
+        # memory.api.schema registers the OpenAPI auth extension.
+        import ctxapp.celery  # noqa: F401  # lazy: django-setup
+        import memory.api.schema  # noqa: F401  # lazy: django-setup
+        from memory.models import ApiKey, Tenant  # lazy: django-setup
+        from memory.services.tenancy import api_keys_changed  # lazy: django-setup
 
         # Any saved or deleted key or tenant (admin, services) drops every process's key cache.
         for model in (ApiKey, Tenant):

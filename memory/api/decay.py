@@ -18,7 +18,7 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 
 from memory.api.base import MAX_BIGINT, CursorSerializer, TenantApiView, decode_cursor, encode_cursor
-from memory.models import FactImportance, FactScope
+from memory.models import DecayPolicy, FactImportance, FactScope
 from memory.services import compression, decay
 from memory.services.sessions import session_access
 
@@ -65,8 +65,6 @@ class ReferenceOutputSerializer(serializers.Serializer):
 
 
 def _status_of(tenant: Any, session: Any, fact: Any) -> decay.FactStatus:
-    from memory.models import DecayPolicy
-
     return decay.fact_status(
         fact=fact, policy=DecayPolicy.for_tenant(tenant), current_round=decay.session_round(session=session)
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
@@ -205,8 +206,6 @@ class DecayPolicy(TenantPolicyBase):
         verbose_name_plural = "decay policy"
 
     def clean(self) -> None:
-        from django.core.exceptions import ValidationError
-
         errors = {}
         if self.decay_rounds < 1 or self.decay_rounds_high < 1:
             errors["decay_rounds"] = "A fact needs at least one round to decay."

@@ -6,7 +6,8 @@ from typing import ClassVar
 
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
-from django.db import models
+from django.core.exceptions import ValidationError
+from django.db import connection, models
 from django.db.models import F, Q
 from django.utils import timezone
 from pgvector.django import HnswIndex, VectorField
@@ -300,9 +301,6 @@ class MemoryPolicy(TenantPolicyBase):
         verbose_name_plural = "memory policy"
 
     def clean(self) -> None:
-        from django.core.exceptions import ValidationError
-        from django.db import connection
-
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1 FROM pg_ts_config WHERE cfgname = %s", [self.text_search_config])
             if cursor.fetchone() is None:

@@ -30,12 +30,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from django.conf import settings
 from django.db import transaction
 
 from memory.exceptions import Conflict, InvalidInput
 from memory.models import ExtractionMethod, Message, MessageRole, Task, TaskStatus, Tenant, ValueTier
-from memory.services import recorder
+from memory.services import jobs, recorder
 from memory.services.experiences import CreateResult, experience_create
 
 logger = logging.getLogger(__name__)
@@ -247,8 +248,6 @@ def extract_summary(task: Task, messages: list[Message]) -> tuple[list[Candidate
     url = conf.summariser_url
     if not url or not conf.distill_llm:
         return [], {"status": "not_configured"}
-    import httpx
-
     attempts = 1 + max(0, conf.summariser_retries)
     chat = [
         {"role": "system", "content": SUMMARY_SYSTEM_PROMPT},
@@ -379,8 +378,6 @@ def task_distill(*, tenant: Tenant, task: Task, mode: str = "full") -> DistillRe
     _require_finished(task)
     if mode == "light":
         return task_distill_light(tenant=tenant, task=task)
-    from memory.services import jobs
-
     # The job intent is written in the caller's transaction (durable outbox); dispatched on commit.
     jobs.job_enqueue(tenant=tenant, kind=jobs.DISTILL, key=f"task:{task.pk}", payload={"task": task.pk})
     return DistillResult(task=task, mode="full", queued=True)

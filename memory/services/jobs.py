@@ -15,14 +15,20 @@ runner killed mid-job (SIGKILL, a lost connection) rolls back, which releases th
 intent is then `running` but unlocked, which is how the sweep knows the runner is gone, with no
 timeout to tune. Jobs run inside that transaction, so they must not commit on their own.
 
-Kinds (HANDLERS): `experiences.embed` (coalesced: one run takes up to CTXAPP_EMBEDDING_BATCH_SIZE
+Kinds (KINDS): `experiences.embed` (coalesced: one run takes up to CTXAPP_EMBEDDING_BATCH_SIZE
 pending experiences from every pending embedding intent), `task.distill` (full distillation of a
 finished task), `session.summarise`. Each records its outcome on the intent row: `done` with a
 result, or `failed` with the reason; the dashboard's jobs page lists them.
+
+This module is the facade services use to enqueue, and it imports no service and no task: what
+each kind runs is registered (HANDLERS, `job_kind_register`) by memory/tasks/jobs.py, the
+adapter that imports the services doing the work; the Celery app and its tasks are reached by
+task name (`tasks_send`). So a service that enqueues a job never forms an import cycle with it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -30,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.db.models import F
@@ -62,10 +69,21 @@ class JobKind:
     merge: Callable[[JobIntent], list[JobIntent]] | None = field(default=None)
 
 
+EMBED = "experiences.embed"
+DISTILL = "task.distill"
+SUMMARISE = "session.summarise"
+KINDS = frozenset({EMBED, DISTILL, SUMMARISE})
+
+JOB_RUN_TASK = "memory.jobs.run"  # memory/tasks/jobs.py `job_run_task`
+
+# What each kind runs: filled by memory/tasks/jobs.py (imported wherever a job runs: the worker
+# loads every task module, and job_run is called only by its task).
 HANDLERS: dict[str, JobKind] = {}
 
 
 def job_kind_register(kind: str, handler: JobKind) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown job kind {kind!r}")
     HANDLERS[kind] = handler
 
 
@@ -79,7 +97,7 @@ def job_enqueue(*, tenant: Tenant | None, kind: str, key: str, payload: dict[str
     call writes nothing and returns None. Returns the new intent's id. Never raises for the
     broker: a failed dispatch is retried by the sweep.
     """
-    if kind not in HANDLERS:
+    if kind not in KINDS:
         raise ValueError(f"unknown job kind {kind!r}")
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
@@ -107,8 +125,6 @@ def job_intent_update_payload(*, intent_id: int, payload: dict[str, Any]) -> boo
 
 
 def _json(value: Any) -> str:
-    import json
-
     return json.dumps(value)
 
 
@@ -121,19 +137,23 @@ def job_dispatch(*, intent_ids: list[int], countdown: float | None = None) -> in
     A broker that refuses is logged (at most once a minute); the intents stay pending and the
     sweep dispatches them again once the broker is back.
     """
-    from memory.tasks.jobs import job_run_task
-
-    return tasks_send(job_run_task, [(intent_id,) for intent_id in intent_ids], countdown=countdown)
+    return tasks_send(JOB_RUN_TASK, [(intent_id,) for intent_id in intent_ids], countdown=countdown)
 
 
-def tasks_send(task: Any, calls: list[tuple[Any, ...]], *, countdown: float | None = None) -> int:
-    """Send `task` once per argument tuple in `calls`, without waiting on a broker that is down.
+def tasks_send(task: str | Any, calls: list[tuple[Any, ...]], *, countdown: float | None = None) -> int:
+    """Send `task` (a task, or a registered task's name) once per argument tuple in `calls`,
+    without waiting on a broker that is down.
 
     Never raises: returns how many were sent. Callers keep what was not sent (an intent, a
-    pending row) for a sweep to send again.
+    pending row) for a sweep to send again. A service passes the task's name, so that it never
+    imports memory/tasks (which imports the services).
     """
-    from ctxapp.celery import app
-
+    # The Celery app of this process: ctxapp.celery's, created in MemoryConfig.ready in every
+    # Django process (the app `shared_task`s bind to). By name, so that ctxapp.celery, whose beat
+    # schedule imports memory/tasks, stays above the services.
+    app = current_app
+    if isinstance(task, str):
+        task = app.signature(task)
     # Our own connection, told not to retry: Kombu's default retries a refused connection for
     # about 6 s, inside the request. A failure here costs the request nothing; the sweep retries.
     options = dict(app.conf.broker_transport_options or {})
@@ -303,24 +323,20 @@ def jobs_waiting() -> int:
     return JobIntent.objects.filter(status__in=[JobStatus.PENDING, JobStatus.RUNNING]).count()
 
 
-# --- the kinds ----------------------------------------------------------------------------------
-
-EMBED = "experiences.embed"
-DISTILL = "task.distill"
-SUMMARISE = "session.summarise"
+# --- the kinds' shared helpers (their handlers: memory/tasks/jobs.py) ---------------------------
 
 
-def _embed_ids(intents: list[JobIntent]) -> list[int]:
+def embed_intent_ids(intents: list[JobIntent]) -> list[int]:
     ids: list[int] = []
     for intent in intents:
         ids.extend(int(i) for i in (intent.payload or {}).get("ids", []))
     return sorted(set(ids))
 
 
-def _embed_merge(intent: JobIntent) -> list[JobIntent]:
+def embed_intents_merge(intent: JobIntent) -> list[JobIntent]:
     """Other pending embedding intents, oldest first, up to one batch of experiences in all."""
     batch = settings.CTXAPP.embedding_batch_size
-    room = batch - len(_embed_ids([intent]))
+    room = batch - len(embed_intent_ids([intent]))
     merged: list[JobIntent] = []
     if room <= 0:
         return merged
@@ -331,7 +347,7 @@ def _embed_merge(intent: JobIntent) -> list[JobIntent]:
         .order_by("pk")[:batch]
     )
     for other in candidates:
-        size = len(_embed_ids([other]))
+        size = len(embed_intent_ids([other]))
         if size > room:
             break
         merged.append(other)
@@ -339,63 +355,9 @@ def _embed_merge(intent: JobIntent) -> list[JobIntent]:
     return merged
 
 
-def _embed_run(intents: list[JobIntent]) -> dict[str, Any]:
-    from memory.services.experiences import experiences_embed
-
-    ids = _embed_ids(intents)
-    return {"experiences": len(ids), "embedded": experiences_embed(experience_ids=ids)}
+def embed_max_attempts() -> int:
+    return settings.CTXAPP.embedding_max_retries + 1
 
 
-def _embed_failed(intents: list[JobIntent], reason: str) -> None:
-    from memory.services.experiences import experiences_mark_failed
-
-    experiences_mark_failed(experience_ids=_embed_ids(intents), reason=reason)
-
-
-def _distill_run(intents: list[JobIntent]) -> dict[str, Any]:
-    from memory.models import Task
-    from memory.services.distillation import task_distill_full
-
-    task = (
-        Task.objects.filter(pk=intents[0].payload.get("task"))
-        .select_related("tenant", "session", "agent")
-        .first()
-    )
-    if task is None:  # purged meanwhile: nothing to learn from
-        return {"skipped": "task deleted"}
-    return {"task": task.public_id, "experiences": len(task_distill_full(tenant=task.tenant, task=task))}
-
-
-def _summarise_run(intents: list[JobIntent]) -> dict[str, Any]:
-    from memory.models import Session
-    from memory.services.summarise import session_summarise
-
-    session = (
-        Session.objects.select_related("tenant", "agent").filter(pk=intents[0].payload.get("session")).first()
-    )
-    if session is None:
-        return {"skipped": "session deleted"}
-    summary = session_summarise(tenant=session.tenant, session=session)
-    return {"session": session.public_id, "summary": summary.public_id if summary else None}
-
-
-def _register_kinds() -> None:
-    from memory.services.embedding import EmbedderUnavailable
-
-    conf = settings.CTXAPP
-    job_kind_register(
-        EMBED,
-        JobKind(
-            run=_embed_run,
-            transient=(EmbedderUnavailable, OperationalError),
-            max_attempts=lambda: conf.embedding_max_retries + 1,
-            backoff=lambda: conf.embedding_retry_backoff,
-            on_failure=_embed_failed,
-            merge=_embed_merge,
-        ),
-    )
-    job_kind_register(DISTILL, JobKind(run=_distill_run))
-    job_kind_register(SUMMARISE, JobKind(run=_summarise_run))
-
-
-_register_kinds()
+def embed_backoff() -> float:
+    return settings.CTXAPP.embedding_retry_backoff

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import transaction
 
 from memory.models import Message, MessageRole, Session, Summary, SummaryMethod, Tenant
-from memory.services import decay, recorder, tokens
+from memory.services import decay, jobs, recorder, tokens
 from memory.services.context_history import history_groups
 from memory.services.context_policy import context_policy_effective
 
@@ -305,8 +305,6 @@ def session_summarise(*, tenant: Tenant, session: Session) -> Summary | None:
             },
         )
     if summary.covers_up_to_seq < tail_start and fold_to < tail_start:
-        from memory.services import jobs
-
         jobs.job_enqueue(
             tenant=tenant, kind=jobs.SUMMARISE, key=f"session:{session.pk}", payload={"session": session.pk}
         )

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from memory.exceptions import AgentMismatch, NotFound
 from memory.models import ApiKey, ApiKeyScope, Membership, MembershipRole, Session, Task, Tenant
+from memory.services import recorder
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +145,6 @@ def api_key_list(*, tenant: Tenant) -> QuerySet[ApiKey]:
 
 
 def _record(*, tenant: Tenant, type: str, api_key: ApiKey, actor: str) -> None:
-    from memory.services import recorder
-
     recorder.event_append(
         tenant=tenant,
         type=type,

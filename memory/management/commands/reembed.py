@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from memory.models import Tenant
 from memory.services.experiences import experiences_reembed, experiences_retry_failed
+from memory.services.memory_index import messages_reembed
 
 
 class Command(BaseCommand):
@@ -43,8 +44,6 @@ class Command(BaseCommand):
             if tenant is None:
                 raise CommandError(f"No tenant with slug {options['tenant']!r}.")
         if options["messages"]:
-            from memory.services.memory_index import messages_reembed
-
             drained = messages_reembed(
                 tenant=tenant, only_failed=options["failed"], batch_size=options["batch_size"]
             )

@@ -19,6 +19,7 @@ from memory.models import Event, Experience, JobIntent, Summary, Tenant
 from memory.services import jobs
 from memory.services.experiences import experience_create
 from memory.services.sessions import session_create, task_create, task_update
+from memory.tasks import jobs as job_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -177,3 +178,10 @@ def test_summarisation_is_a_job_too(tenant_a: Tenant, api_a: Any) -> None:
     assert Summary.objects.filter(session=session).count() == 1
     intent.refresh_from_db()
     assert (intent.result or {})["summary"] == Summary.objects.get().public_id
+
+
+def test_every_kind_runs_where_its_task_runs() -> None:
+    # memory/tasks/jobs.py, which every worker loads, registers what each kind runs; the outbox
+    # sends intents to its task by name.
+    assert set(jobs.HANDLERS) == jobs.KINDS
+    assert job_tasks.job_run_task.name == jobs.JOB_RUN_TASK
