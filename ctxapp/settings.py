@@ -138,7 +138,8 @@ QUEUE_PREFIX = CTXAPP.queue_prefix
 
 def _sqlalchemy_url(database: Any) -> str:
     """Kombu's SQLAlchemy transport URL for the same PostgreSQL (psycopg 3 driver)."""
-    from sqlalchemy.engine import URL
+    # SQLAlchemy is only needed without Redis (Kombu's SQL transport); most processes never load it.
+    from sqlalchemy.engine import URL  # lazy: startup-cost
 
     query = {}
     host = database.get("HOST") or ""
