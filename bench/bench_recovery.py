@@ -157,7 +157,7 @@ def main() -> None:
             started = time.perf_counter()
             result = recovery.recovered_state(tenant=tenant, agent=agent, caller=agent)
             service_times.append(time.perf_counter() - started)
-            parts.append(result.document["parts"])
+            parts.append(result.parts)
         fold_times = []
         for _ in range(3):
             started = time.perf_counter()
@@ -169,7 +169,7 @@ def main() -> None:
         while True:
             started = time.perf_counter()
             result = recovery.recovered_state(tenant=tenant, agent=no_checkpoints, caller=no_checkpoints)
-            attempts.append((time.perf_counter() - started, result.document["operational"] is not None))
+            attempts.append((time.perf_counter() - started, result.operational is not None))
             if attempts[-1][1] or len(attempts) > 20:
                 break
         steady = []

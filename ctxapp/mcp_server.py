@@ -193,6 +193,7 @@ class ServiceBackend:
         return _json(body)
 
     def recovered_state(self, *, agent: str) -> dict[str, Any]:
+        from memory.api.shapes import recovered_state_out
         from memory.services import recovery
         from memory.services.sessions import agent_get
 
@@ -201,7 +202,8 @@ class ServiceBackend:
         row = agent_get(tenant=self.tenant, external_id=agent)
         # A bound key is the agent itself: it also gets its private context and inbox, as on /api/v1.
         caller = row if self.api_key.agent_external_id else None
-        return _json(recovery.recovered_state(tenant=self.tenant, agent=row, caller=caller).document)
+        result = recovery.recovered_state(tenant=self.tenant, agent=row, caller=caller)
+        return _json(recovered_state_out(result))
 
     def decay_report(self, *, session: str) -> dict[str, Any]:
         from memory.api.decay import FactOutputSerializer

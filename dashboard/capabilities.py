@@ -14,6 +14,7 @@ from django.db import transaction
 
 from dashboard import charts
 from dashboard.selectors import session_events
+from memory.api.shapes import recovered_state_out
 from memory.exceptions import NotFound
 from memory.models import DIGEST_CATEGORIES, Agent, Session, Tenant
 from memory.services import cognition, retrieval
@@ -251,7 +252,7 @@ def agent_recovered_state(*, tenant: Tenant, agent: Agent) -> Any:
     with transaction.atomic():
         result = recovered_state(tenant=tenant, agent=agent)
         transaction.set_rollback(True)
-    document = result.document
+    document = recovered_state_out(result)
     if not any(document.get(k) for k in ("checkpoint", "session", "tasks")) and not (
         document.get("operational") or {}
     ).get("last_event_seq"):
