@@ -27,6 +27,8 @@ from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
+from ctxapp.celery import app
+from dashboard.selectors import failed_events
 from memory.models import Event, Experience, Tenant
 from memory.services.experiences import experiences_retry_failed
 
@@ -91,8 +93,6 @@ def queue_depths() -> list[QueueDepth]:
 
 
 def _queue_depths_uncached() -> list[QueueDepth]:
-    from ctxapp.celery import app
-
     result = []
     try:
         with app.connection_for_read() as conn:
@@ -121,8 +121,6 @@ class RunningJobs:
 
 def running_jobs() -> RunningJobs:
     """Tasks the workers are executing now (Celery remote control). Never raises."""
-    from ctxapp.celery import app
-
     if not str(settings.CELERY_BROKER_URL).startswith(("redis", "rediss", "amqp")):
         return RunningJobs(
             False, "This broker has no broadcast channel, so running jobs cannot be listed.", []
@@ -161,8 +159,6 @@ def retry_handler(event_type: str) -> RetryHandler | None:
 
 def failed_jobs(*, tenant: Tenant, limit: int = 25) -> list[dict[str, Any]]:
     """Recent job failures (events) with whether each can be retried from the dashboard."""
-    from dashboard.selectors import failed_events
-
     rows = []
     for event in failed_events(tenant=tenant, since=timezone.now() - timedelta(days=7))[:limit]:
         rows.append({"event": event, "retryable": retry_handler(event.type) is not None})

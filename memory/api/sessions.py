@@ -7,6 +7,7 @@ like a missing one. Writes accept an Idempotency-Key (TenantApiView).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -65,6 +66,13 @@ BatchOutputSerializer = inline_serializer(
 )
 
 
+def keyset_response(view: TenantApiView, queryset: Any, serializer: type[serializers.Serializer]) -> Response:
+    """One page of `queryset`, newest first, in the list envelope {items, next}."""
+    pages = KeysetPagination()
+    rows = pages.paginate_queryset(queryset, view.request, view)
+    return pages.get_paginated_response(serializer(rows, many=True).data)
+
+
 class AfterSerializer(serializers.Serializer):
     after = serializers.IntegerField(required=False, min_value=0, max_value=MAX_BIGINT, default=0)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=1000)
@@ -105,8 +113,6 @@ class SessionListCreateApi(TenantApiView):
         "beyond the tenant's live-session limit (100).",
     )
     def post(self, request: Any) -> Response:
-        from datetime import timedelta
-
         data = self.validate(self.InputSerializer)
         ttl = timedelta(seconds=data["ttl_seconds"]) if data.get("ttl_seconds") else None
         session = svc.session_create(
@@ -132,9 +138,7 @@ class SessionListCreateApi(TenantApiView):
             user_id=data.get("user_id"),
             status=data.get("status"),
         )
-        pages = KeysetPagination()
-        rows = pages.paginate_queryset(queryset, self.request, self)
-        return pages.get_paginated_response(SessionOutputSerializer(rows, many=True).data)
+        return keyset_response(self, queryset, SessionOutputSerializer)
 
 
 class SessionDetailApi(TenantApiView):
@@ -264,9 +268,7 @@ class TaskCreateApi(TenantApiView):
             user_id=data.get("user_id"),
             status=data.get("status"),
         )
-        pages = KeysetPagination()
-        rows = pages.paginate_queryset(queryset, self.request, self)
-        return pages.get_paginated_response(TaskOutputSerializer(rows, many=True).data)
+        return keyset_response(self, queryset, TaskOutputSerializer)
 
     @extend_schema(request=InputSerializer, responses={201: TaskOutputSerializer}, summary="Record a task")
     def post(self, request: Any) -> Response:
