@@ -240,8 +240,12 @@ def jobs_page(request: TenantRequest) -> HttpResponse:
 
 @access.tenant_view
 def jobs_running(request: TenantRequest) -> HttpResponse:
-    """Running jobs, asked of the workers (slow: loaded after the page, htmx)."""
-    return render(request, "dashboard/partials/_jobs_running.html", {"running": jobs.running_jobs()})
+    """Running jobs: the job records taken now, and the workers' view (slow: loaded after the page, htmx)."""
+    return render(
+        request,
+        "dashboard/partials/_jobs_running.html",
+        {"running": jobs.running_jobs(tenant=request.tenant)},
+    )
 
 
 @access.tenant_view

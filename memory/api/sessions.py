@@ -66,6 +66,11 @@ BatchOutputSerializer = inline_serializer(
 )
 
 
+def list_filters(data: dict[str, Any]) -> dict[str, Any]:
+    """A list's validated filters without its paging parameters (the pagination reads those)."""
+    return {key: value for key, value in data.items() if key not in CursorSerializer().fields}
+
+
 def keyset_response(view: TenantApiView, queryset: Any, serializer: type[serializers.Serializer]) -> Response:
     """One page of `queryset`, newest first, in the list envelope {items, next}."""
     pages = KeysetPagination()
@@ -101,7 +106,7 @@ class SessionListCreateApi(TenantApiView):
 
     @extend_schema_serializer(component_name="SessionFilter")
     class FilterSerializer(CursorSerializer):
-        agent = serializers.CharField(required=False)
+        agent = serializers.CharField(required=False, source="agent_external_id")
         user_id = serializers.CharField(required=False)
         status = serializers.ChoiceField(choices=SessionStatus.choices, required=False)
 
@@ -131,13 +136,8 @@ class SessionListCreateApi(TenantApiView):
         summary="List sessions, newest first (filter by agent, user, status)",
     )
     def get(self, request: Any) -> Response:
-        data = self.validate_query(self.FilterSerializer)
-        queryset = selectors.sessions_list(
-            tenant=self.tenant,
-            agent_external_id=data.get("agent"),
-            user_id=data.get("user_id"),
-            status=data.get("status"),
-        )
+        filters = list_filters(self.validate_query(self.FilterSerializer))
+        queryset = selectors.sessions_list(tenant=self.tenant, **filters)
         return keyset_response(self, queryset, SessionOutputSerializer)
 
 
@@ -249,8 +249,8 @@ class TaskCreateApi(TenantApiView):
 
     @extend_schema_serializer(component_name="TaskFilter")
     class FilterSerializer(CursorSerializer):
-        session = serializers.CharField(required=False)
-        agent = serializers.CharField(required=False)
+        session = serializers.CharField(required=False, source="session_id")
+        agent = serializers.CharField(required=False, source="agent_external_id")
         user_id = serializers.CharField(required=False)
         status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
 
@@ -260,14 +260,8 @@ class TaskCreateApi(TenantApiView):
         summary="List tasks, newest first (filter by session, agent, user, status)",
     )
     def get(self, request: Any) -> Response:
-        data = self.validate_query(self.FilterSerializer)
-        queryset = selectors.tasks_list(
-            tenant=self.tenant,
-            session_id=data.get("session"),
-            agent_external_id=data.get("agent"),
-            user_id=data.get("user_id"),
-            status=data.get("status"),
-        )
+        filters = list_filters(self.validate_query(self.FilterSerializer))
+        queryset = selectors.tasks_list(tenant=self.tenant, **filters)
         return keyset_response(self, queryset, TaskOutputSerializer)
 
     @extend_schema(request=InputSerializer, responses={201: TaskOutputSerializer}, summary="Record a task")

@@ -37,16 +37,19 @@ from memory.exceptions import NotFound
 from memory.models import (
     DIGEST_CATEGORIES,
     DigestMethod,
+    JobIntent,
     Message,
     MessageRole,
     Session,
     SessionDigest,
     Tenant,
 )
-from memory.services import recorder
+from memory.services import jobs, recorder
 from memory.services.summarise import MAX_SENTENCE_CHARS, _message_sentences
 
 logger = logging.getLogger(__name__)
+
+DIGEST_JOB = "session.digest"  # its job kind (memory/services/jobs.py)
 
 HEADINGS = {
     "goals": "Goals",
@@ -377,22 +380,30 @@ def _digest_event_payload(digest: SessionDigest) -> dict[str, Any]:
 
 
 def session_digest_queue(*, session: Session) -> None:
-    """Queue a digest update of `session` after the current transaction commits.
+    """Queue a digest update of `session`: a job record in the caller's transaction, dispatched
+    after commit (memory/services/jobs.py). Its outcome is recorded on the record, like every job's.
 
-    A broker failure after commit is logged, never raised: the next summarisation or session end
-    queues it again, and `POST /sessions/{id}/digest` asks for it explicitly.
+    Coalesces with an update of the same session not taken yet. A broker that is down is never
+    raised: the sweep dispatches the job again.
     """
-    session_pk = session.pk
+    with transaction.atomic():
+        jobs.job_enqueue(
+            tenant=session.tenant,
+            kind=DIGEST_JOB,
+            key=f"session:{session.pk}",
+            payload={"session": session.pk},
+        )
 
-    def send() -> None:
-        from memory.tasks.context import session_digest
 
-        try:
-            session_digest.delay(session_pk)
-        except Exception:  # the broker is down: the digest is a derived view, rebuilt later
-            logger.warning("could not queue the digest of session %s", session_pk, exc_info=True)
+def _digest_job_run(intents: list[JobIntent]) -> dict[str, Any]:
+    session = Session.objects.select_related("tenant").filter(pk=intents[0].payload.get("session")).first()
+    if session is None:  # deleted meanwhile: nothing to digest
+        return {"skipped": "session deleted"}
+    digest = session_digest_update(tenant=session.tenant, session=session)
+    return {"session": session.public_id, "version": digest.version if digest is not None else None}
 
-    transaction.on_commit(send)
+
+jobs.job_kind_register(DIGEST_JOB, jobs.JobKind(run=_digest_job_run))
 
 
 # --- reads ------------------------------------------------------------------------------------

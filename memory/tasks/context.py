@@ -1,9 +1,15 @@
-"""Celery tasks of the context engine (thin: ids in, one service call)."""
+"""Celery tasks of the context engine (thin: ids in, one service call).
+
+Importing `digest` here also registers its job kind (`session.digest`) in every worker.
+"""
 
 from __future__ import annotations
 
 from celery import shared_task
 from django.db import OperationalError
+
+from memory.models import Session
+from memory.services import digest, summarise
 
 SCHEDULE: dict = {}
 
@@ -12,24 +18,19 @@ SCHEDULE: dict = {}
 def session_summarise(session_id: int) -> None:
     """Fold a session's old messages into its rolling summary, then update its digest. Idempotent;
     a deleted session is skipped."""
-    from memory.models import Session
-    from memory.services import summarise
-
     session = Session.objects.select_related("tenant", "agent").filter(pk=session_id).first()
     if session is None:
         return
     summarise.session_summarise(tenant=session.tenant, session=session)
-    from memory.services import digest
-
     digest.session_digest_update(tenant=session.tenant, session=session)
 
 
 @shared_task(acks_late=True, autoretry_for=(OperationalError,), retry_backoff=5, max_retries=5)
 def session_digest(session_id: int) -> None:
-    """Bring a session's digest (medium-term memory) up to date. Idempotent; a deleted session is skipped."""
-    from memory.models import Session
-    from memory.services import digest
+    """Bring a session's digest (medium-term memory) up to date. Idempotent; a deleted session is skipped.
 
+    New digest updates go through the jobs outbox (`session.digest`); this task stays for messages
+    already queued."""
     session = Session.objects.select_related("tenant").filter(pk=session_id).first()
     if session is None:
         return
