@@ -45,8 +45,8 @@ def build(events: int, checkpoints: int) -> tuple[object, object, str]:
         tenant=tenant,
         agent=agent,
         reducers=[
-            {"event_type": "agent.step", "op": "set", "target": "progress.step", "source": "step"},
-            {"event_type": "agent.step", "op": "merge", "target": "latest", "source": "result"},
+            recovery.Reducer("agent.step", "set", "progress.step", "step"),
+            recovery.Reducer("agent.step", "merge", "latest", "result"),
         ],
     )
     per_checkpoint = max(1, events // checkpoints)

@@ -33,6 +33,12 @@ from memory.api.shapes import (
 from memory.exceptions import InvalidInput
 from memory.services import cognition, recovery
 
+
+def dotted_path(path: str) -> bool:
+    """`a.b.c`: no empty part."""
+    return all(part for part in path.split("."))
+
+
 # --- cognitive state ---------------------------------------------------------------------------
 
 
@@ -273,6 +279,25 @@ class AgentReducersApi(AgentScopedView):
             max_length=200, required=False, allow_blank=True, default=""
         )
 
+        def validate_event_type(self, value: str) -> str:
+            if not value.startswith("agent.") or len(value) <= len("agent."):
+                raise serializers.ValidationError(
+                    "Reducers apply to the agent's own event types, which start with 'agent.'."
+                )
+            return value
+
+        def validate_target(self, value: str) -> str:
+            if not dotted_path(value):
+                raise serializers.ValidationError("A dotted path such as 'progress.last_step'.")
+            return value
+
+        def validate_source(self, value: str) -> str:
+            if value and not dotted_path(value):
+                raise serializers.ValidationError(
+                    "A dotted path in the payload such as 'result.value', or empty."
+                )
+            return value
+
     class InputSerializer(serializers.Serializer):
         class Meta:
             ref_name = "AgentReducersInput"
@@ -300,7 +325,7 @@ class AgentReducersApi(AgentScopedView):
                     f"reducers[{index}].{field}: {errors[0]}",
                     details={"fields": {f"reducers[{index}].{field}": [str(e) for e in errors]}},
                 )
-            items.append(dict(serializer.validated_data))
+            items.append(recovery.Reducer(**serializer.validated_data))
         reducers = recovery.reducers_put(tenant=self.tenant, agent=self.agent(agent), reducers=items)
         return Response({"reducers": [r.as_dict() for r in reducers]})
 

@@ -218,6 +218,9 @@ class SessionContextApi(TenantApiView):
             required=False, allow_blank=True, help_text="What to recall for (default: the input)."
         )
 
+        def validate_budget(self, value: dict[str, Any]) -> dict[str, Any]:
+            return context.policy_overrides_validate(value, field_name="budget")  # InvalidInput: 422
+
         def to_internal_value(self, data: Any) -> Any:
             # system_parts may also be given as {"core": "...", "tools": "..."}
             if isinstance(data, dict) and isinstance(data.get("system_parts"), dict):
@@ -235,7 +238,7 @@ class SessionContextApi(TenantApiView):
     def post(self, request: Any, session_id: str) -> Response:
         data = self.validate(self.InputSerializer)
         session = session_access(tenant=self.tenant, session_id=session_id)
-        overrides = context.policy_overrides_validate(data.get("budget"))
+        overrides = dict(data.get("budget") or {})
         if data.get("mode"):
             overrides["mode"] = data["mode"]
         built = context.context_build(
@@ -399,6 +402,9 @@ class SessionContextPolicyApi(TenantApiView):
     @extend_schema_serializer(component_name="SessionContextPolicyInput")
     class InputSerializer(serializers.Serializer):
         overrides = serializers.DictField()
+
+        def validate_overrides(self, value: dict[str, Any]) -> dict[str, Any]:
+            return context.policy_overrides_validate(value, field_name="overrides")  # InvalidInput: 422
 
     def _body(self, session: Session) -> dict[str, Any]:
         stored = (
