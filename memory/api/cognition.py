@@ -81,8 +81,10 @@ class AgentStateApi(AgentScopedView):
     )
     def put(self, request: Any, agent: str) -> Response:
         agent_row = self.agent(agent)
+        expected_version = self.expected_version()
+        state = cognition.state_input_parse(request.data)  # 400 invalid_state, 422 for a newer schema
         view = cognition.state_put(
-            tenant=self.tenant, agent=agent_row, raw=request.data, expected_version=self.expected_version()
+            tenant=self.tenant, agent=agent_row, state=state, expected_version=expected_version
         )
         out = view.as_dict()
         if view.upgraded_from is not None:
