@@ -45,6 +45,7 @@ def _field_spec(name: str) -> tuple[type, float | None, float | None]:
     """(type, minimum, maximum) of a ContextPolicy field: the tightest of its value validators
     (those it declares and, for integers, the database column's range)."""
     field = ContextPolicy._meta.get_field(name)
+    assert isinstance(field, models.Field)  # a column, not a relation
     kind = FIELD_KINDS[type(field)]
     if kind is str:
         return kind, None, None

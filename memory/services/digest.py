@@ -362,21 +362,15 @@ def session_digest_update(*, tenant: Tenant, session: Session) -> SessionDigest 
             method=method,
             error=error,
         )
+        counts = {c: len(content.get(c, [])) for c in DIGEST_CATEGORIES}
+        payload = {"version": digest.version, "covers_up_to_seq": covers, "method": method, "counts": counts}
         recorder.event_append(
-            tenant=tenant, type="digest.updated", session=session, payload=_digest_event_payload(digest)
+            tenant=tenant,
+            type="digest.updated",
+            session=session,
+            payload={**payload, **({"error": error} if error else {})},
         )
     return digest
-
-
-def _digest_event_payload(digest: SessionDigest) -> dict[str, Any]:
-    """The `digest.updated` event: which version, how far it reads, how it was written, its sizes."""
-    return {
-        "version": digest.version,
-        "covers_up_to_seq": digest.covers_up_to_seq,
-        "method": digest.method,
-        "counts": {c: len(digest.content.get(c, [])) for c in DIGEST_CATEGORIES},
-        **({"error": digest.error} if digest.error else {}),
-    }
 
 
 def session_digest_queue(*, session: Session) -> None:
