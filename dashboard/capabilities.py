@@ -16,7 +16,7 @@ from dashboard import charts
 from dashboard.selectors import session_events
 from memory.api.shapes import recovered_state_out
 from memory.exceptions import NotFound
-from memory.models import DIGEST_CATEGORIES, Agent, Session, Tenant
+from memory.models import DIGEST_CATEGORIES, Agent, Checkpoint, Session, Tenant
 from memory.services import cognition, retrieval
 from memory.services.context import budget_samples_list, context_policy_read
 from memory.services.decay import facts_list
@@ -215,19 +215,9 @@ def session_facts(*, tenant: Tenant, session: Session) -> Any:
 CHECKPOINTS_SHOWN = 50
 
 
-def agent_checkpoints(*, tenant: Tenant, agent: Agent) -> Any:
-    return [
-        {
-            "id": c.public_id,
-            "seq": c.seq,
-            "reason": c.reason,
-            "created_at": c.created_at,
-            "step": c.step,
-            "bytes": c.state_bytes,
-            "storage": c.storage,
-        }
-        for c in cognition.checkpoints_list(tenant=tenant, agent=agent).order_by("-seq")[:CHECKPOINTS_SHOWN]
-    ]
+def agent_checkpoints(*, tenant: Tenant, agent: Agent) -> list[Checkpoint]:
+    """The agent's newest checkpoints, newest first (the models: the template reads their fields)."""
+    return list(cognition.checkpoints_list(tenant=tenant, agent=agent).order_by("-seq")[:CHECKPOINTS_SHOWN])
 
 
 def agent_cognitive_state(*, tenant: Tenant, agent: Agent) -> Any:

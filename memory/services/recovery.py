@@ -154,7 +154,8 @@ def recovered_state(
     slow_parts: dict[str, float] | None = None,
     record: bool = True,
 ) -> RecoveredState:
-    """Everything an agent needs to resume after a crash, in one document. Records `agent.recovered`.
+    """Everything an agent needs to resume after a crash, as models and dataclasses
+    (memory/api/shapes.py `recovered_state_out` renders them as one document).
 
     Parts: `operational` (the fold of all its events), `checkpoint` (the latest checkpoint's
     cognitive state, schema-checked), `state` (the current cognitive state, which may be newer than
