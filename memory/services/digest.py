@@ -49,7 +49,9 @@ from memory.services.summarise import MAX_SENTENCE_CHARS, _message_sentences
 
 logger = logging.getLogger(__name__)
 
-DIGEST_JOB = "session.digest"  # its job kind (memory/services/jobs.py)
+# Its job kind (memory/services/jobs.py), registered at import: workers import this module through
+# memory/tasks/context.py, which every worker loads.
+DIGEST_JOB = "session.digest"
 
 HEADINGS = {
     "goals": "Goals",

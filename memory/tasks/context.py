@@ -1,7 +1,4 @@
-"""Celery tasks of the context engine (thin: ids in, one service call).
-
-Importing `digest` here also registers its job kind (`session.digest`) in every worker.
-"""
+"""Celery tasks of the context engine (thin: ids in, one service call)."""
 
 from __future__ import annotations
 
@@ -27,10 +24,7 @@ def session_summarise(session_id: int) -> None:
 
 @shared_task(acks_late=True, autoretry_for=(OperationalError,), retry_backoff=5, max_retries=5)
 def session_digest(session_id: int) -> None:
-    """Bring a session's digest (medium-term memory) up to date. Idempotent; a deleted session is skipped.
-
-    New digest updates go through the jobs outbox (`session.digest`); this task stays for messages
-    already queued."""
+    """Bring a session's digest (medium-term memory) up to date. Idempotent; a deleted session is skipped."""
     session = Session.objects.select_related("tenant").filter(pk=session_id).first()
     if session is None:
         return
