@@ -45,8 +45,8 @@ def build(events: int, checkpoints: int) -> tuple[object, object, str]:
         tenant=tenant,
         agent=agent,
         reducers=[
-            {"event_type": "agent.step", "op": "set", "target": "progress.step", "source": "step"},
-            {"event_type": "agent.step", "op": "merge", "target": "latest", "source": "result"},
+            recovery.Reducer("agent.step", "set", "progress.step", "step"),
+            recovery.Reducer("agent.step", "merge", "latest", "result"),
         ],
     )
     per_checkpoint = max(1, events // checkpoints)
@@ -157,7 +157,7 @@ def main() -> None:
             started = time.perf_counter()
             result = recovery.recovered_state(tenant=tenant, agent=agent, caller=agent)
             service_times.append(time.perf_counter() - started)
-            parts.append(result.document["parts"])
+            parts.append(result.parts)
         fold_times = []
         for _ in range(3):
             started = time.perf_counter()
@@ -169,7 +169,7 @@ def main() -> None:
         while True:
             started = time.perf_counter()
             result = recovery.recovered_state(tenant=tenant, agent=no_checkpoints, caller=no_checkpoints)
-            attempts.append((time.perf_counter() - started, result.document["operational"] is not None))
+            attempts.append((time.perf_counter() - started, result.operational is not None))
             if attempts[-1][1] or len(attempts) > 20:
                 break
         steady = []

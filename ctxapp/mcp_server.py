@@ -25,7 +25,7 @@ from memory.api.auth import api_key_authenticate
 from memory.api.decay import FactOutputSerializer, _status_of
 from memory.api.experiences import ExperienceDetailSerializer
 from memory.api.message_inputs import message_inputs_validate
-from memory.api.sessions import message_out, session_out
+from memory.api.shapes import message_out, recovered_state_out, session_out
 from memory.exceptions import AgentMismatch, DomainError
 from memory.models import ApiKeyScope, ExtractionMethod
 from memory.selectors.sessions import session_get
@@ -152,7 +152,8 @@ class ServiceBackend:
         row = sessions.agent_get(tenant=self.tenant, external_id=agent)
         # A bound key is the agent itself: it also gets its private context and inbox, as on /api/v1.
         caller = row if self.api_key.agent_external_id else None
-        return _json(recovery.recovered_state(tenant=self.tenant, agent=row, caller=caller).document)
+        result = recovery.recovered_state(tenant=self.tenant, agent=row, caller=caller)
+        return _json(recovered_state_out(result))
 
     def decay_report(self, *, session: str) -> dict[str, Any]:
         self._require("read")

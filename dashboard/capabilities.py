@@ -14,8 +14,9 @@ from django.db import transaction
 
 from dashboard import charts
 from dashboard.selectors import session_events
+from memory.api.shapes import recovered_state_out
 from memory.exceptions import NotFound
-from memory.models import DIGEST_CATEGORIES, Agent, Session, Tenant
+from memory.models import DIGEST_CATEGORIES, Agent, Checkpoint, Session, Tenant
 from memory.services import cognition, retrieval
 from memory.services.context import budget_samples_list, context_policy_read
 from memory.services.decay import facts_list
@@ -214,19 +215,9 @@ def session_facts(*, tenant: Tenant, session: Session) -> Any:
 CHECKPOINTS_SHOWN = 50
 
 
-def agent_checkpoints(*, tenant: Tenant, agent: Agent) -> Any:
-    return [
-        {
-            "id": c.public_id,
-            "seq": c.seq,
-            "reason": c.reason,
-            "created_at": c.created_at,
-            "step": c.step,
-            "bytes": c.state_bytes,
-            "storage": c.storage,
-        }
-        for c in cognition.checkpoints_list(tenant=tenant, agent=agent).order_by("-seq")[:CHECKPOINTS_SHOWN]
-    ]
+def agent_checkpoints(*, tenant: Tenant, agent: Agent) -> list[Checkpoint]:
+    """The agent's newest checkpoints, newest first (the models: the template reads their fields)."""
+    return list(cognition.checkpoints_list(tenant=tenant, agent=agent).order_by("-seq")[:CHECKPOINTS_SHOWN])
 
 
 def agent_cognitive_state(*, tenant: Tenant, agent: Agent) -> Any:
@@ -251,7 +242,7 @@ def agent_recovered_state(*, tenant: Tenant, agent: Agent) -> Any:
     with transaction.atomic():
         result = recovered_state(tenant=tenant, agent=agent)
         transaction.set_rollback(True)
-    document = result.document
+    document = recovered_state_out(result)
     if not any(document.get(k) for k in ("checkpoint", "session", "tasks")) and not (
         document.get("operational") or {}
     ).get("last_event_seq"):

@@ -4,9 +4,13 @@ ctxapp's background work is Celery tasks on one broker (Redis, or Kombu's SQLAlc
 on the embedded PostgreSQL). Celery keeps no history without a result backend, and we run
 without one, so:
 
+- job records = the jobs outbox (memory/services/jobs.py): every job kind (distillation,
+  summarisation, digest, embedding) records its outcome on its JobIntent row, `done` with a result
+  or `failed` with the reason, so the page lists them all the same way;
 - queue depth = the number of messages waiting in each queue, asked of the broker itself;
-- running jobs = what the workers report through Celery's remote control (`inspect().active()`);
-  the SQLAlchemy transport has no broadcast, so there the panel says it cannot know;
+- running jobs = the job records a runner holds now (from the database, with any broker), plus
+  what the workers report through Celery's remote control (`inspect().active()`) where the broker
+  has a broadcast channel (not the SQLAlchemy transport);
 - failed jobs = the recorded events whose type ends in `.failed` / `_failed` (every capability
   records its job failures as events, with the ids needed to retry);
 - progress = the latest `*.progress` event of each long job (`done` / `total` in the payload);
@@ -19,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,12 +31,15 @@ from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
-from memory.models import Event, Experience, Tenant
+from ctxapp.celery import app
+from dashboard.selectors import failed_events
+from memory.models import Event, Experience, JobIntent, JobStatus, Tenant
 from memory.services.experiences import experiences_retry_failed
 
 logger = logging.getLogger(__name__)
 
 INSPECT_TIMEOUT = 0.5
+JOB_RECORDS_SHOWN = 25
 
 # Failed-job event type -> how to retry it: the owning capability's service, called with the
 # ids the failure event recorded. Each adapter returns a message for the operator.
@@ -91,8 +98,6 @@ def queue_depths() -> list[QueueDepth]:
 
 
 def _queue_depths_uncached() -> list[QueueDepth]:
-    from ctxapp.celery import app
-
     result = []
     try:
         with app.connection_for_read() as conn:
@@ -114,24 +119,41 @@ def _queue_depths_uncached() -> list[QueueDepth]:
 
 @dataclass
 class RunningJobs:
-    available: bool
+    available: bool  # whether the workers could be asked (a broker with a broadcast channel)
     note: str
-    jobs: list[dict[str, Any]]
+    jobs: list[dict[str, Any]]  # what the workers report
+    records: list[JobIntent] = field(default_factory=list)  # the tenant's job records taken now
 
 
-def running_jobs() -> RunningJobs:
-    """Tasks the workers are executing now (Celery remote control). Never raises."""
-    from ctxapp.celery import app
+def job_records(*, tenant: Tenant, limit: int = JOB_RECORDS_SHOWN) -> list[JobIntent]:
+    """The tenant's finished job records (done or failed, with the result or the reason), newest
+    first. Read-only. Embedding runs are batches across tenants (no tenant on their records):
+    their outcome per experience is in the `experience.embedded` / `embedding_failed` events."""
+    return list(
+        JobIntent.objects.filter(tenant=tenant, status__in=[JobStatus.DONE, JobStatus.FAILED])
+        .exclude(finished_at=None)
+        .order_by("-finished_at", "-pk")[:limit]
+    )
 
+
+def running_jobs(*, tenant: Tenant) -> RunningJobs:
+    """Jobs running now: the tenant's job records a runner has taken (read from the database, so
+    they show with any broker), and the tasks the workers report (Celery remote control). Never
+    raises."""
+    records = list(
+        JobIntent.objects.filter(tenant=tenant, status=JobStatus.RUNNING).order_by("taken_at", "pk")[
+            :JOB_RECORDS_SHOWN
+        ]
+    )
     if not str(settings.CELERY_BROKER_URL).startswith(("redis", "rediss", "amqp")):
         return RunningJobs(
-            False, "This broker has no broadcast channel, so running jobs cannot be listed.", []
+            False, "This broker has no broadcast channel, so the workers cannot be asked.", [], records
         )
     try:
         inspector = app.control.inspect(timeout=INSPECT_TIMEOUT)
         active = inspector.active() or {}
     except Exception as exc:
-        return RunningJobs(False, f"Workers could not be asked: {exc}", [])
+        return RunningJobs(False, f"Workers could not be asked: {exc}", [], records)
     jobs = []
     ours = set(queue_names())
     for worker, tasks in active.items():
@@ -151,7 +173,7 @@ def running_jobs() -> RunningJobs:
                 }
             )
     note = "" if active else "No worker answered within 0.5 s (none running, or all busy)."
-    return RunningJobs(True, note, jobs)
+    return RunningJobs(True, note, jobs, records)
 
 
 def retry_handler(event_type: str) -> RetryHandler | None:
@@ -161,8 +183,6 @@ def retry_handler(event_type: str) -> RetryHandler | None:
 
 def failed_jobs(*, tenant: Tenant, limit: int = 25) -> list[dict[str, Any]]:
     """Recent job failures (events) with whether each can be retried from the dashboard."""
-    from dashboard.selectors import failed_events
-
     rows = []
     for event in failed_events(tenant=tenant, since=timezone.now() - timedelta(days=7))[:limit]:
         rows.append({"event": event, "retryable": retry_handler(event.type) is not None})
@@ -217,6 +237,7 @@ JOB_RESULT_TYPES = [
     "experience.embedding_retried",
     "memory.distilled",
     "summary.created",
+    "digest.updated",
     "fact.decayed",
     "fact.promoted",
     "retention.evicted",

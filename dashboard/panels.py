@@ -123,7 +123,7 @@ def _jobs_queues(*, tenant: Tenant, **_: Any) -> dict[str, Any]:
 
 
 def _jobs_results(*, tenant: Tenant, **_: Any) -> dict[str, Any]:
-    return {"results": jobs.job_results(tenant=tenant)}
+    return {"records": jobs.job_records(tenant=tenant), "results": jobs.job_results(tenant=tenant)}
 
 
 def _jobs_failed(*, tenant: Tenant, **_: Any) -> dict[str, Any]:
@@ -160,7 +160,9 @@ PANELS: dict[str, Panel] = {
     "jobs-queues": Panel(P + "_jobs_queues.html", _jobs_queues, ("*",)),
     "jobs-failed": Panel(P + "_jobs_failed.html", _jobs_failed, ("failed", "_failed")),
     "jobs-results": Panel(
-        P + "_jobs_results.html", _jobs_results, ("experience.", "memory.", "summary.", "fact.", "retention.")
+        P + "_jobs_results.html",
+        _jobs_results,
+        ("experience.", "memory.", "summary.", "digest.", "fact.", "retention."),
     ),
 }
 

@@ -17,6 +17,7 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from memory.models import Agent, Event, Message, Session, SessionStatus, Tenant
+from memory.services.recorder import stream_key
 
 MESSAGE_PAGE_SIZE = 50
 EVENT_PAGE_SIZE = 50
@@ -167,8 +168,6 @@ def agent_events(
     *, tenant: Tenant, agent: Agent, filters: EventFilter, limit: int = EVENT_PAGE_SIZE
 ) -> EventPage:
     """The agent's event log, newest first, filtered by type prefix and session id, keyset on seq."""
-    from memory.services.recorder import stream_key
-
     qs = Event.objects.filter(tenant=tenant, stream=stream_key(agent))
     if filters.type:
         qs = qs.filter(type__startswith=filters.type)
@@ -183,8 +182,6 @@ def agent_events(
 
 def event_type_choices(*, tenant: Tenant, agent: Agent) -> list[str]:
     """The event type families seen in the agent's recent events (for the filter menu)."""
-    from memory.services.recorder import stream_key
-
     recent = (
         Event.objects.filter(tenant=tenant, stream=stream_key(agent))
         .order_by("-seq")

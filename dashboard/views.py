@@ -17,9 +17,11 @@ from django.views.decorators.http import require_POST
 
 from dashboard import access, capabilities, jobs, panels, selectors
 from dashboard.access import TenantRequest
-from memory.exceptions import NotFound
+from memory.exceptions import DomainError, NotFound
 from memory.models import Agent, Session
 from memory.selectors.sessions import agent_get, session_get
+from memory.services.memory_search import SearchScope
+from memory.services.memory_search import memory_search as search
 
 
 def _session_or_404(request: TenantRequest, session_id: str) -> Session:
@@ -46,14 +48,13 @@ def _int_or_none(raw: str | None) -> int | None:
 def _page(
     request: TenantRequest, template: str, page: str, scope: dict[str, Any], extra: dict[str, Any]
 ) -> HttpResponse:
-    context = {
-        "page": page,
-        "tenant": request.tenant,
-        "tenants": access.tenants_for_user(user=request.user),
-        "panels": panels.page_panels(page, **scope),
-        **extra,
-    }
+    context = {**_chrome(request, page), "panels": panels.page_panels(page, **scope), **extra}
     return render(request, template, context)
+
+
+def _chrome(request: TenantRequest, page: str) -> dict[str, Any]:
+    """What the layout of every page needs: the page's name (for the nav), the tenant and switcher."""
+    return {"page": page, "tenant": request.tenant, "tenants": access.tenants_for_user(user=request.user)}
 
 
 @access.tenant_view
@@ -78,31 +79,13 @@ def tenant_switch(request: HttpRequest) -> HttpResponse:
 @access.tenant_view
 def sessions_list(request: TenantRequest) -> HttpResponse:
     sessions = selectors.sessions_recent(tenant=request.tenant, limit=100)
-    return render(
-        request,
-        "dashboard/sessions.html",
-        {
-            "page": "sessions",
-            "tenant": request.tenant,
-            "tenants": access.tenants_for_user(user=request.user),
-            "sessions": sessions,
-        },
-    )
+    return render(request, "dashboard/sessions.html", {**_chrome(request, "sessions"), "sessions": sessions})
 
 
 @access.tenant_view
 def agents_list(request: TenantRequest) -> HttpResponse:
     agents = selectors.agents_recent(tenant=request.tenant, limit=200)
-    return render(
-        request,
-        "dashboard/agents.html",
-        {
-            "page": "agents",
-            "tenant": request.tenant,
-            "tenants": access.tenants_for_user(user=request.user),
-            "agents": agents,
-        },
-    )
+    return render(request, "dashboard/agents.html", {**_chrome(request, "agents"), "agents": agents})
 
 
 @access.tenant_view
@@ -225,10 +208,6 @@ def experiences(request: TenantRequest) -> HttpResponse:
 @access.tenant_view
 def memory_search(request: TenantRequest) -> HttpResponse:
     """The memory search box of the session and agent pages (htmx partial)."""
-    from memory.exceptions import DomainError
-    from memory.services.memory_search import SearchScope
-    from memory.services.memory_search import memory_search as search
-
     query = request.GET.get("q", "").strip()
     session_id = request.GET.get("session", "").strip()
     agent_id = request.GET.get("agent", "").strip()
@@ -261,8 +240,12 @@ def jobs_page(request: TenantRequest) -> HttpResponse:
 
 @access.tenant_view
 def jobs_running(request: TenantRequest) -> HttpResponse:
-    """Running jobs, asked of the workers (slow: loaded after the page, htmx)."""
-    return render(request, "dashboard/partials/_jobs_running.html", {"running": jobs.running_jobs()})
+    """Running jobs: the job records taken now, and the workers' view (slow: loaded after the page, htmx)."""
+    return render(
+        request,
+        "dashboard/partials/_jobs_running.html",
+        {"running": jobs.running_jobs(tenant=request.tenant)},
+    )
 
 
 @access.tenant_view

@@ -10,9 +10,22 @@ from typing import Any
 
 
 class DomainError(Exception):
+    """The base of every error a client can act on: a stable `code`, an HTTP status and a default
+    message. A subclass names its code and status in its header, e.g.
+    `class SessionEnded(Conflict, code="session_ended")`; the status is inherited when omitted."""
+
     code = "error"
     http_status = 400
     default_message = "The request could not be completed."
+
+    def __init_subclass__(
+        cls, *, code: str | None = None, http_status: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code = code
+        if http_status is not None:
+            cls.http_status = http_status
 
     def __init__(self, message: str | None = None, *, details: dict[str, Any] | None = None) -> None:
         self.message = message or self.default_message
@@ -20,10 +33,9 @@ class DomainError(Exception):
         super().__init__(self.message)
 
 
-class NotFound(DomainError):
+class NotFound(DomainError, code="not_found", http_status=404):
     """A missing id and another tenant's id answer exactly alike."""
 
-    code, http_status = "not_found", 404
     default_message = "Not found."
 
     @classmethod
@@ -31,101 +43,85 @@ class NotFound(DomainError):
         return cls(f"No {kind} with id {public_id!r}.", details={"kind": kind, "id": public_id})
 
 
-class InvalidInput(DomainError):
-    code, http_status = "validation_error", 422
+class InvalidInput(DomainError, code="validation_error", http_status=422):
     default_message = "The request body is not valid."
 
 
-class Conflict(DomainError):
-    code, http_status = "conflict", 409
+class Conflict(DomainError, code="conflict", http_status=409):
     default_message = "The request conflicts with the current state."
 
 
-class IdempotencyConflict(Conflict):
-    code = "idempotency_conflict"
+class IdempotencyConflict(Conflict, code="idempotency_conflict"):
     default_message = (
         "This Idempotency-Key was already used with a different request. Use a new key for a new request."
     )
 
 
-class IdempotencyInProgress(Conflict):
-    code = "idempotency_in_progress"
+class IdempotencyInProgress(Conflict, code="idempotency_in_progress"):
     default_message = "A request with this Idempotency-Key is still being processed; retry shortly."
 
 
-class SessionEnded(Conflict):
-    code = "session_ended"
+class SessionEnded(Conflict, code="session_ended"):
     default_message = "The session is no longer open; start a new session."
 
 
 # --- sessions (agent API and flight recorder) ----------------------------------------------------
 
 
-class PayloadTooLarge(DomainError):
+class PayloadTooLarge(DomainError, code="payload_too_large", http_status=413):
     """A field is over its size limit; `details.field` names it."""
 
-    code, http_status = "payload_too_large", 413
     default_message = "A field of the request is larger than its limit."
 
 
-class NoSession(NotFound):
-    code = "no_session"
+class NoSession(NotFound, code="no_session"):
     default_message = "This agent has no session yet: create one with POST /api/v1/sessions."
 
 
-class TaskFinished(Conflict):
-    code = "task_finished"
+class TaskFinished(Conflict, code="task_finished"):
     default_message = "The task already finished (succeeded or failed); its status and output are final."
 
 
-class InvalidTransition(Conflict):
-    code = "invalid_transition"
+class InvalidTransition(Conflict, code="invalid_transition"):
     default_message = "This status change is not allowed."
 
 
 # --- cognition (cognitive state, checkpoints, context layers, recovery) ------------------------
 
 
-class InvalidState(DomainError):
+class InvalidState(DomainError, code="invalid_state", http_status=400):
     """A cognitive state with a wrong type in it; `details.field` names the JSON path."""
 
-    code, http_status = "invalid_state", 400
     default_message = "The cognitive state is not valid."
 
 
-class InvalidPatch(DomainError):
+class InvalidPatch(DomainError, code="invalid_patch", http_status=422):
     """A JSON Patch (RFC 6902) that is malformed or does not apply to the current state."""
 
-    code, http_status = "invalid_patch", 422
     default_message = "The JSON Patch does not apply to the current state; nothing was stored."
 
 
-class SchemaVersionUnsupported(DomainError):
-    code, http_status = "schema_version_unsupported", 422
+class SchemaVersionUnsupported(DomainError, code="schema_version_unsupported", http_status=422):
     default_message = "The state's schema_version is newer than this server supports."
 
 
-class VersionConflict(Conflict):
-    code = "version_conflict"
+class VersionConflict(Conflict, code="version_conflict"):
     default_message = "The document changed since you read it; read it again and retry with its version."
 
 
-class CheckpointCorrupt(DomainError):
-    code, http_status = "checkpoint_corrupt", 500
+class CheckpointCorrupt(DomainError, code="checkpoint_corrupt", http_status=500):
     default_message = "A checkpoint could not be reconstructed to the state it recorded."
 
 
-class AgentMismatch(DomainError):
-    code, http_status = "agent_mismatch", 403
+class AgentMismatch(DomainError, code="agent_mismatch", http_status=403):
     default_message = "Only the agent itself may read this (the X-Agent-Id header names another agent)."
 
 
 # --- context engine ---------------------------------------------------------------------------
 
 
-class PromptTooLong(DomainError):
+class PromptTooLong(DomainError, code="prompt_too_long", http_status=422):
     """Even the minimal context (required system parts, tools, high-importance facts, the new
     input) does not fit the gate. `details` carries the numbers."""
 
-    code, http_status = "prompt_too_long", 422
     default_message = "The prompt is too long for the model even with every optional part dropped."

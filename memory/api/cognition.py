@@ -1,9 +1,9 @@
-"""Cognitive state, checkpoints, recovery and the task context layers (DESIGN.md §7).
+"""Cognitive state, checkpoints, recovery and reducers (DESIGN.md §7).
 
-The calling agent (for private context, messages and the context view) is named by the
-`X-Agent-Id` header: the API key identifies the tenant, the header which of its agents is asking.
-Private context is only ever returned to the agent the header names; see docs/cognition.md.
-Agents are never created here: an unknown agent (or another tenant's) answers 404.
+The calling agent is named by the `X-Agent-Id` header (memory/api/agent_scope.py): the API key
+identifies the tenant, the header which of its agents is asking. The task context layers are in
+memory/api/task_context.py. Agents are never created here: an unknown agent (or another
+tenant's) answers 404.
 """
 
 from __future__ import annotations
@@ -11,135 +11,35 @@ from __future__ import annotations
 from typing import Any
 
 from django.urls import path
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from memory.api.base import MAX_BIGINT, CursorSerializer, TenantApiView, keyset_page
+from memory.api.agent_scope import (
+    AGENT_HEADER_PARAM,
+    AS_AGENT_PARAM,
+    FREE_JSON,
+    IF_MATCH_PARAM,
+    AgentScopedView,
+)
+from memory.api.base import MAX_BIGINT, CursorSerializer, keyset_page
 from memory.api.parsers import JsonPatchParser, TextSafeJSONParser
-from memory.exceptions import AgentMismatch, InvalidInput
-from memory.models import Agent, Checkpoint
-from memory.services import cognition, layers, recovery
-from memory.services.sessions import agent_get
-
-AGENT_HEADER = "X-Agent-Id"
-AS_AGENT_PARAM = OpenApiParameter(
-    "as_agent",
-    OpenApiTypes.STR,
-    OpenApiParameter.QUERY,
-    required=False,
-    description="Alternative to the X-Agent-Id header, for clients that cannot set headers.",
+from memory.api.shapes import (
+    CheckpointOutputSerializer,
+    CheckpointPageSerializer,
+    checkpoint_out,
+    recovered_state_out,
 )
-AGENT_HEADER_PARAM = OpenApiParameter(
-    AGENT_HEADER,
-    OpenApiTypes.STR,
-    OpenApiParameter.HEADER,
-    description="The external id of the agent making the call (must exist in the key's tenant).",
-)
-IF_MATCH_PARAM = OpenApiParameter(
-    "If-Match",
-    OpenApiTypes.STR,
-    OpenApiParameter.HEADER,
-    required=False,
-    description="The version you read; a different stored version → 409 version_conflict.",
-)
-FREE_JSON = OpenApiTypes.OBJECT
+from memory.exceptions import InvalidInput
+from memory.services import cognition, recovery
 
 
-class AgentScopedView(TenantApiView):
-    def agent(self, external_id: str) -> Agent:
-        return agent_get(tenant=self.tenant, external_id=external_id)
-
-    def caller(self, *, required: bool) -> Agent | None:
-        """The agent making the call: the key's bound agent, else the X-Agent-Id header or `as_agent`."""
-        header = self.request.headers.get(AGENT_HEADER, "").strip()
-        query = self.request.query_params.get("as_agent", "").strip()
-        if header and query and header != query:
-            raise InvalidInput(
-                f"The {AGENT_HEADER} header and the as_agent parameter name different agents.",
-                details={"fields": {AGENT_HEADER: ["Differs from as_agent."]}},
-            )
-        name = header or query
-        bound = self.request.auth.agent_external_id  # type: ignore[union-attr]
-        if bound:
-            # A key bound to an agent always acts as that agent: naming another is refused.
-            if name and name != bound:
-                raise AgentMismatch(
-                    f"This API key is bound to agent {bound!r}; it cannot act as {name!r}.",
-                    details={"bound_agent": bound, "requested_agent": name},
-                )
-            name = bound
-        if not name:
-            if required:
-                raise InvalidInput(
-                    f"Send the {AGENT_HEADER} header (or ?as_agent=) naming the agent making this call.",
-                    details={"fields": {AGENT_HEADER: ["This header is required."]}},
-                )
-            return None
-        return agent_get(tenant=self.tenant, external_id=name)
-
-    def expected_version(self) -> int | None:
-        """The version the caller read: the If-Match header or the `expected_version` query parameter."""
-        raw = self.request.headers.get("If-Match", "").strip().strip('"').removeprefix("v")
-        raw = raw or self.request.query_params.get("expected_version", "").strip()
-        if not raw:
-            return None
-        if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):  # "²".isdigit(); bigint range
-            raise InvalidInput(
-                "If-Match must be the version number you read.",
-                details={"fields": {"If-Match": ["Not a version."]}},
-            )
-        return int(raw)
+def dotted_path(path: str) -> bool:
+    """`a.b.c`: no empty part."""
+    return all(part for part in path.split("."))
 
 
 # --- cognitive state ---------------------------------------------------------------------------
-
-
-def checkpoint_out(checkpoint: Checkpoint, state: dict[str, Any] | None = None) -> dict[str, Any]:
-    out = {
-        "id": checkpoint.public_id,
-        "agent": checkpoint.agent.external_id,
-        "seq": checkpoint.seq,
-        "reason": checkpoint.reason,
-        "step": checkpoint.step,
-        "produced_by": checkpoint.produced_by,
-        "covers_event_seq": checkpoint.covers_event_seq,
-        "schema_version": checkpoint.schema_version,
-        "storage": checkpoint.storage,
-        "base_seq": checkpoint.base_seq,
-        "state_bytes": checkpoint.state_bytes,
-        "state_sha256": checkpoint.state_sha256,
-        "created_at": checkpoint.created_at.isoformat(),
-    }
-    if state is not None:
-        out["state"] = state
-    return out
-
-
-class CheckpointOutputSerializer(serializers.Serializer):
-    """The shape `checkpoint_out` answers (for the schema; `state` only on the detail)."""
-
-    id = serializers.CharField()
-    agent = serializers.CharField()
-    seq = serializers.IntegerField()
-    reason = serializers.CharField()
-    step = serializers.IntegerField(allow_null=True)
-    produced_by = serializers.CharField()
-    covers_event_seq = serializers.IntegerField()
-    schema_version = serializers.IntegerField()
-    storage = serializers.CharField(help_text="full | delta")
-    base_seq = serializers.IntegerField(allow_null=True)
-    state_bytes = serializers.IntegerField()
-    state_sha256 = serializers.CharField()
-    created_at = serializers.DateTimeField()
-    state = serializers.JSONField(required=False, help_text="The recorded state (one checkpoint only).")
-
-
-class CheckpointPageSerializer(serializers.Serializer):
-    items = CheckpointOutputSerializer(many=True)
-    next = serializers.CharField(allow_null=True)
-    next_cursor = serializers.CharField(allow_null=True, help_text="Deprecated alias of `next`.")
 
 
 STATE_OUT = inline_serializer(
@@ -181,8 +81,10 @@ class AgentStateApi(AgentScopedView):
     )
     def put(self, request: Any, agent: str) -> Response:
         agent_row = self.agent(agent)
+        expected_version = self.expected_version()
+        state = cognition.state_input_parse(request.data)  # 400 invalid_state, 422 for a newer schema
         view = cognition.state_put(
-            tenant=self.tenant, agent=agent_row, raw=request.data, expected_version=self.expected_version()
+            tenant=self.tenant, agent=agent_row, state=state, expected_version=expected_version
         )
         out = view.as_dict()
         if view.upgraded_from is not None:
@@ -364,7 +266,7 @@ class AgentRecoveredStateApi(AgentScopedView):
         agent_row = self.agent(agent)
         caller = self.caller(required=False)
         result = recovery.recovered_state(tenant=self.tenant, agent=agent_row, caller=caller)
-        return Response(result.document)
+        return Response(recovered_state_out(result))
 
 
 class AgentReducersApi(AgentScopedView):
@@ -378,6 +280,25 @@ class AgentReducersApi(AgentScopedView):
         source = serializers.CharField(  # type: ignore[assignment]
             max_length=200, required=False, allow_blank=True, default=""
         )
+
+        def validate_event_type(self, value: str) -> str:
+            if not value.startswith("agent.") or len(value) <= len("agent."):
+                raise serializers.ValidationError(
+                    "Reducers apply to the agent's own event types, which start with 'agent.'."
+                )
+            return value
+
+        def validate_target(self, value: str) -> str:
+            if not dotted_path(value):
+                raise serializers.ValidationError("A dotted path such as 'progress.last_step'.")
+            return value
+
+        def validate_source(self, value: str) -> str:
+            if value and not dotted_path(value):
+                raise serializers.ValidationError(
+                    "A dotted path in the payload such as 'result.value', or empty."
+                )
+            return value
 
     class InputSerializer(serializers.Serializer):
         class Meta:
@@ -406,230 +327,9 @@ class AgentReducersApi(AgentScopedView):
                     f"reducers[{index}].{field}: {errors[0]}",
                     details={"fields": {f"reducers[{index}].{field}": [str(e) for e in errors]}},
                 )
-            items.append(dict(serializer.validated_data))
+            items.append(recovery.Reducer(**serializer.validated_data))
         reducers = recovery.reducers_put(tenant=self.tenant, agent=self.agent(agent), reducers=items)
         return Response({"reducers": [r.as_dict() for r in reducers]})
-
-
-# --- task context layers -----------------------------------------------------------------------
-
-
-class AgentContextViewApi(AgentScopedView):
-    class QuerySerializer(serializers.Serializer):
-        class Meta:
-            ref_name = "AgentContextViewQuery"
-
-        task = serializers.CharField()
-
-    @extend_schema(
-        responses=FREE_JSON,
-        parameters=[QuerySerializer, AGENT_HEADER_PARAM, AS_AGENT_PARAM],
-        summary="The agent's read-only view of a task: shared + its own private context + its inbox",
-        description="X-Agent-Id must name the agent of the path (403 agent_mismatch otherwise).",
-    )
-    def get(self, request: Any, agent: str) -> Response:
-        data = self.validate_query(self.QuerySerializer)
-        agent_row = self.agent(agent)
-        task = layers.task_get(tenant=self.tenant, task_id=data["task"])
-        caller = self.caller(required=True)
-        if caller is None or caller.pk != agent_row.pk:
-            raise AgentMismatch(details={"agent": agent, "header": AGENT_HEADER})
-        return Response(layers.context_view(tenant=self.tenant, task=task, agent=agent_row))
-
-
-class SharedContextSerializer(serializers.Serializer):
-    goal = serializers.CharField(required=False, allow_blank=True)
-    constraints = serializers.ListField(required=False)
-    artifacts = serializers.ListField(required=False)
-    decisions = serializers.ListField(required=False)
-    dependencies = serializers.ListField(required=False)
-
-
-class SharedContextPatchSerializer(SharedContextSerializer):
-    append = serializers.DictField(
-        child=serializers.ListField(), required=False, help_text="Items to append to list fields."
-    )
-
-    def validate_append(self, value: dict[str, Any]) -> dict[str, Any]:
-        unknown = [key for key in value if key not in layers.SHARED_LIST_FIELDS]
-        if unknown:
-            raise serializers.ValidationError(f"{unknown[0]!r} is not a list field of the shared context.")
-        return value
-
-
-class TaskSharedContextApi(AgentScopedView):
-    agent_binding = False  # shared between the task's agents; acts as the caller
-
-    @extend_schema(responses=FREE_JSON, summary="The task's shared context (every agent on the task sees it)")
-    def get(self, request: Any, task_id: str) -> Response:
-        task = layers.task_get(tenant=self.tenant, task_id=task_id)
-        return Response(layers.shared_context_get(tenant=self.tenant, task=task))
-
-    @extend_schema(
-        responses=FREE_JSON,
-        request=SharedContextSerializer,
-        parameters=[IF_MATCH_PARAM],
-        summary="Replace the task's shared context",
-    )
-    def put(self, request: Any, task_id: str) -> Response:
-        return self._write(SharedContextSerializer, task_id, replace=True)
-
-    @extend_schema(
-        responses=FREE_JSON,
-        request=SharedContextPatchSerializer,
-        parameters=[IF_MATCH_PARAM],
-        summary="Change some fields of the task's shared context, or append to its lists",
-    )
-    def patch(self, request: Any, task_id: str) -> Response:
-        return self._write(SharedContextPatchSerializer, task_id, replace=False)
-
-    def _write(self, serializer: type[serializers.Serializer], task_id: str, *, replace: bool) -> Response:
-        data = self.validate(serializer)
-        task = layers.task_get(tenant=self.tenant, task_id=task_id)
-        append = data.pop("append", None)
-        result = layers.shared_context_write(
-            tenant=self.tenant,
-            task=task,
-            values=data,
-            append=append,
-            replace=replace,
-            agent=self.caller(required=False),
-            expected_version=self.expected_version(),
-        )
-        return Response(result)
-
-
-class TaskPrivateContextApi(AgentScopedView):
-    agent_binding = False  # shared between the task's agents; acts as the caller
-
-    class InputSerializer(serializers.Serializer):
-        class Meta:
-            ref_name = "TaskPrivateContextInput"
-
-        data = serializers.DictField(  # type: ignore[assignment]
-            help_text="Any JSON object; only the calling agent ever reads it."
-        )
-
-    @extend_schema(
-        responses=FREE_JSON,
-        parameters=[AGENT_HEADER_PARAM, AS_AGENT_PARAM],
-        summary="The calling agent's private context on the task",
-    )
-    def get(self, request: Any, task_id: str) -> Response:
-        task = layers.task_get(tenant=self.tenant, task_id=task_id)
-        caller = self.caller(required=True)
-        assert caller is not None
-        return Response(layers.private_context_get(tenant=self.tenant, task=task, agent=caller).__dict__)
-
-    @extend_schema(
-        responses=FREE_JSON,
-        request=InputSerializer,
-        parameters=[AGENT_HEADER_PARAM, AS_AGENT_PARAM, IF_MATCH_PARAM],
-        summary="Replace the calling agent's private context on the task",
-    )
-    def put(self, request: Any, task_id: str) -> Response:
-        data = self.validate(self.InputSerializer)
-        task = layers.task_get(tenant=self.tenant, task_id=task_id)
-        caller = self.caller(required=True)
-        assert caller is not None
-        view = layers.private_context_put(
-            tenant=self.tenant,
-            task=task,
-            agent=caller,
-            data=data["data"],
-            expected_version=self.expected_version(),
-        )
-        return Response(view.__dict__)
-
-
-class TaskMessagesApi(AgentScopedView):
-    agent_binding = False  # shared between the task's agents; acts as the caller
-    schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
-
-    class InputSerializer(serializers.Serializer):
-        class Meta:
-            ref_name = "TaskMessagesInput"
-
-        to = serializers.CharField(
-            required=False,
-            allow_null=True,
-            default=None,
-            help_text="The recipient agent; omit or null to broadcast.",
-        )
-        body = serializers.JSONField()
-
-    class QuerySerializer(CursorSerializer):
-        class Meta:
-            ref_name = "TaskMessagesQuery"
-
-        box = serializers.ChoiceField(choices=["all", "inbox", "sent"], default="all", required=False)
-        unread = serializers.BooleanField(required=False, default=False)
-
-    @extend_schema(
-        responses=FREE_JSON,
-        parameters=[QuerySerializer, AGENT_HEADER_PARAM, AS_AGENT_PARAM],
-        summary="Messages on the task the calling agent may see (to it, broadcast, or from it), oldest first",
-    )
-    def get(self, request: Any, task_id: str) -> Response:
-        data = self.validate_query(self.QuerySerializer)
-        task = layers.task_get(tenant=self.tenant, task_id=task_id)
-        caller = self.caller(required=True)
-        assert caller is not None
-        queryset = layers.ipc_list(
-            tenant=self.tenant, task=task, agent=caller, box=data["box"], unread_only=data["unread"]
-        )
-        rows, next_cursor = keyset_page(
-            queryset, cursor=data.get("cursor"), limit=data.get("limit"), newest_first=False
-        )
-        items = [layers.ipc_dict(m) for m in rows]
-        return Response({"items": items, "next": next_cursor, "next_cursor": next_cursor})
-
-    @extend_schema(
-        responses=FREE_JSON,
-        request=InputSerializer,
-        parameters=[AGENT_HEADER_PARAM, AS_AGENT_PARAM],
-        summary="Send a message on the task",
-    )
-    def post(self, request: Any, task_id: str) -> Response:
-        data = self.validate(self.InputSerializer)
-        task = layers.task_get(tenant=self.tenant, task_id=task_id)
-        sender = self.caller(required=True)
-        assert sender is not None
-        recipient = agent_get(tenant=self.tenant, external_id=data["to"]) if data["to"] else None
-        message = layers.ipc_send(
-            tenant=self.tenant, task=task, sender=sender, recipient=recipient, body=data["body"]
-        )
-        return Response(layers.ipc_dict(message), status=201)
-
-
-class TaskMessagesReadApi(AgentScopedView):
-    agent_binding = False  # shared between the task's agents; acts as the caller
-
-    class InputSerializer(serializers.Serializer):
-        class Meta:
-            ref_name = "TaskMessagesReadInput"
-
-        ids = serializers.ListField(
-            child=serializers.CharField(),
-            required=False,
-            allow_null=True,
-            default=None,
-            help_text="Message ids to mark read; omit to mark the whole inbox read.",
-        )
-
-    @extend_schema(
-        responses=FREE_JSON,
-        request=InputSerializer,
-        parameters=[AGENT_HEADER_PARAM, AS_AGENT_PARAM],
-        summary="Mark inbox messages read",
-    )
-    def post(self, request: Any, task_id: str) -> Response:
-        data = self.validate(self.InputSerializer)
-        task = layers.task_get(tenant=self.tenant, task_id=task_id)
-        caller = self.caller(required=True)
-        assert caller is not None
-        count = layers.ipc_mark_read(tenant=self.tenant, task=task, agent=caller, message_ids=data["ids"])
-        return Response({"marked_read": count})
 
 
 urlpatterns = [
@@ -652,15 +352,4 @@ urlpatterns = [
         name="api-agent-recovered-state",
     ),
     path("agents/<str:agent>/reducers", AgentReducersApi.as_view(), name="api-agent-reducers"),
-    path("agents/<str:agent>/context-view", AgentContextViewApi.as_view(), name="api-agent-context-view"),
-    path(
-        "tasks/<str:task_id>/shared-context", TaskSharedContextApi.as_view(), name="api-task-shared-context"
-    ),
-    path(
-        "tasks/<str:task_id>/private-context",
-        TaskPrivateContextApi.as_view(),
-        name="api-task-private-context",
-    ),
-    path("tasks/<str:task_id>/messages", TaskMessagesApi.as_view(), name="api-task-messages"),
-    path("tasks/<str:task_id>/messages/read", TaskMessagesReadApi.as_view(), name="api-task-messages-read"),
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
@@ -14,7 +15,7 @@ from rest_framework.response import Response
 from memory.api.base import TenantApiView
 from memory.exceptions import InvalidInput, NotFound
 from memory.models import Session, SessionContextPolicy
-from memory.services import context, model_profiles, summarise, tokens
+from memory.services import context, jobs, model_profiles, summarise, tokens
 from memory.services.sessions import session_access
 
 # --- tokens -----------------------------------------------------------------------------------------
@@ -137,8 +138,6 @@ class ModelsApi(TenantApiView):
         summary="Model profiles: built-in and the tenant's own (which override built-ins)",
     )
     def get(self, request: Any) -> Response:
-        from django.conf import settings
-
         provider = request.query_params.get("provider")
         rows = [m.as_dict() for m in model_profiles.model_profiles_list(tenant=self.tenant)]
         if provider:
@@ -219,6 +218,9 @@ class SessionContextApi(TenantApiView):
             required=False, allow_blank=True, help_text="What to recall for (default: the input)."
         )
 
+        def validate_budget(self, value: dict[str, Any]) -> dict[str, Any]:
+            return context.policy_overrides_validate(value, field_name="budget")  # InvalidInput: 422
+
         def to_internal_value(self, data: Any) -> Any:
             # system_parts may also be given as {"core": "...", "tools": "..."}
             if isinstance(data, dict) and isinstance(data.get("system_parts"), dict):
@@ -236,7 +238,7 @@ class SessionContextApi(TenantApiView):
     def post(self, request: Any, session_id: str) -> Response:
         data = self.validate(self.InputSerializer)
         session = session_access(tenant=self.tenant, session_id=session_id)
-        overrides = context.policy_overrides_validate(data.get("budget"))
+        overrides = dict(data.get("budget") or {})
         if data.get("mode"):
             overrides["mode"] = data["mode"]
         built = context.context_build(
@@ -401,6 +403,9 @@ class SessionContextPolicyApi(TenantApiView):
     class InputSerializer(serializers.Serializer):
         overrides = serializers.DictField()
 
+        def validate_overrides(self, value: dict[str, Any]) -> dict[str, Any]:
+            return context.policy_overrides_validate(value, field_name="overrides")  # InvalidInput: 422
+
     def _body(self, session: Session) -> dict[str, Any]:
         stored = (
             SessionContextPolicy.objects.filter(session=session).values_list("overrides", flat=True).first()
@@ -463,8 +468,6 @@ class SessionSummariesApi(TenantApiView):
         request=None, responses={202: OpenApiTypes.OBJECT}, summary="Queue summarisation of the session now"
     )
     def post(self, request: Any, session_id: str) -> Response:
-        from memory.services import jobs
-
         session = session_access(tenant=self.tenant, session_id=session_id)
         with transaction.atomic():
             jobs.job_enqueue(

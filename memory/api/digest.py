@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from memory.api.base import CursorSerializer, TenantApiView, keyset_page
-from memory.models import DIGEST_CATEGORIES, SessionDigest
+from memory.models import SessionDigest
 from memory.services import digest as svc
 from memory.services.sessions import session_access
 
@@ -51,22 +51,8 @@ class DigestSerializer(serializers.Serializer):
 
 
 def digest_out(digest: SessionDigest) -> dict[str, Any]:
-    content = {c: list(digest.content.get(c, [])) for c in DIGEST_CATEGORIES}
-    data = dict(DigestSerializer({**_fields(digest), "content": content}).data)
-    return data
-
-
-def _fields(digest: SessionDigest) -> dict[str, Any]:
-    return {
-        "session": digest.session,
-        "user_id": digest.user_id,
-        "version": digest.version,
-        "method": digest.method,
-        "error": digest.error,
-        "covers_up_to_seq": digest.covers_up_to_seq,
-        "created_at": digest.created_at,
-        "text": digest.text,
-    }
+    """A digest as every endpoint answers it (a category the content lacks is an empty list)."""
+    return dict(DigestSerializer(digest).data)
 
 
 class SessionDigestApi(TenantApiView):

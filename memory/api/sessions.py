@@ -7,6 +7,7 @@ like a missing one. Writes accept an Idempotency-Key (TenantApiView).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -16,7 +17,6 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
     extend_schema,
-    extend_schema_field,
     extend_schema_serializer,
     inline_serializer,
 )
@@ -32,108 +32,20 @@ from memory.api.base import (
     page_serializer,
 )
 from memory.api.message_inputs import MessageInputSerializer, message_inputs_validate
-from memory.models import Event, Message, Session, SessionStatus, Task, TaskStatus, ValueTier
+from memory.api.shapes import (
+    EventOutputSerializer,
+    MessageOutputSerializer,
+    SessionOutputSerializer,
+    TaskOutputSerializer,
+    event_out,
+    message_out,
+    session_out,
+    task_out,
+)
+from memory.models import SessionStatus, TaskStatus, ValueTier
 from memory.selectors import sessions as selectors
 from memory.services import recorder
 from memory.services import sessions as svc
-
-# --- output shapes: one serializer per aggregate, used for every response of it -----------------
-
-
-class IsoDateTimeField(serializers.DateTimeField):
-    """A date-time as Python's isoformat() (`+00:00`, as this API always answered), not DRF's `Z`."""
-
-    def to_representation(self, value: Any) -> str:  # None never reaches it: the serializer emits null
-        return str(value.isoformat())
-
-
-class SessionOutputSerializer(serializers.Serializer):
-    id = serializers.CharField(
-        source="public_id", help_text="`sess_` + 24 hex characters (gen_ai.conversation.id)."
-    )
-    agent = serializers.CharField(
-        source="agent.external_id", help_text="The agent's external id (gen_ai.agent.id)."
-    )
-    user_id = serializers.CharField()
-    model = serializers.CharField(source="model_name", help_text="gen_ai.request.model")
-    metadata = serializers.DictField()
-    status = serializers.ChoiceField(choices=SessionStatus.choices)
-    created_at = IsoDateTimeField()
-    last_accessed_at = IsoDateTimeField()
-    expires_at = IsoDateTimeField(allow_null=True, help_text="Idle expiry; moves on every agent access.")
-    ended_at = IsoDateTimeField(allow_null=True)
-    idle_ttl_seconds = serializers.IntegerField()
-    last_seq = serializers.IntegerField(
-        source="message_seq", help_text="The seq of the newest message (0 when empty)."
-    )
-    message_count = serializers.IntegerField()
-    token_count = serializers.IntegerField()
-
-
-class MessageOutputSerializer(serializers.Serializer):
-    seq = serializers.IntegerField()
-    role = serializers.CharField()
-    content = serializers.CharField()
-    token_count = serializers.IntegerField()
-    turn_id = serializers.CharField()
-    tool_call_id = serializers.CharField()
-    tool_calls = serializers.ListField(child=serializers.DictField())
-    event_kind = serializers.CharField()
-    parent_seq = serializers.IntegerField(allow_null=True)
-    artifact_refs = serializers.ListField()
-    metadata = serializers.DictField()
-    created_at = IsoDateTimeField()
-    name = serializers.CharField(help_text="The speaker (indexed for search with the content).")
-    occurred_at = IsoDateTimeField(help_text="When it was said (client-supplied, else append time).")
-
-
-class TaskOutputSerializer(serializers.Serializer):
-    id = serializers.CharField(source="public_id")
-    session = serializers.CharField(source="session.public_id", allow_null=True)
-    agent = serializers.CharField(source="agent.external_id", allow_null=True)
-    user_id = serializers.CharField()
-    title = serializers.CharField()
-    input = serializers.CharField()
-    output = serializers.CharField()
-    status = serializers.ChoiceField(choices=TaskStatus.choices)
-    value_tier = serializers.ChoiceField(choices=ValueTier.choices)
-    metadata = serializers.DictField()
-    created_at = IsoDateTimeField()
-    updated_at = IsoDateTimeField()
-    finished_at = IsoDateTimeField(allow_null=True)
-    expires_at = IsoDateTimeField(allow_null=True)
-
-
-class EventOutputSerializer(serializers.Serializer):
-    id = serializers.CharField(source="public_id")
-    stream = serializers.CharField()
-    seq = serializers.IntegerField()
-    type = serializers.CharField()
-    session = serializers.SerializerMethodField()
-    payload = serializers.DictField()
-    created_at = IsoDateTimeField()
-
-    @extend_schema_field(serializers.CharField(allow_null=True))
-    def get_session(self, event: Event) -> str | None:
-        return event.payload.get("gen_ai.conversation.id")
-
-
-def session_out(session: Session) -> dict[str, Any]:
-    """A session as every endpoint (and the MCP server) answers it."""
-    return SessionOutputSerializer(session).data
-
-
-def message_out(message: Message) -> dict[str, Any]:
-    return MessageOutputSerializer(message).data
-
-
-def task_out(task: Task) -> dict[str, Any]:
-    return TaskOutputSerializer(task).data
-
-
-def event_out(event: Event) -> dict[str, Any]:
-    return EventOutputSerializer(event).data
-
 
 SessionPageSerializer = page_serializer("SessionPage", SessionOutputSerializer(many=True), KeysetPagination)
 TaskPageSerializer = page_serializer("TaskPage", TaskOutputSerializer(many=True), KeysetPagination)
@@ -152,6 +64,18 @@ BatchOutputSerializer = inline_serializer(
         ),
     },
 )
+
+
+def list_filters(data: dict[str, Any]) -> dict[str, Any]:
+    """A list's validated filters without its paging parameters (the pagination reads those)."""
+    return {key: value for key, value in data.items() if key not in CursorSerializer().fields}
+
+
+def keyset_response(view: TenantApiView, queryset: Any, serializer: type[serializers.Serializer]) -> Response:
+    """One page of `queryset`, newest first, in the list envelope {items, next}."""
+    pages = KeysetPagination()
+    rows = pages.paginate_queryset(queryset, view.request, view)
+    return pages.get_paginated_response(serializer(rows, many=True).data)
 
 
 class AfterSerializer(serializers.Serializer):
@@ -182,7 +106,7 @@ class SessionListCreateApi(TenantApiView):
 
     @extend_schema_serializer(component_name="SessionFilter")
     class FilterSerializer(CursorSerializer):
-        agent = serializers.CharField(required=False)
+        agent = serializers.CharField(required=False, source="agent_external_id")
         user_id = serializers.CharField(required=False)
         status = serializers.ChoiceField(choices=SessionStatus.choices, required=False)
 
@@ -194,8 +118,6 @@ class SessionListCreateApi(TenantApiView):
         "beyond the tenant's live-session limit (100).",
     )
     def post(self, request: Any) -> Response:
-        from datetime import timedelta
-
         data = self.validate(self.InputSerializer)
         ttl = timedelta(seconds=data["ttl_seconds"]) if data.get("ttl_seconds") else None
         session = svc.session_create(
@@ -214,16 +136,9 @@ class SessionListCreateApi(TenantApiView):
         summary="List sessions, newest first (filter by agent, user, status)",
     )
     def get(self, request: Any) -> Response:
-        data = self.validate_query(self.FilterSerializer)
-        queryset = selectors.sessions_list(
-            tenant=self.tenant,
-            agent_external_id=data.get("agent"),
-            user_id=data.get("user_id"),
-            status=data.get("status"),
-        )
-        pages = KeysetPagination()
-        rows = pages.paginate_queryset(queryset, self.request, self)
-        return pages.get_paginated_response(SessionOutputSerializer(rows, many=True).data)
+        filters = list_filters(self.validate_query(self.FilterSerializer))
+        queryset = selectors.sessions_list(tenant=self.tenant, **filters)
+        return keyset_response(self, queryset, SessionOutputSerializer)
 
 
 class SessionDetailApi(TenantApiView):
@@ -334,8 +249,8 @@ class TaskCreateApi(TenantApiView):
 
     @extend_schema_serializer(component_name="TaskFilter")
     class FilterSerializer(CursorSerializer):
-        session = serializers.CharField(required=False)
-        agent = serializers.CharField(required=False)
+        session = serializers.CharField(required=False, source="session_id")
+        agent = serializers.CharField(required=False, source="agent_external_id")
         user_id = serializers.CharField(required=False)
         status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
 
@@ -345,17 +260,9 @@ class TaskCreateApi(TenantApiView):
         summary="List tasks, newest first (filter by session, agent, user, status)",
     )
     def get(self, request: Any) -> Response:
-        data = self.validate_query(self.FilterSerializer)
-        queryset = selectors.tasks_list(
-            tenant=self.tenant,
-            session_id=data.get("session"),
-            agent_external_id=data.get("agent"),
-            user_id=data.get("user_id"),
-            status=data.get("status"),
-        )
-        pages = KeysetPagination()
-        rows = pages.paginate_queryset(queryset, self.request, self)
-        return pages.get_paginated_response(TaskOutputSerializer(rows, many=True).data)
+        filters = list_filters(self.validate_query(self.FilterSerializer))
+        queryset = selectors.tasks_list(tenant=self.tenant, **filters)
+        return keyset_response(self, queryset, TaskOutputSerializer)
 
     @extend_schema(request=InputSerializer, responses={201: TaskOutputSerializer}, summary="Record a task")
     def post(self, request: Any) -> Response:

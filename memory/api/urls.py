@@ -8,6 +8,7 @@ urlpatterns = [
     path("", include("memory.api.context")),
     path("", include("memory.api.experiences")),
     path("", include("memory.api.cognition")),
+    path("", include("memory.api.task_context")),
     path("", include("memory.api.decay")),
     path("", include("memory.api.digest")),
     path("", include("memory.api.memory")),

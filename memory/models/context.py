@@ -81,7 +81,7 @@ class ContextPolicy(TenantPolicyBase):
 
     history_window = models.PositiveIntegerField(
         default=30,
-        validators=[MinValueValidator(1)],
+        validators=[MinValueValidator(1), MaxValueValidator(10_000)],
         help_text="Most recent messages sent verbatim (10 or 30 in the sources).",
     )
     summarise_threshold = models.FloatField(
@@ -90,19 +90,27 @@ class ContextPolicy(TenantPolicyBase):
         help_text="Queue summarisation when the prompt reaches this share of the model's input window.",
     )
     keep_verbatim = models.PositiveIntegerField(
-        default=5, help_text="Latest messages never folded into the summary."
+        default=5,
+        validators=[MaxValueValidator(10_000)],
+        help_text="Latest messages never folded into the summary.",
     )
     output_reserve = models.PositiveIntegerField(
-        default=4096, help_text="Tokens kept free for the reply (capped at the model's output limit)."
+        default=4096,
+        validators=[MaxValueValidator(10_000_000)],
+        help_text="Tokens kept free for the reply (capped at the model's output limit).",
     )
     char_gate = models.PositiveIntegerField(
-        default=8192, help_text="Most code points the new input may have; 0 turns the character gate off."
+        default=8192,
+        validators=[MaxValueValidator(100_000_000)],
+        help_text="Most code points the new input may have; 0 turns the character gate off.",
     )
     memory_limit = models.PositiveIntegerField(
-        default=5, help_text="Retrieved experiences per build (top k)."
+        default=5, validators=[MaxValueValidator(100)], help_text="Retrieved experiences per build (top k)."
     )
     memory_max_chars = models.PositiveIntegerField(
-        default=2000, help_text="Characters of retrieved experiences, in total."
+        default=2000,
+        validators=[MaxValueValidator(1_000_000)],
+        help_text="Characters of retrieved experiences, in total.",
     )
     near_limit = models.FloatField(
         default=0.9,
@@ -120,7 +128,9 @@ class ContextPolicy(TenantPolicyBase):
         help_text='Per mode: {"system_parts": [names or "*"], "tools": bool}.',
     )
     summary_max_tokens = models.PositiveIntegerField(
-        default=800, help_text="Longest rolling summary (tokens)."
+        default=800,
+        validators=[MinValueValidator(50), MaxValueValidator(100_000)],
+        help_text="Longest rolling summary (tokens).",
     )
     default_model = models.CharField(
         max_length=200,

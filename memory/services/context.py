@@ -413,6 +413,15 @@ def context_usage_record(
         )
     applied = float((sample.manifest or {}).get("usage_correction", {}).get("factor", 1.0)) or 1.0
     estimated = max(1, round(sample.prompt_tokens / applied)) if not sample.exact else sample.prompt_tokens
+    payload = {  # the report in OpenTelemetry GenAI names, with our estimate
+        "build_id": sample.public_id,
+        "gen_ai.request.model": sample.model_name,
+        "gen_ai.usage.input_tokens": input_tokens,
+        "gen_ai.usage.output_tokens": output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": cached_input_tokens,
+        "gen_ai.usage.reasoning.output_tokens": reasoning_tokens,
+        "estimated_input_tokens": estimated,
+    }
     with transaction.atomic():
         report = TokenUsageReport.objects.create(
             tenant=tenant,
@@ -426,18 +435,5 @@ def context_usage_record(
             cached_input_tokens=cached_input_tokens,
             reasoning_tokens=reasoning_tokens,
         )
-        recorder.event_append(
-            tenant=tenant,
-            type="usage.reported",
-            session=session,
-            payload={
-                "build_id": sample.public_id,
-                "gen_ai.request.model": sample.model_name,
-                "gen_ai.usage.input_tokens": input_tokens,
-                "gen_ai.usage.output_tokens": output_tokens,
-                "gen_ai.usage.cache_read.input_tokens": cached_input_tokens,
-                "gen_ai.usage.reasoning.output_tokens": reasoning_tokens,
-                "estimated_input_tokens": estimated,
-            },
-        )
+        recorder.event_append(tenant=tenant, type="usage.reported", session=session, payload=payload)
     return report

@@ -10,27 +10,53 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from django.db import transaction
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models, transaction
 from django.utils import timezone
 
 from memory.exceptions import InvalidInput
 from memory.models import ContextPolicy, Session, SessionContextPolicy, Tenant
 from memory.services import recorder
 
-# name → (type, minimum, maximum); the keys a session or a request may override
+# The tenant policy's fields a session or a request may override; their types and bounds are the
+# model's (ContextPolicy's field validators), so the two cannot drift.
+OVERRIDABLE = (
+    "history_window",
+    "summarise_threshold",
+    "keep_verbatim",
+    "output_reserve",
+    "char_gate",
+    "memory_limit",
+    "memory_max_chars",
+    "near_limit",
+    "middle_start",
+    "middle_end",
+    "mode",
+    "summary_max_tokens",
+)
+FIELD_KINDS: dict[type[models.Field], type] = {
+    models.PositiveIntegerField: int,
+    models.FloatField: float,
+    models.CharField: str,
+}
+
+
+def _field_spec(name: str) -> tuple[type, float | None, float | None]:
+    """(type, minimum, maximum) of a ContextPolicy field: the tightest of its value validators
+    (those it declares and, for integers, the database column's range)."""
+    field = ContextPolicy._meta.get_field(name)
+    assert isinstance(field, models.Field)  # a column, not a relation
+    kind = FIELD_KINDS[type(field)]
+    if kind is str:
+        return kind, None, None
+    lows = [v.limit_value for v in field.validators if isinstance(v, MinValueValidator)]
+    highs = [v.limit_value for v in field.validators if isinstance(v, MaxValueValidator)]
+    return kind, max(lows, default=None), min(highs, default=None)
+
+
+# name → (type, minimum, maximum): the keys a session or a request may override
 POLICY_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
-    "history_window": (int, 1, 10_000),
-    "summarise_threshold": (float, 0.05, 1.0),
-    "keep_verbatim": (int, 0, 10_000),
-    "output_reserve": (int, 0, 10_000_000),
-    "char_gate": (int, 0, 100_000_000),
-    "memory_limit": (int, 0, 100),
-    "memory_max_chars": (int, 0, 1_000_000),
-    "near_limit": (float, 0.1, 1.0),
-    "middle_start": (float, 0.0, 1.0),
-    "middle_end": (float, 0.0, 1.0),
-    "mode": (str, None, None),
-    "summary_max_tokens": (int, 50, 100_000),
+    **{name: _field_spec(name) for name in OVERRIDABLE},
     "max_input_tokens": (int, 256, 100_000_000),  # caps the model's input limit (override only)
 }
 
@@ -58,7 +84,9 @@ class EffectivePolicy:
 
 
 def policy_overrides_validate(overrides: Any, *, field_name: str = "budget") -> dict[str, Any]:
-    """Check override keys, types and bounds. Raises InvalidInput naming the field."""
+    """Check override keys, types and bounds (POLICY_FIELDS). Raises InvalidInput naming the field
+    (`budget.history_window`). The API's input serializers call it at the edge; the service checks
+    only what it reads back from storage (a session's `metadata.context_policy`)."""
     if overrides is None:
         return {}
     if not isinstance(overrides, dict):
@@ -139,8 +167,10 @@ def context_policy_read(*, tenant: Tenant, session: Session) -> EffectivePolicy:
 def session_context_policy_set(
     *, tenant: Tenant, session: Session, overrides: dict[str, Any]
 ) -> SessionContextPolicy:
-    """Replace the session's policy overrides (validated). Records `context.policy_changed`. Idempotent."""
-    clean = policy_overrides_validate(overrides, field_name="overrides")
+    """Replace the session's policy overrides, validated by the caller (policy_overrides_validate).
+    Records `context.policy_changed`. Idempotent. Raises InvalidInput when the overrides and the
+    tenant's policy together are not a valid policy (an unknown mode)."""
+    clean = dict(overrides)
     with transaction.atomic():
         row, _ = SessionContextPolicy.objects.update_or_create(
             session=session, defaults={"tenant": tenant, "overrides": clean, "updated_at": timezone.now()}

@@ -37,16 +37,21 @@ from memory.exceptions import NotFound
 from memory.models import (
     DIGEST_CATEGORIES,
     DigestMethod,
+    JobIntent,
     Message,
     MessageRole,
     Session,
     SessionDigest,
     Tenant,
 )
-from memory.services import recorder
+from memory.services import jobs, recorder
 from memory.services.summarise import MAX_SENTENCE_CHARS, _message_sentences
 
 logger = logging.getLogger(__name__)
+
+# Its job kind (memory/services/jobs.py), registered at import: workers import this module through
+# memory/tasks/context.py, which every worker loads.
+DIGEST_JOB = "session.digest"
 
 HEADINGS = {
     "goals": "Goals",
@@ -355,38 +360,42 @@ def session_digest_update(*, tenant: Tenant, session: Session) -> SessionDigest 
             method=method,
             error=error,
         )
+        counts = {c: len(content.get(c, [])) for c in DIGEST_CATEGORIES}
+        payload = {"version": digest.version, "covers_up_to_seq": covers, "method": method, "counts": counts}
         recorder.event_append(
             tenant=tenant,
             type="digest.updated",
             session=session,
-            payload={
-                "version": digest.version,
-                "covers_up_to_seq": covers,
-                "method": method,
-                "counts": {c: len(content.get(c, [])) for c in DIGEST_CATEGORIES},
-                **({"error": error} if error else {}),
-            },
+            payload={**payload, **({"error": error} if error else {})},
         )
     return digest
 
 
 def session_digest_queue(*, session: Session) -> None:
-    """Queue a digest update of `session` after the current transaction commits.
+    """Queue a digest update of `session`: a job record in the caller's transaction, dispatched
+    after commit (memory/services/jobs.py). Its outcome is recorded on the record, like every job's.
 
-    A broker failure after commit is logged, never raised: the next summarisation or session end
-    queues it again, and `POST /sessions/{id}/digest` asks for it explicitly.
+    Coalesces with an update of the same session not taken yet. A broker that is down is never
+    raised: the sweep dispatches the job again.
     """
-    session_pk = session.pk
+    with transaction.atomic():
+        jobs.job_enqueue(
+            tenant=session.tenant,
+            kind=DIGEST_JOB,
+            key=f"session:{session.pk}",
+            payload={"session": session.pk},
+        )
 
-    def send() -> None:
-        from memory.tasks.context import session_digest
 
-        try:
-            session_digest.delay(session_pk)
-        except Exception:  # the broker is down: the digest is a derived view, rebuilt later
-            logger.warning("could not queue the digest of session %s", session_pk, exc_info=True)
+def _digest_job_run(intents: list[JobIntent]) -> dict[str, Any]:
+    session = Session.objects.select_related("tenant").filter(pk=intents[0].payload.get("session")).first()
+    if session is None:  # deleted meanwhile: nothing to digest
+        return {"skipped": "session deleted"}
+    digest = session_digest_update(tenant=session.tenant, session=session)
+    return {"session": session.public_id, "version": digest.version if digest is not None else None}
 
-    transaction.on_commit(send)
+
+jobs.job_kind_register(DIGEST_JOB, jobs.JobKind(run=_digest_job_run))
 
 
 # --- reads ------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
-from memory.exceptions import InvalidInput
 from memory.models import Agent, AgentReducer, Checkpoint, CognitiveState, Event, Tenant, empty_state
 from memory.services import recorder
 
@@ -59,39 +58,13 @@ def reducers_sha256(reducers: list[Reducer]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _valid_path(path: str) -> bool:
-    return all(part for part in path.split("."))
-
-
 @transaction.atomic
-def reducers_put(*, tenant: Tenant, agent: Agent, reducers: list[dict[str, str]]) -> list[Reducer]:
-    """Replace the agent's reducers. Idempotent. Raises InvalidInput (422) naming the bad entry.
-
-    Only `agent.*` event types may have reducers; ops are set, merge and append. Records
-    `reducers.updated`. A change of reducers makes the next recovery fold the whole stream.
+def reducers_put(*, tenant: Tenant, agent: Agent, reducers: list[Reducer]) -> list[Reducer]:
+    """Replace the agent's reducers, validated by the caller (the API's input serializer: `agent.*`
+    event types, ops set / merge / append, dotted paths). Idempotent. Records `reducers.updated`.
+    A change of reducers makes the next recovery fold the whole stream.
     """
-    parsed = []
-    for index, item in enumerate(reducers):
-        event_type, op = item.get("event_type", ""), item.get("op", "")
-        target, source = item.get("target", ""), item.get("source", "") or ""
-        problem = None
-        if not event_type.startswith("agent.") or len(event_type) <= len("agent."):
-            problem = (
-                "event_type",
-                "Reducers apply to the agent's own event types, which start with 'agent.'.",
-            )
-        elif op not in {"set", "merge", "append"}:
-            problem = ("op", "Expected one of set, merge, append.")
-        elif not target or not _valid_path(target):
-            problem = ("target", "A dotted path such as 'progress.last_step'.")
-        elif source and not _valid_path(source):
-            problem = ("source", "A dotted path in the payload such as 'result.value', or empty.")
-        if problem:
-            raise InvalidInput(
-                f"reducers[{index}].{problem[0]}: {problem[1]}",
-                details={"fields": {f"reducers[{index}].{problem[0]}": [problem[1]]}},
-            )
-        parsed.append(Reducer(event_type, op, target, source))
+    parsed = list(reducers)
     AgentReducer.objects.filter(agent=agent).delete()
     AgentReducer.objects.bulk_create(
         AgentReducer(

@@ -11,6 +11,7 @@ import json
 import re
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -209,8 +210,6 @@ def event_emit(
     field `payload`) for a payload over the limit. Not idempotent on its own (the API's
     Idempotency-Key makes retries safe). Broadcasts after commit.
     """
-    from django.conf import settings
-
     if not AGENT_EVENT_TYPE.match(type) or len(type) > 100:
         raise InvalidInput(
             f"An agent's event type must start with {AGENT_EVENT_PREFIX!r} and use lowercase dotted words "

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -43,9 +44,11 @@ STATEMENT_TIMEOUT_FLOOR_MS = 1000  # SQL statements of a part are cut at its dea
 
 __all__ = [  # the fold's names are part of the recovery capability's surface (API views, tests)
     "FOLD_VERSION",
+    "EventsAfterCheckpoint",
+    "RecoveredCheckpoint",
+    "RecoveredSession",
     "RecoveredState",
     "Reducer",
-    "checkpoint_meta",
     "fold_apply",
     "fold_cache_store",
     "fold_events",
@@ -62,9 +65,41 @@ __all__ = [  # the fold's names are part of the recovery capability's surface (A
 
 
 @dataclass
+class RecoveredCheckpoint:
+    checkpoint: Checkpoint
+    schema_version: int  # of `state`: upgraded to this server's, or the checkpoint's when left out
+    state: dict[str, Any] | None  # None when the checkpoint's schema_version is newer than ours
+
+
+@dataclass
+class RecoveredSession:
+    session: Session
+    messages: list[Message]  # the newest CTXAPP_RECOVERY_HISTORY_MESSAGES, oldest first
+
+
+@dataclass
+class EventsAfterCheckpoint:
+    after_seq: int
+    truncated: bool
+    items: list[Event]
+
+
+@dataclass
 class RecoveredState:
-    document: dict[str, Any]
-    warnings: list[dict[str, Any]] = field(default_factory=list)
+    """The recovered state's parts as models and dataclasses; memory/api/shapes.py renders the
+    document (`recovered_state_out`). A part that missed its deadline is None (see `warnings`)."""
+
+    agent: Agent
+    generated_at: datetime
+    operational: dict[str, Any] | None
+    checkpoint: RecoveredCheckpoint | None
+    state: dict[str, Any] | None
+    session: RecoveredSession | None
+    tasks: list[dict[str, Any]] | None
+    events_after_checkpoint: EventsAfterCheckpoint | None
+    inbox: list[dict[str, Any]] | None
+    warnings: list[dict[str, Any]]
+    parts: dict[str, Any]
 
 
 def _run_part(
@@ -119,7 +154,8 @@ def recovered_state(
     slow_parts: dict[str, float] | None = None,
     record: bool = True,
 ) -> RecoveredState:
-    """Everything an agent needs to resume after a crash, in one document. Records `agent.recovered`.
+    """Everything an agent needs to resume after a crash, as models and dataclasses
+    (memory/api/shapes.py `recovered_state_out` renders them as one document).
 
     Parts: `operational` (the fold of all its events), `checkpoint` (the latest checkpoint's
     cognitive state, schema-checked), `state` (the current cognitive state, which may be newer than
@@ -164,10 +200,9 @@ def recovered_state(
                 # stream: kept below, it lets the next recovery carry on from there.
                 fold_work.update(sha=sha, events=state["event_count"] - before, fold=state)
 
-        def checkpoint_part(deadline: float) -> dict[str, Any] | None:
+        def checkpoint_part(deadline: float) -> RecoveredCheckpoint | None:
             if latest is None:
                 return None
-            meta = checkpoint_meta(latest)
             if latest.schema_version > STATE_SCHEMA_VERSION:
                 warnings.append(
                     {
@@ -177,17 +212,15 @@ def recovered_state(
                         f" this server supports up to {STATE_SCHEMA_VERSION}. Its state is left out.",
                     }
                 )
-                return {**meta, "state": None}
-            return {
-                **meta,
-                "schema_version": STATE_SCHEMA_VERSION,
-                "state": cognition.checkpoint_state(checkpoint=latest),
-            }
+                return RecoveredCheckpoint(latest, latest.schema_version, None)
+            return RecoveredCheckpoint(
+                latest, STATE_SCHEMA_VERSION, cognition.checkpoint_state(checkpoint=latest)
+            )
 
         def state_part(deadline: float) -> dict[str, Any]:
             return cognition.state_get(tenant=tenant, agent=agent).as_dict()
 
-        def session_part(deadline: float) -> dict[str, Any] | None:
+        def session_part(deadline: float) -> RecoveredSession | None:
             session = (
                 Session.objects.filter(tenant=tenant, agent=agent).order_by("-created_at", "-pk").first()
             )
@@ -196,67 +229,36 @@ def recovered_state(
             limit = settings.CTXAPP.recovery_history_messages
             recent = list(Message.objects.filter(session=session).order_by("-seq")[:limit])
             recent.reverse()
-            return {
-                "id": session.public_id,
-                "status": session.status,
-                "user_id": session.user_id,
-                "model": session.model_name,
-                "message_count": session.message_count,
-                "last_accessed_at": session.last_accessed_at.isoformat(),
-                "messages": [
-                    {
-                        "seq": m.seq,
-                        "role": m.role,
-                        "content": m.content,
-                        "turn_id": m.turn_id,
-                        "tool_call_id": m.tool_call_id,
-                        "tool_calls": m.tool_calls,
-                        "event_kind": m.event_kind,
-                        "created_at": m.created_at.isoformat(),
-                    }
-                    for m in recent
-                ],
-            }
+            return RecoveredSession(session, recent)
 
         def tasks_part(deadline: float) -> list[dict[str, Any]]:
             return layers.tasks_open_for_agent(tenant=tenant, agent=agent, include_private=is_self)
 
-        def events_part(deadline: float) -> dict[str, Any]:
+        def events_part(deadline: float) -> EventsAfterCheckpoint:
             after = latest.covers_event_seq if latest is not None else 0
             limit = settings.CTXAPP.recovery_max_events
             queryset = Event.objects.filter(tenant=tenant, stream=recorder.stream_key(agent), seq__gt=after)
             rows = list(queryset.order_by("seq")[: limit + 1])
-            return {
-                "after_seq": after,
-                "truncated": len(rows) > limit,
-                "items": [
-                    {
-                        "id": e.public_id,
-                        "seq": e.seq,
-                        "type": e.type,
-                        "payload": e.payload,
-                        "created_at": e.created_at.isoformat(),
-                    }
-                    for e in rows[:limit]
-                ],
-            }
+            return EventsAfterCheckpoint(after, len(rows) > limit, rows[:limit])
 
-        document: dict[str, Any] = {
-            "agent": agent.external_id,
-            "generated_at": timezone.now().isoformat(),
-            "operational": part("operational", operational),
-            "checkpoint": part("checkpoint", checkpoint_part),
-            "state": part("state", state_part),
-            "session": part("session", session_part),
-            "tasks": part("tasks", tasks_part),
-            "events_after_checkpoint": part("events", events_part),
-        }
+        result = RecoveredState(
+            agent=agent,
+            generated_at=timezone.now(),
+            operational=part("operational", operational),
+            checkpoint=part("checkpoint", checkpoint_part),
+            state=part("state", state_part),
+            session=part("session", session_part),
+            tasks=part("tasks", tasks_part),
+            events_after_checkpoint=part("events", events_part),
+            inbox=None,
+            warnings=warnings,
+            parts=timings,
+        )
         if is_self:
-            document["inbox"] = part(
+            result.inbox = part(
                 "inbox", lambda deadline: layers.ipc_unread_for_agent(tenant=tenant, agent=agent)
             )
         else:
-            document["inbox"] = None
             warnings.append(
                 {
                     "part": "private",
@@ -265,11 +267,9 @@ def recovered_state(
                     "(send X-Agent-Id naming it).",
                 }
             )
-        document["warnings"] = warnings
-        document["parts"] = timings
-    operational_state = document["operational"]
+    operational_state = result.operational
     if not record:
-        return RecoveredState(document=document, warnings=warnings)
+        return result
     with transaction.atomic():  # after the read-only snapshot: the event append takes a row lock
         if fold_work.get("events", 0) >= FOLD_CACHE_MIN_EVENTS:
             fold_cache_store(
@@ -285,19 +285,4 @@ def recovered_state(
                 "warnings": [w["code"] for w in warnings],
             },
         )
-    return RecoveredState(document=document, warnings=warnings)
-
-
-def checkpoint_meta(checkpoint: Checkpoint) -> dict[str, Any]:
-    return {
-        "id": checkpoint.public_id,
-        "seq": checkpoint.seq,
-        "reason": checkpoint.reason,
-        "step": checkpoint.step,
-        "produced_by": checkpoint.produced_by,
-        "covers_event_seq": checkpoint.covers_event_seq,
-        "schema_version": checkpoint.schema_version,
-        "storage": checkpoint.storage,
-        "state_bytes": checkpoint.state_bytes,
-        "created_at": checkpoint.created_at.isoformat(),
-    }
+    return result

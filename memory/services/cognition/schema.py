@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import jsonpatch
@@ -59,6 +60,20 @@ def _check_finite(field: str, value: Any) -> None:
     elif isinstance(value, list):
         for index, item in enumerate(value):
             _check_finite(f"{field}[{index}]", item)
+
+
+@dataclass(frozen=True)
+class StateInput:
+    """A state as a client wrote it, checked and upgraded to the current schema (state_input_parse)."""
+
+    document: dict[str, Any]
+    came_in: int  # the schema_version it was written in (0 = unversioned, upgraded)
+
+
+def state_input_parse(raw: Any) -> StateInput:
+    """Check a client's state at the edge (the API's views): see state_normalize for what it raises."""
+    document, came_in = state_normalize(raw)
+    return StateInput(document, came_in)
 
 
 def state_normalize(raw: Any) -> tuple[dict[str, Any], int]:

@@ -32,9 +32,9 @@ from memory.services import recorder
 from memory.services.cognition.jsondiff import json_same, json_text
 from memory.services.cognition.schema import (
     STATE_FIELDS,
+    StateInput,
     state_check_size,
     state_load,
-    state_normalize,
     state_patched,
 )
 from memory.services.cognition.storage import checkpoint_state
@@ -236,16 +236,24 @@ def state_write(
 
 
 def state_put(
-    *, tenant: Tenant, agent: Agent, raw: Any = None, patch: Any = None, expected_version: int | None = None
+    *,
+    tenant: Tenant,
+    agent: Agent,
+    state: StateInput | None = None,
+    patch: Any = None,
+    expected_version: int | None = None,
 ) -> StateView:
-    """Replace the agent's cognitive state with `raw` (validated and upgraded, see state_normalize),
-    or change it by the JSON Patch `patch` (RFC 6902, applied under the row lock; see state_patched).
+    """Replace the agent's cognitive state with `state` (checked and upgraded at the edge, see
+    state_input_parse), or change it by the JSON Patch `patch` (RFC 6902, applied under the row
+    lock; the result is checked like a written state, see state_patched).
 
     Not idempotent by itself (each write is a new version; use an Idempotency-Key). With
     `expected_version`, raises VersionConflict (409) when the stored version differs. Records
     `state.updated` (version and the names of the changed fields; never the content).
     """
-    document, came_in = state_normalize(raw) if patch is None else ({}, STATE_SCHEMA_VERSION)
+    if patch is None and state is None:
+        raise TypeError("state_put needs a state or a patch")
+    document, came_in = (state.document, state.came_in) if state is not None else ({}, STATE_SCHEMA_VERSION)
     with transaction.atomic():
         row = state_row_for_update(tenant=tenant, agent=agent)
         if expected_version is not None and expected_version != row.version:

@@ -226,6 +226,16 @@ def test_bad_reducers_are_422_naming_the_entry(api_a, alice_agents):
         format="json",
     )
     assert "reducers[0].op" in error(response, 422, "validation_error")["details"]["fields"]
+    for bad, field, message in [
+        ({"event_type": "session.created", "op": "set", "target": "x"}, "event_type", "start with 'agent.'"),
+        ({"event_type": "agent.", "op": "set", "target": "x"}, "event_type", "start with 'agent.'"),
+        ({"event_type": "agent.x", "op": "set", "target": "a..b"}, "target", "A dotted path"),
+        ({"event_type": "agent.x", "op": "set", "target": "a", "source": "r."}, "source", "or empty"),
+    ]:
+        response = api_a.put("/api/v1/agents/agent-a/reducers", {"reducers": [bad]}, format="json")
+        body = error(response, 422, "validation_error")
+        assert message in body["details"]["fields"][f"reducers[0].{field}"][0]
+        assert body["message"].startswith(f"reducers[0].{field}: ")
     assert not AgentReducer.objects.exists()
 
 

@@ -54,7 +54,7 @@ def events(tenant, agent, type_=None):
 
 def test_state_round_trips_exactly_including_key_order_and_number_types(tenant_a, agent):
     doc = state(working_memory={"z": 1, "a": 1.0, "m": True, "ü": "naïve ✓", "big": 2**62, "f": 0.1 + 0.2})
-    cognition.state_put(tenant=tenant_a, agent=agent, raw=doc)
+    cognition.state_put(tenant=tenant_a, agent=agent, state=cognition.state_input_parse(doc))
     got = cognition.state_get(tenant=tenant_a, agent=agent).as_dict()
     sent = {k: v for k, v in doc.items() if k != "schema_version"}
     for key, value in sent.items():
@@ -74,7 +74,7 @@ def test_unversioned_legacy_state_is_upgraded_at_the_boundary(tenant_a, agent):
         "tools": {"t": 1},
         "decision": "go",
     }
-    view = cognition.state_put(tenant=tenant_a, agent=agent, raw=legacy)
+    view = cognition.state_put(tenant=tenant_a, agent=agent, state=cognition.state_input_parse(legacy))
     assert view.upgraded_from == 0
     got = cognition.state_get(tenant=tenant_a, agent=agent).as_dict()
     assert got["schema_version"] == 1
@@ -85,7 +85,9 @@ def test_unversioned_legacy_state_is_upgraded_at_the_boundary(tenant_a, agent):
 
 def test_newer_schema_is_refused_naming_both_versions_and_nothing_is_stored(tenant_a, agent):
     with pytest.raises(SchemaVersionUnsupported) as info:
-        cognition.state_put(tenant=tenant_a, agent=agent, raw=state(schema_version=2))
+        cognition.state_put(
+            tenant=tenant_a, agent=agent, state=cognition.state_input_parse(state(schema_version=2))
+        )
     assert info.value.details == {"schema_version": 2, "supported_schema_version": 1}
     assert "2" in info.value.message and "1" in info.value.message
     assert not CognitiveState.objects.filter(agent=agent).exists()
@@ -109,23 +111,35 @@ def test_newer_schema_is_refused_naming_both_versions_and_nothing_is_stored(tena
 )
 def test_wrong_types_are_refused_naming_the_field(tenant_a, agent, overrides, field):
     with pytest.raises(InvalidState) as info:
-        cognition.state_put(tenant=tenant_a, agent=agent, raw=state(**overrides))
+        cognition.state_put(
+            tenant=tenant_a, agent=agent, state=cognition.state_input_parse(state(**overrides))
+        )
     assert info.value.http_status == 400
     assert info.value.details["field"] == field
     assert not CognitiveState.objects.filter(agent=agent).exists()
 
 
 def test_expected_version_guards_concurrent_writers(tenant_a, agent):
-    cognition.state_put(tenant=tenant_a, agent=agent, raw=state())
+    cognition.state_put(tenant=tenant_a, agent=agent, state=cognition.state_input_parse(state()))
     with pytest.raises(VersionConflict):
-        cognition.state_put(tenant=tenant_a, agent=agent, raw=state(decision="other"), expected_version=0)
+        cognition.state_put(
+            tenant=tenant_a,
+            agent=agent,
+            state=cognition.state_input_parse(state(decision="other")),
+            expected_version=0,
+        )
     assert cognition.state_get(tenant=tenant_a, agent=agent).document["decision"] == {"next": "deploy"}
-    cognition.state_put(tenant=tenant_a, agent=agent, raw=state(decision="other"), expected_version=1)
+    cognition.state_put(
+        tenant=tenant_a,
+        agent=agent,
+        state=cognition.state_input_parse(state(decision="other")),
+        expected_version=1,
+    )
     assert cognition.state_get(tenant=tenant_a, agent=agent).version == 2
 
 
 def test_reads_return_copies_never_the_stored_objects(tenant_a, agent):
-    cognition.state_put(tenant=tenant_a, agent=agent, raw=state())
+    cognition.state_put(tenant=tenant_a, agent=agent, state=cognition.state_input_parse(state()))
     first = cognition.state_get(tenant=tenant_a, agent=agent)
     first.document["working_memory"]["notes"].append("mutated")
     first.as_dict()["context"]["constraints"].clear()

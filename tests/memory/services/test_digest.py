@@ -13,9 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from memory.models import Event, SessionDigest
+from memory.models import Event, JobIntent, SessionDigest
+from memory.services import jobs
 from memory.services.context import context_build
 from memory.services.digest import (
+    DIGEST_JOB,
     context_digest_for_session,
     digests_search_candidates,
     session_digest_get,
@@ -182,19 +184,15 @@ def test_digests_are_searchable_by_full_text_within_the_tenant(tenant_a, tenant_
     assert digests_search_candidates(tenant=tenant_b, query="pglogical") == []
 
 
-def test_ending_a_session_queues_its_digest(
-    tenant_a, session, django_capture_on_commit_callbacks, monkeypatch
-):
-    from memory.tasks import context as tasks
-
+def test_ending_a_session_queues_its_digest_as_a_job_with_a_recorded_outcome(tenant_a, session):
     talk(tenant_a, session, CONVERSATION)
-    sent: list[int] = []
-    monkeypatch.setattr(tasks.session_digest, "delay", sent.append)  # record the hand-off to the broker
-    with django_capture_on_commit_callbacks(execute=True):
-        session_end(tenant=tenant_a, session=session)
-    assert sent == [session.pk]
-    tasks.session_digest(session.pk)  # the task body, run here
+    session_end(tenant=tenant_a, session=session)
+    [intent] = JobIntent.objects.filter(kind=DIGEST_JOB)  # written with the session's end
+    assert intent.tenant_id == tenant_a.pk and intent.payload == {"session": session.pk}
+    assert jobs.job_run(intent_id=intent.pk) == "done"  # what the worker runs
     assert session_digest_get(tenant=tenant_a, session=session).version == 1
+    intent.refresh_from_db()
+    assert intent.status == "done" and intent.result == {"session": session.public_id, "version": 1}
 
 
 def test_the_summarisation_job_maintains_the_digest(tenant_a, session):
@@ -208,19 +206,14 @@ def test_the_summarisation_job_maintains_the_digest(tenant_a, session):
     assert SessionDigest.objects.filter(session=session).count() == 1
 
 
-def test_a_long_backlog_is_read_in_bounded_steps(
-    tenant_a, session, monkeypatch, django_capture_on_commit_callbacks
-):
+def test_a_long_backlog_is_read_in_bounded_steps(tenant_a, session, monkeypatch):
     from memory.services import digest as service
-    from memory.tasks import context as tasks
 
     monkeypatch.setattr(service, "MAX_ROWS_PER_UPDATE", 5)
-    sent: list[int] = []
-    monkeypatch.setattr(tasks.session_digest, "delay", sent.append)  # record the hand-off to the broker
     talk(tenant_a, session, CONVERSATION)  # 9 messages
-    with django_capture_on_commit_callbacks(execute=True):
-        first = session_digest_update(tenant=tenant_a, session=session)
-    assert first.covers_up_to_seq == 5 and sent == [session.pk]  # the next step is queued
+    first = session_digest_update(tenant=tenant_a, session=session)
+    assert first.covers_up_to_seq == 5  # the next step is queued:
+    assert JobIntent.objects.filter(kind=DIGEST_JOB, payload={"session": session.pk}).count() == 1
     second = session_digest_update(tenant=tenant_a, session=session)
     assert second.version == 2 and second.covers_up_to_seq == 9
     assert any("finished converting the schema" in t for t in texts(second, "progress"))

@@ -1,0 +1,52 @@
+"""The jobs page reads the job records: every kind's outcome, and the running ones without Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.test import Client
+from django.utils import timezone
+
+from memory.models import JobIntent, Tenant
+from memory.services import jobs
+from memory.services import sessions as sessions_service
+from memory.services.digest import DIGEST_JOB
+
+
+def test_it_lists_each_jobs_outcome_from_its_record(
+    web_alice: Client, web_bob: Client, tenant_a: Tenant, session_a: Any
+) -> None:
+    sessions_service.session_end(tenant=tenant_a, session=session_a)  # queues the session's digest
+    [digest_job] = JobIntent.objects.filter(kind=DIGEST_JOB)
+    assert jobs.job_run(intent_id=digest_job.pk) == "done"  # what a worker runs
+    with transaction.atomic():
+        broken = jobs.job_enqueue(
+            tenant=tenant_a, kind=DIGEST_JOB, key="broken", payload={"session": "not-an-id"}
+        )
+    assert broken is not None and jobs.job_run(intent_id=broken) == "failed"
+
+    page = web_alice.get("/jobs/").content.decode()
+    records = page.split('data-testid="job-records"')[1].split("</table>")[0]
+    assert records.count(DIGEST_JOB) == 2
+    assert ">done<" in records and ">failed<" in records
+    assert "not-an-id" in records  # the reason it failed
+    assert f"&quot;session&quot;: &quot;{session_a.public_id}&quot;" in records  # the done one's result
+    assert DIGEST_JOB not in web_bob.get("/jobs/").content.decode()  # Bob's tenant ran none
+
+
+def test_the_running_panel_reads_the_job_records_without_redis(
+    web_alice: Client, web_bob: Client, tenant_a: Tenant, settings: Any
+) -> None:
+    settings.CELERY_BROKER_URL = "sqla+postgresql://localhost/ctxapp"  # no broadcast channel to ask
+    with transaction.atomic():
+        intent_id = jobs.job_enqueue(
+            tenant=tenant_a, kind=DIGEST_JOB, key="session:42", payload={"session": 42}
+        )
+    # the mark a runner sets when it takes the job (memory/services/jobs.py job_run)
+    JobIntent.objects.filter(pk=intent_id).update(status="running", taken_at=timezone.now(), attempts=1)
+
+    panel = web_alice.get("/jobs/running").content.decode()
+    assert 'data-testid="running-records"' in panel and DIGEST_JOB in panel and "session:42" in panel
+    assert "the workers cannot be asked" in panel
+    assert DIGEST_JOB not in web_bob.get("/jobs/running").content.decode()
