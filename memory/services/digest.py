@@ -37,7 +37,6 @@ from memory.exceptions import NotFound
 from memory.models import (
     DIGEST_CATEGORIES,
     DigestMethod,
-    JobIntent,
     Message,
     MessageRole,
     Session,
@@ -49,9 +48,7 @@ from memory.services.summarise import MAX_SENTENCE_CHARS, _message_sentences
 
 logger = logging.getLogger(__name__)
 
-# Its job kind (memory/services/jobs.py), registered at import: workers import this module through
-# memory/tasks/context.py, which every worker loads.
-DIGEST_JOB = "session.digest"
+DIGEST_JOB = jobs.DIGEST  # its job kind; what it runs is registered by memory/tasks/jobs.py
 
 HEADINGS = {
     "goals": "Goals",
@@ -385,17 +382,6 @@ def session_digest_queue(*, session: Session) -> None:
             key=f"session:{session.pk}",
             payload={"session": session.pk},
         )
-
-
-def _digest_job_run(intents: list[JobIntent]) -> dict[str, Any]:
-    session = Session.objects.select_related("tenant").filter(pk=intents[0].payload.get("session")).first()
-    if session is None:  # deleted meanwhile: nothing to digest
-        return {"skipped": "session deleted"}
-    digest = session_digest_update(tenant=session.tenant, session=session)
-    return {"session": session.public_id, "version": digest.version if digest is not None else None}
-
-
-jobs.job_kind_register(DIGEST_JOB, jobs.JobKind(run=_digest_job_run))
 
 
 # --- reads ------------------------------------------------------------------------------------

@@ -17,8 +17,9 @@ timeout to tune. Jobs run inside that transaction, so they must not commit on th
 
 Kinds (KINDS): `experiences.embed` (coalesced: one run takes up to CTXAPP_EMBEDDING_BATCH_SIZE
 pending experiences from every pending embedding intent), `task.distill` (full distillation of a
-finished task), `session.summarise`. Each records its outcome on the intent row: `done` with a
-result, or `failed` with the reason; the dashboard's jobs page lists them.
+finished task), `session.summarise`, `session.digest` (the session digest). Each records its
+outcome on the intent row: `done` with a result, or `failed` with the reason; the dashboard's jobs
+page lists them.
 
 This module is the facade services use to enqueue, and it imports no service and no task: what
 each kind runs is registered (HANDLERS, `job_kind_register`) by memory/tasks/jobs.py, the
@@ -72,7 +73,8 @@ class JobKind:
 EMBED = "experiences.embed"
 DISTILL = "task.distill"
 SUMMARISE = "session.summarise"
-KINDS = frozenset({EMBED, DISTILL, SUMMARISE})
+DIGEST = "session.digest"
+KINDS = frozenset({EMBED, DISTILL, SUMMARISE, DIGEST})
 
 JOB_RUN_TASK = "memory.jobs.run"  # memory/tasks/jobs.py `job_run_task`
 

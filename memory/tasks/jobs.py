@@ -17,6 +17,7 @@ from django.db import OperationalError
 
 from memory.models import JobIntent, Session, Task
 from memory.services import jobs
+from memory.services.digest import session_digest_update
 from memory.services.distillation import task_distill_full
 from memory.services.embedding import EmbedderUnavailable
 from memory.services.experiences import experiences_embed, experiences_mark_failed
@@ -83,6 +84,14 @@ def _summarise_run(intents: list[JobIntent]) -> dict[str, Any]:
     return {"session": session.public_id, "summary": summary.public_id if summary else None}
 
 
+def _digest_run(intents: list[JobIntent]) -> dict[str, Any]:
+    session = Session.objects.select_related("tenant").filter(pk=intents[0].payload.get("session")).first()
+    if session is None:  # deleted meanwhile: nothing to digest
+        return {"skipped": "session deleted"}
+    digest = session_digest_update(tenant=session.tenant, session=session)
+    return {"session": session.public_id, "version": digest.version if digest is not None else None}
+
+
 def _register_kinds() -> None:
     jobs.job_kind_register(
         jobs.EMBED,
@@ -97,6 +106,7 @@ def _register_kinds() -> None:
     )
     jobs.job_kind_register(jobs.DISTILL, jobs.JobKind(run=_distill_run))
     jobs.job_kind_register(jobs.SUMMARISE, jobs.JobKind(run=_summarise_run))
+    jobs.job_kind_register(jobs.DIGEST, jobs.JobKind(run=_digest_run))
 
 
 _register_kinds()
