@@ -102,7 +102,7 @@ class MiniLMEmbedder:
     model_name = MINILM_MODEL_NAME
     dimensions = EMBEDDING_DIMENSIONS
 
-    def __init__(self, *, batch_size: int = 16, threads: int = 1, parallel: int | None = None) -> None:
+    def __init__(self, *, batch_size: int = 8, threads: int = 1, parallel: int | None = None) -> None:
         self.batch_size = batch_size
         self.threads = threads
         self.parallel = parallel if parallel is not None else _usable_cores()
@@ -309,9 +309,15 @@ def embed_query(text: str) -> tuple[str, np.ndarray]:
 # --- the shared embedding cache -------------------------------------------------------------------
 
 
+_VECTOR_FORMAT = "[" + ",".join(["%.9g"] * EMBEDDING_DIMENSIONS) + "]"
+
+
 def vector_text(vector: np.ndarray) -> str:
-    """pgvector's text form of a vector, exactly as pgvector.Vector writes it (float32 round trip)."""
-    return "[" + ",".join(map(str, vector.tolist())) + "]"
+    """pgvector's text form of a vector. Nine significant digits round-trip every float32
+    exactly, so PostgreSQL stores the very same vector; ~5x faster than str() per float."""
+    if vector.shape == (EMBEDDING_DIMENSIONS,):
+        return _VECTOR_FORMAT % tuple(vector.tolist())
+    return "[" + ",".join(f"{x:.9g}" for x in vector.tolist()) + "]"
 
 
 def _cache_fill(
