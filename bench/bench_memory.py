@@ -96,6 +96,30 @@ def http_search_times(
     return out
 
 
+def explain_search(fn: Callable[[str], object], question: str) -> None:
+    """EXPLAIN (ANALYZE, BUFFERS) of every SELECT one search runs (after one untimed run)."""
+    from django.db import connection
+
+    from memory.services import embedding
+
+    fn(question)
+    statements: list[tuple[str, object]] = []
+
+    def wrapper(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    embedding._query_cache.clear()
+    with connection.execute_wrapper(wrapper):
+        fn(question)
+    with connection.cursor() as cursor:
+        for sql, params in statements:
+            if not sql.lstrip().upper().startswith("SELECT"):
+                continue
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", params)
+            print("\n" + sql[:300] + "\n" + "\n".join(r[0] for r in cursor.fetchall()))
+
+
 def profile_search(fn: Callable[[str], object], questions: list[str]) -> None:
     """Where one-user-scope search time goes: wall time per SQL statement shape, then cProfile."""
     import cProfile
@@ -151,6 +175,11 @@ def main() -> None:
         "--profile",
         action="store_true",
         help="also break one-user-scope search time down: SQL per statement, cProfile",
+    )
+    parser.add_argument(
+        "--profile-tenant",
+        action="store_true",
+        help="the same for the whole-tenant scope, and EXPLAIN ANALYZE of its SELECTs",
     )
     parser.add_argument(
         "--http",
@@ -251,6 +280,10 @@ def main() -> None:
         profile_search(
             lambda q: memory_search(tenant=big, query=q, scope=user_scope, kinds=["message"]), questions
         )
+    if args.profile_tenant:
+        whole = lambda q: memory_search(tenant=big, query=q, kinds=["message"])  # noqa: E731
+        explain_search(whole, questions[1])
+        profile_search(whole, questions)
     tenant_search = timed(lambda q: memory_search(tenant=big, query=q, kinds=["message"]))
     for q in questions[:3]:
         context_build(tenant=big, session=target, next_input=q)
