@@ -11,12 +11,17 @@ per-process query cache is cleared before every call):
 - memory_search, scope = one user (1,000 messages in 10 sessions), and scope = the whole tenant;
 - context_build with recall on, for a session of that user, vs the same in a tenant holding only
   100 messages (one session).
+
+`--http` also times POST /api/v1/memory/search through a real uvicorn (one process, on the same
+database) from a keep-alive client, for both scopes. Every timed question is asked once, so the
+server's query-embedding cache never answers it: the embedding is included there too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -46,6 +51,75 @@ COLUMNS = (
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def server_env() -> dict[str, str]:
+    """The environment of a uvicorn (ctxapp.settings) on the bench database."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    host = db.get("OPTIONS", {}).get("host") or db.get("HOST") or ""
+    user, password, port = db.get("USER") or "postgres", db.get("PASSWORD") or "", db.get("PORT")
+    where = f"@/{db['NAME']}?host={host}" if host.startswith("/") else f"@{host}:{port}/{db['NAME']}"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "ctxapp.settings",
+        "DATABASE_URL": f"postgresql://{user}:{password}{where}",
+    }
+    env.pop("CTXAPP_EMBEDDED_DATABASE_URL", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def http_search_times(
+    base: str, secret: str, scopes: dict[str, dict], questions: list[str]
+) -> dict[str, list[float]]:
+    """Client-side ms per POST /api/v1/memory/search, per scope; each question asked once per scope."""
+    import logging
+
+    import httpx
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
+    out: dict[str, list[float]] = {}
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {secret}"}, timeout=60) as client:
+        for number, (name, scope) in enumerate(scopes.items()):
+            # A distinct text per scope for the server's query cache (" ?" adds no search term).
+            suffix = " ?" * number
+            # Warm-up (scope cache, model, connection) with a question that is not timed.
+            body = {"query": f"warm up {name}", "scope": scope, "kinds": ["message"]}
+            client.post("/api/v1/memory/search", json=body).raise_for_status()
+            times = []
+            for q in questions:
+                t0 = time.perf_counter()
+                response = client.post("/api/v1/memory/search", json={**body, "query": f"{q}{suffix}"})
+                times.append((time.perf_counter() - t0) * 1000)
+                response.raise_for_status()
+            out[name] = times
+    return out
+
+
+def explain_search(fn: Callable[[str], object], question: str) -> None:
+    """EXPLAIN (ANALYZE, BUFFERS) of every SELECT one search runs (after one untimed run)."""
+    from django.db import connection
+
+    from memory.services import embedding
+
+    fn(question)
+    statements: list[tuple[str, object]] = []
+
+    def wrapper(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    embedding._query_cache.clear()
+    with connection.execute_wrapper(wrapper):
+        fn(question)
+    with connection.cursor() as cursor:
+        for sql, params in statements:
+            if not sql.lstrip().upper().startswith("SELECT"):
+                continue
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", params)
+            print("\n" + sql[:300] + "\n" + "\n".join(r[0] for r in cursor.fetchall()))
 
 
 def profile_search(fn: Callable[[str], object], questions: list[str]) -> None:
@@ -104,7 +178,18 @@ def main() -> None:
         action="store_true",
         help="also break one-user-scope search time down: SQL per statement, cProfile",
     )
+    parser.add_argument(
+        "--profile-tenant",
+        action="store_true",
+        help="the same for the whole-tenant scope, and EXPLAIN ANALYZE of its SELECTs",
+    )
+    parser.add_argument(
+        "--http",
+        action="store_true",
+        help="also time POST /api/v1/memory/search through a real uvicorn (both scopes)",
+    )
     args = parser.parse_args()
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     setup_django()
     import numpy as np
     from django.db import connection
@@ -197,6 +282,10 @@ def main() -> None:
         profile_search(
             lambda q: memory_search(tenant=big, query=q, scope=user_scope, kinds=["message"]), questions
         )
+    if args.profile_tenant:
+        whole = lambda q: memory_search(tenant=big, query=q, kinds=["message"])  # noqa: E731
+        explain_search(whole, questions[1])
+        profile_search(whole, questions)
     tenant_search = timed(lambda q: memory_search(tenant=big, query=q, kinds=["message"]))
     for q in questions[:3]:
         context_build(tenant=big, session=target, next_input=q)
@@ -211,6 +300,20 @@ def main() -> None:
     print(row("context_build + recall, tenant of 100 messages", small_build))
     print(row(f"context_build + recall, user of the {n}-message tenant", big_build))
     print(f"ratio of build p50s: {statistics.median(big_build) / statistics.median(small_build):.2f}")
+    if args.http:
+        from memory.services.tenancy import api_key_create
+
+        secret = api_key_create(tenant=big, name="bench")[1]
+        sys.path.insert(0, str(ROOT))
+        from tests.dashboard.live_server import uvicorn_server
+
+        with uvicorn_server(server_env(), timeout=90) as base:
+            http = http_search_times(
+                base, secret, {"one user": {"user_id": target.user_id}, "whole tenant": {}}, questions
+            )
+        print(row("HTTP POST /memory/search, scope one user (1,000 messages)", http["one user"]))
+        print(row(f"HTTP POST /memory/search, whole tenant ({n} messages)", http["whole tenant"]))
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

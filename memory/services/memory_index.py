@@ -29,9 +29,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from celery import signature
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import Count, F
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 from django.utils import timezone
@@ -48,12 +49,13 @@ from memory.services.embedding import (
     EmbedderError,
     EmbedderUnavailable,
     text_hash,
-    vector_text,
-    vectors_cached,
+    vector_texts_cached,
 )
 from memory.services.ranking import index_text
 
 logger = logging.getLogger(__name__)
+
+DRAIN_TASK_NAME = "memory.index.drain"  # memory/tasks/memory.py
 
 # --- the tenant's policy, cached briefly (read on every append) ----------------------------------
 
@@ -129,8 +131,6 @@ def memory_index_dispatch(*, force: bool = False) -> bool:
 
     Returns whether a job was queued.
     """
-    from memory.tasks.memory import memory_index_drain_task
-
     now = timezone.now()
     table = MemoryIndexState._meta.db_table
     try:
@@ -148,7 +148,8 @@ def memory_index_dispatch(*, force: bool = False) -> bool:
         return False
     if not claimed:
         return False
-    if not jobs.tasks_send(memory_index_drain_task, [()]):  # never waits on a broker that is down
+    # By name: the task module (an adapter over this one) imports this service, not the reverse.
+    if not jobs.tasks_send(signature(DRAIN_TASK_NAME), [()]):  # never waits on a broker that is down
         MemoryIndexState.objects.filter(pk=1).update(drain_scheduled=False)
         return False
     return True
@@ -176,78 +177,99 @@ def messages_embed_batch(*, batch_size: int | None = None) -> tuple[int, int, in
     same row; a redelivered job finds them done). Rows of tenants whose policy turned embedding
     off become `skipped`; empty messages `skipped`. Raises EmbedderUnavailable after counting
     the attempt on the claimed rows (they stay pending, or become `failed` after
-    CTXAPP_EMBEDDING_MAX_RETRIES attempts). A permanent EmbedderError marks them `failed`.
+    CTXAPP_EMBEDDING_MAX_RETRIES attempts) — raised after the commit, so the count sticks.
+    A permanent EmbedderError marks them `failed`.
     """
     size = batch_size or settings.CTXAPP.memory_embed_batch
-    max_attempts = settings.CTXAPP.embedding_max_retries + 1
     transient: EmbedderUnavailable | None = None
+    failed = 0
     with transaction.atomic():
-        rows = list(
-            Message.objects.select_for_update(skip_locked=True)
-            .filter(embedding_status=MessageEmbeddingStatus.PENDING)
-            .order_by("created_at")
-            .only("pk", "tenant_id", "name", "content", "occurred_at", "embedding_attempts")[:size]
-        )
+        rows = _pending_claim(size=size)
         if not rows:
             return 0, 0, 0
-        policies = {
-            p.tenant_id: p.embed_messages
-            for p in MemoryPolicy.objects.filter(tenant_id__in={r.tenant_id for r in rows})
-        }
-        skip = [r for r in rows if not policies.get(r.tenant_id, True) or not r.content.strip()]
-        todo = [r for r in rows if r not in skip]
-        if skip:
-            Message.objects.filter(pk__in=[r.pk for r in skip]).update(
-                embedding_status=MessageEmbeddingStatus.SKIPPED
-            )
+        todo, skipped = _unembeddable_skip(rows)
         if not todo:
-            return 0, 0, len(skip)
+            return 0, 0, skipped
         texts = {
             r.pk: embedding_text(name=r.name, content=r.content, occurred_at=r.occurred_at) for r in todo
         }
         try:
-            model_name, vectors = vectors_cached({text_hash(t): t for t in texts.values()})
+            model_name, literals = vector_texts_cached({text_hash(t): t for t in texts.values()})
         except EmbedderUnavailable as exc:
-            reason = f"{type(exc).__name__}: {exc}"[:2000]
-            give_up = [r.pk for r in todo if r.embedding_attempts + 1 >= max_attempts]
-            retry = [r.pk for r in todo if r.embedding_attempts + 1 < max_attempts]
-            Message.objects.filter(pk__in=give_up).update(
-                embedding_status=MessageEmbeddingStatus.FAILED,
-                embedding_attempts=max_attempts,
-                embedding_error=f"gave up after {max_attempts} attempts: {reason}"[:2000],
-            )
-            Message.objects.filter(pk__in=retry).update(
-                embedding_error=reason, embedding_attempts=F("embedding_attempts") + 1
-            )
-            if retry:
-                transient = exc
-            failed = len(give_up)
+            failed, retrying = _attempt_count(todo, exc)
+            transient = exc if retrying else None
         except EmbedderError as exc:
-            reason = f"{type(exc).__name__}: {exc}"[:2000]
-            failed = Message.objects.filter(pk__in=[r.pk for r in todo]).update(
-                embedding_status=MessageEmbeddingStatus.FAILED, embedding_error=reason
-            )
-            logger.warning("memory index: %d messages failed to embed: %s", failed, reason)
-            return 0, failed, len(skip)
+            return 0, _failure_mark(todo, exc), skipped
         else:
-            # One UPDATE … FROM unnest (bulk_update builds a CASE per field and row: 15% of a drain).
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"UPDATE {Message._meta.db_table} m SET embedding = v.vector::vector, "
-                    "embedding_status = %s, embedding_model = %s, "
-                    "embedding_attempts = m.embedding_attempts + 1, embedding_error = '' "
-                    "FROM unnest(%s::bigint[], %s::text[]) AS v(id, vector) WHERE m.id = v.id",
-                    [
-                        MessageEmbeddingStatus.COMPLETED,
-                        model_name,
-                        [r.pk for r in todo],
-                        [vector_text(vectors[text_hash(texts[r.pk])]) for r in todo],
-                    ],
-                )
-            return len(todo), 0, len(skip)
+            _vectors_write(model_name, {pk: literals[text_hash(text)] for pk, text in texts.items()})
+            return len(todo), 0, skipped
     if transient is not None:
         raise transient
-    return 0, failed, len(skip)
+    return 0, failed, skipped
+
+
+def _pending_claim(*, size: int) -> list[Message]:
+    """Up to `size` of the oldest pending messages, locked; rows another drain holds are skipped."""
+    return list(
+        Message.objects.select_for_update(skip_locked=True)
+        .filter(embedding_status=MessageEmbeddingStatus.PENDING)
+        .order_by("created_at")
+        .only("pk", "tenant_id", "name", "content", "occurred_at", "embedding_attempts")[:size]
+    )
+
+
+def _unembeddable_skip(rows: list[Message]) -> tuple[list[Message], int]:
+    """Mark `skipped` the rows of tenants with embedding off and the empty ones: (the rest, skipped)."""
+    policies = {
+        p.tenant_id: p.embed_messages
+        for p in MemoryPolicy.objects.filter(tenant_id__in={r.tenant_id for r in rows})
+    }
+    skip = {r.pk for r in rows if not policies.get(r.tenant_id, True) or not r.content.strip()}
+    if skip:
+        Message.objects.filter(pk__in=skip).update(embedding_status=MessageEmbeddingStatus.SKIPPED)
+    return [r for r in rows if r.pk not in skip], len(skip)
+
+
+def _attempt_count(rows: list[Message], exc: EmbedderUnavailable) -> tuple[int, bool]:
+    """Count a transient failure on the rows; those out of attempts become `failed`.
+
+    Returns (how many failed for good, whether any row will be retried)."""
+    max_attempts = settings.CTXAPP.embedding_max_retries + 1
+    reason = f"{type(exc).__name__}: {exc}"[:2000]
+    give_up = [r.pk for r in rows if r.embedding_attempts + 1 >= max_attempts]
+    retry = [r.pk for r in rows if r.embedding_attempts + 1 < max_attempts]
+    Message.objects.filter(pk__in=give_up).update(
+        embedding_status=MessageEmbeddingStatus.FAILED,
+        embedding_attempts=max_attempts,
+        embedding_error=f"gave up after {max_attempts} attempts: {reason}"[:2000],
+    )
+    Message.objects.filter(pk__in=retry).update(
+        embedding_error=reason, embedding_attempts=F("embedding_attempts") + 1
+    )
+    return len(give_up), bool(retry)
+
+
+def _failure_mark(rows: list[Message], exc: EmbedderError) -> int:
+    """A permanent embedder error: the rows become `failed` with the reason. Returns how many."""
+    reason = f"{type(exc).__name__}: {exc}"[:2000]
+    failed = Message.objects.filter(pk__in=[r.pk for r in rows]).update(
+        embedding_status=MessageEmbeddingStatus.FAILED, embedding_error=reason
+    )
+    logger.warning("memory index: %d messages failed to embed: %s", failed, reason)
+    return failed
+
+
+def _vectors_write(model_name: str, literals: dict[int, str]) -> None:
+    """Store each message's vector (pgvector text form) and mark it completed, in one statement."""
+    # One UPDATE … FROM unnest (bulk_update builds a CASE per field and row: 15% of a drain).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Message._meta.db_table} m SET embedding = v.vector::vector, "
+            "embedding_status = %s, embedding_model = %s, "
+            "embedding_attempts = m.embedding_attempts + 1, embedding_error = '' "
+            "FROM unnest(%s::bigint[], %s::text[]) AS v(id, vector) WHERE m.id = v.id",
+            [MessageEmbeddingStatus.COMPLETED, model_name, list(literals), list(literals.values())],
+        )
 
 
 def memory_index_drain(*, time_budget: float | None = None, batch_size: int | None = None) -> DrainResult:
@@ -310,8 +332,6 @@ def messages_reembed(
 
 def memory_index_status(*, tenant: Tenant) -> dict[str, int]:
     """Messages of the tenant per embedding status. Read-only."""
-    from django.db.models import Count
-
     counts = dict.fromkeys(MessageEmbeddingStatus.values, 0)
     for row in Message.objects.filter(tenant=tenant).values("embedding_status").annotate(n=Count("pk")):
         counts[row["embedding_status"]] = row["n"]

@@ -8,18 +8,17 @@ from celery import shared_task
 from django.conf import settings
 
 from memory.services.embedding import EmbedderUnavailable
+from memory.services.memory_index import DRAIN_TASK_NAME, memory_index_drain, memory_index_sweep
 
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 600.0
 
 
-@shared_task(bind=True, acks_late=True, max_retries=None, name="memory.index.drain")
+@shared_task(bind=True, acks_late=True, max_retries=None, name=DRAIN_TASK_NAME)
 def memory_index_drain_task(self) -> int:
     """Embed pending messages in batches. A transient embedder error retries with exponential
     backoff (the rows count the attempt and fail for good after CTXAPP_EMBEDDING_MAX_RETRIES)."""
-    from memory.services.memory_index import memory_index_drain
-
     try:
         return memory_index_drain().completed
     except EmbedderUnavailable as exc:
@@ -32,8 +31,6 @@ def memory_index_drain_task(self) -> int:
 @shared_task(acks_late=True, name="memory.index.sweep")
 def memory_index_sweep_task() -> int:
     """Re-dispatch the drain when messages have waited too long (a lost dispatch or job)."""
-    from memory.services.memory_index import memory_index_sweep
-
     return memory_index_sweep()
 
 

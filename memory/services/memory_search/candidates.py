@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
+from django.db import connection
 from django.db.models import Q
 from pgvector.django import CosineDistance
 
@@ -38,11 +39,29 @@ LARGE_STATS_SECONDS = 300.0  # large scopes: rows and mean length are re-measure
 _large_stats: dict[tuple[Any, ...], tuple[float, int, float]] = {}
 
 
+_large_term_counts: dict[tuple[Any, ...], tuple[float, int | None]] = {}
+LARGE_TERM_COUNTS_KEPT = 50_000  # (scope, term) counts kept per process
+
+
 def _term_counts(*, where: ScopeWhere, terms: list[str], config: str) -> dict[str, int | None]:
     """Rows matching each term, counted through the GIN index up to LARGE_TERM_CAP (None: more,
-    or a word PostgreSQL's configuration ignores). One query."""
-    if not terms:
-        return {}
+    or a word PostgreSQL's configuration ignores). Re-counted every LARGE_STATS_SECONDS, like the
+    scope's size: a common word costs a scan of up to 5,001 rows. At most one query."""
+    now = time.monotonic()
+    key = (*scope_key(where), config)
+    known = {t: _large_term_counts.get((*key, t)) for t in terms}
+    fresh = {t: hit[1] for t, hit in known.items() if hit is not None and now - hit[0] <= LARGE_STATS_SECONDS}
+    missing = [t for t in terms if t not in fresh]
+    if missing:
+        if len(_large_term_counts) > LARGE_TERM_COUNTS_KEPT:
+            _large_term_counts.clear()
+        for term, count in _term_counts_query(where=where, terms=missing, config=config).items():
+            fresh[term] = count
+            _large_term_counts[(*key, term)] = (now, count)
+    return {term: fresh[term] for term in terms}
+
+
+def _term_counts_query(*, where: ScopeWhere, terms: list[str], config: str) -> dict[str, int | None]:
     table = Message._meta.db_table
     selects, params = [], []
     for term in terms:
@@ -52,7 +71,19 @@ def _term_counts(*, where: ScopeWhere, terms: list[str], config: str) -> dict[st
             "AND m.search_vector @@ plainto_tsquery(%s::regconfig, %s) LIMIT %s) capped) END"
         )
         params += [config, term, *where.params, config, term, LARGE_TERM_CAP + 1]
-    row = fetch_rows(f"SELECT {', '.join(selects)}", params)[0]
+    # Under LIMIT 5001 the planner takes a sequential scan for a common word (it reads ~40,000
+    # wide rows at 100k messages: 60-300 ms); the GIN bitmap finds the same rows 2-4x faster.
+    # Plain SET, not SET LOCAL: LOCAL would outlive this query in a caller's transaction.
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        try:
+            cursor.execute(f"SELECT {', '.join(selects)}", params)
+        except Exception:
+            if not connection.in_atomic_block:  # else the rollback undoes the SET
+                cursor.execute("RESET enable_seqscan")
+            raise
+        row = cursor.fetchone()
+        cursor.execute("RESET enable_seqscan")
     return {
         term: (None if value is None or value > LARGE_TERM_CAP else int(value))
         for term, value in zip(terms, row, strict=True)
