@@ -65,6 +65,15 @@ class CommitBatch(Generic[T]):
     def _group(self, connection: Any) -> _Group[T]:
         """The callback an item added now joins: the newest one if its open savepoints are exactly
         the current ones (a rollback then drops both), else a new one registered here."""
+        if connection.run_on_commit:  # the usual case, an add right after an add: no scan
+            sids, func, _robust = connection.run_on_commit[-1]
+            if (
+                isinstance(func, _Group)
+                and func.batch is self
+                and func.items
+                and sids >= set(connection.savepoint_ids)
+            ):
+                return func
         newest: tuple[frozenset[str], _Group[T]] | None = None
         for context, group in self._groups(connection):
             if newest is not None and newest[0] == context:  # adjacent, same savepoints: one call
