@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ctxapp.conf import SettingError, resolve_all
+from ctxapp.conf import CtxappSettings, SettingError, load
 
 DEFAULT_CONFIG = Path("~/.config/ctxapp/config.toml")
 SERVER_FILE = "server.json"  # written by `ctxapp up` in the data directory while it runs
@@ -56,9 +56,9 @@ def _config_file(path: str | None) -> dict[str, Any]:
         raise CtxError(f"The config file {file} could not be read: {exc}") from None
 
 
-def running_server_url(values: dict[str, Any]) -> str | None:
+def running_server_url(cfg: CtxappSettings) -> str | None:
     """The URL of the `ctxapp up` running from this data directory, if its file is there."""
-    file = Path(values["CTXAPP_DATA_DIR"]).expanduser() / SERVER_FILE
+    file = Path(cfg.data_dir).expanduser() / SERVER_FILE
     try:
         record = json.loads(file.read_text())
         url, pid = record.get("url"), record.get("pid")
@@ -79,23 +79,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def default_url(values: dict[str, Any]) -> str:
-    return running_server_url(values) or f"http://127.0.0.1:{values['CTXAPP_PORT']}"
+def default_url(cfg: CtxappSettings) -> str:
+    return running_server_url(cfg) or f"http://127.0.0.1:{cfg.port}"
 
 
-def _settings() -> dict[str, Any]:
+def _settings() -> CtxappSettings:
     try:
-        return {name: r.value for name, r in resolve_all().items()}
+        return load()
     except SettingError as exc:
         raise CtxError(f"Configuration error: {exc}") from None
 
 
 def target(args: argparse.Namespace, *, need_key: bool = True) -> tuple[str, str]:
     """(url, api_key) for this command; CtxError when no key can be found."""
-    values = _settings()
+    cfg = _settings()
     config = _config_file(getattr(args, "config", None))
-    url = args.url or values["CTXAPP_URL"] or config.get("url") or default_url(values)
-    key = args.api_key or values["CTXAPP_API_KEY"] or config.get("api_key") or ""
+    url = args.url or cfg.url or config.get("url") or default_url(cfg)
+    key = args.api_key or cfg.api_key or config.get("api_key") or ""
     if need_key and not key:
         raise CtxError(
             "No API key: pass --api-key, set CTXAPP_API_KEY, or put api_key in "

@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.db import transaction
+
+from memory.commit_batch import CommitBatch
 
 logger = logging.getLogger(__name__)
 
-_local = threading.local()
 # One channel-layer message carries at most this many events (a batch of 1,000 messages is one).
 MAX_ITEMS_PER_SEND = 1000
 _server_loop: asyncio.AbstractEventLoop | None = None
@@ -48,16 +47,7 @@ def on_commit(tenant_id: int, item: dict[str, Any]) -> None:
 
     Outside a transaction it is sent at once. Never raises because of the channel layer.
     """
-    connection = transaction.get_connection()
-    if not connection.in_atomic_block:
-        _dispatch({tenant_id: [item]})
-        return
-    pending: dict[int, list[dict[str, Any]]] | None = getattr(_local, "pending", None)
-    # After a rollback our flush callback is gone from the connection: start a new batch.
-    if pending is None or not any(entry[1] is _flush for entry in connection.run_on_commit):
-        pending = _local.pending = {}
-        transaction.on_commit(_flush)
-    pending.setdefault(tenant_id, []).append(item)
+    _batch.add((tenant_id, item))
 
 
 def use_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -66,11 +56,14 @@ def use_loop(loop: asyncio.AbstractEventLoop) -> None:
     _server_loop = loop
 
 
-def _flush() -> None:
-    pending: dict[int, list[dict[str, Any]]] = getattr(_local, "pending", None) or {}
-    _local.pending = None
-    if pending:
-        _dispatch(pending)
+def _flush(items: list[tuple[int, dict[str, Any]]]) -> None:
+    pending: dict[int, list[dict[str, Any]]] = {}
+    for tenant_id, item in items:
+        pending.setdefault(tenant_id, []).append(item)
+    _dispatch(pending)
+
+
+_batch: CommitBatch[tuple[int, dict[str, Any]]] = CommitBatch(_flush)
 
 
 def _dispatch(pending: dict[int, list[dict[str, Any]]]) -> None:

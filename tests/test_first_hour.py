@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import pytest
 
 from ctxapp import cli
 from ctxapp.cli import up
+from ctxapp.conf import CtxappSettings
 from tests.dashboard.live_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,8 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def banner(tmp_path: Path, first_run: object, capsys: pytest.CaptureFixture[str]) -> str:
     report = {"checks": {"database": {"ok": True, "pgvector": "0.8"}}}
-    values = {"CTXAPP_HOST": "127.0.0.1", "CTXAPP_ALLOWED_HOSTS": ["localhost"]}
-    up._print_banner("http://127.0.0.1:8123", report, first_run, tmp_path, values)
+    cfg = dataclasses.replace(CtxappSettings(), host="127.0.0.1", allowed_hosts=["localhost"])
+    up._print_banner("http://127.0.0.1:8123", report, first_run, tmp_path, cfg)
     return capsys.readouterr().out
 
 

@@ -8,12 +8,11 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import django
 from django.core.exceptions import ImproperlyConfigured
 
-from ctxapp.conf import SettingError, _file_values, resolve_all
+from ctxapp.conf import CtxappSettings, SettingError, _file_values, load
 
 EXIT_USAGE = 2  # a problem the user can fix (bad setting, port in use, …)
 EXIT_INTERRUPTED = 130
@@ -28,16 +27,16 @@ class Interrupted(Exception):
     """SIGINT/SIGTERM/SIGHUP arrived while `ctxapp up` was starting."""
 
 
-def settings_values() -> dict[str, Any]:
-    """Every setting's effective value; a value that does not parse is a CliError."""
+def settings_load() -> CtxappSettings:
+    """The effective settings, typed; a value that does not parse is a CliError."""
     try:
-        return {name: r.value for name, r in resolve_all().items()}
+        return load()
     except SettingError as exc:
         raise CliError(f"Configuration error: {exc}") from None
 
 
-def data_dir_of(values: dict[str, Any]) -> Path:
-    return Path(values["CTXAPP_DATA_DIR"]).expanduser().resolve()
+def data_dir_of(cfg: CtxappSettings) -> Path:
+    return Path(cfg.data_dir).expanduser().resolve()
 
 
 def anchor_data_dir(cwd: Path | None = None) -> Path | None:
@@ -58,16 +57,16 @@ def anchor_data_dir(cwd: Path | None = None) -> Path | None:
     return None
 
 
-def prepare_database(values: dict[str, Any]) -> None:
+def prepare_database(cfg: CtxappSettings) -> None:
     """Start the embedded database, or check the configured one has pgvector."""
     # psycopg takes ~0.1 s to import; the commands that only call a server never need it.
     from ctxapp import embedded  # lazy: startup-cost
 
     try:
-        if values["DATABASE_URL"]:
-            embedded.check_pgvector(values["DATABASE_URL"])
+        if cfg.database_url:
+            embedded.check_pgvector(cfg.database_url)
         else:
-            embedded.ensure_started(data_dir_of(values))
+            embedded.ensure_started(data_dir_of(cfg))
     except embedded.EmbeddedDatabaseError as exc:
         raise CliError(str(exc)) from None
 

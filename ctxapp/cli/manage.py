@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from ctxapp.cli.base import (
     DATA_DIR_NAME,
@@ -11,8 +10,9 @@ from ctxapp.cli.base import (
     data_dir_of,
     django_setup,
     prepare_database,
-    settings_values,
+    settings_load,
 )
+from ctxapp.conf import CtxappSettings
 
 # Commands that work on a database without ctxapp's schema (or none at all).
 SCHEMALESS_COMMANDS = frozenset(
@@ -20,13 +20,13 @@ SCHEMALESS_COMMANDS = frozenset(
 )
 
 
-def _check_database_exists(values: dict[str, Any], command: str) -> None:
+def _check_database_exists(cfg: CtxappSettings, command: str) -> None:
     """Refuse to start a new, empty embedded database for anything but `migrate`."""
     from ctxapp import embedded  # lazy: startup-cost
 
-    if values["DATABASE_URL"] or command == "migrate":
+    if cfg.database_url or command == "migrate":
         return
-    data_dir = data_dir_of(values)
+    data_dir = data_dir_of(cfg)
     if not embedded.pgdata_dir(data_dir).exists():
         raise CliError(
             f"No ctxapp database in {data_dir}. CTXAPP_DATA_DIR is unset, and neither this directory "
@@ -58,11 +58,11 @@ def _check_schema(command: str) -> None:
 
 
 def cmd_manage(argv: list[str]) -> int:
-    values = settings_values()
+    cfg = settings_load()
     command = argv[0] if argv else "help"
     if command not in ("help", "--help", "-h"):
-        _check_database_exists(values, command)
-        prepare_database(values)
+        _check_database_exists(cfg, command)
+        prepare_database(cfg)
         _check_schema(command)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ctxapp.settings")
     from django.core.management import execute_from_command_line  # lazy: django-setup

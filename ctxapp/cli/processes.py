@@ -6,36 +6,36 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
 
-from ctxapp.cli.base import checked_port, data_dir_of, metrics_dir, prepare_database, settings_values
+from ctxapp.cli.base import checked_port, data_dir_of, metrics_dir, prepare_database, settings_load
+from ctxapp.conf import CtxappSettings
 
 
-def worker_argv(values: dict[str, Any], *, concurrency: int | None = None) -> list[str]:
-    queue = f"{values['CTXAPP_QUEUE_PREFIX']}-default"
+def worker_argv(cfg: CtxappSettings, *, concurrency: int | None = None) -> list[str]:
+    queue = f"{cfg.queue_prefix}-default"
     return [
         sys.executable, "-m", "celery", "-A", "ctxapp", "--quiet", "worker",
-        "--loglevel", values["CTXAPP_LOG_LEVEL"],
-        "--concurrency", str(concurrency or values["CTXAPP_WORKER_CONCURRENCY"]),
+        "--loglevel", cfg.log_level,
+        "--concurrency", str(concurrency or cfg.worker_concurrency),
         "--queues", queue,
         "--without-gossip", "--without-mingle", "--without-heartbeat",
     ]  # fmt: skip
 
 
-def beat_argv(values: dict[str, Any]) -> list[str]:
-    schedule = data_dir_of(values) / "celerybeat-schedule"
+def beat_argv(cfg: CtxappSettings) -> list[str]:
+    schedule = data_dir_of(cfg) / "celerybeat-schedule"
     return [
         sys.executable, "-m", "celery", "-A", "ctxapp", "--quiet", "beat",
-        "--loglevel", values["CTXAPP_LOG_LEVEL"], "--schedule", str(schedule),
+        "--loglevel", cfg.log_level, "--schedule", str(schedule),
     ]  # fmt: skip
 
 
-def web_argv(values: dict[str, Any], host: str, port: int) -> list[str]:
+def web_argv(cfg: CtxappSettings, host: str, port: int) -> list[str]:
     return [
         sys.executable, "-m", "uvicorn", "ctxapp.asgi:application",
         "--host", host, "--port", str(port),
-        "--workers", str(values["CTXAPP_WEB_WORKERS"]),
-        "--log-level", "warning" if values["CTXAPP_LOG_LEVEL"] == "info" else values["CTXAPP_LOG_LEVEL"],
+        "--workers", str(cfg.web_workers),
+        "--log-level", "warning" if cfg.log_level == "info" else cfg.log_level,
         "--no-access-log", "--lifespan", "off", "--timeout-graceful-shutdown", "5",
     ]  # fmt: skip
 
@@ -47,21 +47,21 @@ def _exec(argv: list[str]) -> int:
 
 
 def cmd_web(args: argparse.Namespace) -> int:
-    values = settings_values()
-    port = checked_port(args.port or values["CTXAPP_PORT"])
-    prepare_database(values)
-    if values["CTXAPP_WEB_WORKERS"] > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir(data_dir_of(values)))
-    return _exec(web_argv(values, args.host or values["CTXAPP_HOST"], port))
+    cfg = settings_load()
+    port = checked_port(args.port or cfg.port)
+    prepare_database(cfg)
+    if cfg.web_workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir(data_dir_of(cfg)))
+    return _exec(web_argv(cfg, args.host or cfg.host, port))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    values = settings_values()
-    prepare_database(values)
-    return _exec(worker_argv(values))
+    cfg = settings_load()
+    prepare_database(cfg)
+    return _exec(worker_argv(cfg))
 
 
 def cmd_beat(args: argparse.Namespace) -> int:
-    values = settings_values()
-    prepare_database(values)
-    return _exec(beat_argv(values))
+    cfg = settings_load()
+    prepare_database(cfg)
+    return _exec(beat_argv(cfg))

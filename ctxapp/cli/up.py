@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import os
 import signal
@@ -24,10 +25,10 @@ from ctxapp.cli.base import (
     django_setup,
     metrics_dir,
     prepare_database,
-    settings_values,
+    settings_load,
 )
 from ctxapp.cli.processes import beat_argv, web_argv, worker_argv
-from ctxapp.conf import SETTINGS, mask_url
+from ctxapp.conf import CtxappSettings, mask_url
 
 BANNER_WIDTH = 72
 READY_TIMEOUT_SECONDS = 80.0
@@ -93,10 +94,10 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
         raise Interrupted()
 
 
-def _prepare_database_deferring_stop(values: dict[str, Any]) -> None:
+def _prepare_database_deferring_stop(cfg: CtxappSettings) -> None:
     _interrupted["defer"] = True
     try:
-        prepare_database(values)
+        prepare_database(cfg)
     except CliError:
         if _interrupted["signal"]:  # the error is the interruption's (a terminal's Ctrl-C reaches initdb too)
             raise Interrupted() from None
@@ -136,7 +137,7 @@ def _child_env(data_dir: Path) -> dict[str, str]:
     return env
 
 
-def _prepare(values: dict[str, Any], host: str, port: int, data_dir: Path) -> Any:
+def _prepare(cfg: CtxappSettings, host: str, port: int, data_dir: Path) -> Any:
     """Everything before the children start: leftovers, port, Redis, database, migrations.
     Returns the first run's credentials (None on a later run)."""
     stopped = supervise.stop_leftovers(data_dir)
@@ -148,14 +149,14 @@ def _prepare(values: dict[str, Any], host: str, port: int, data_dir: Path) -> An
         )
     (data_dir / "staticfiles").mkdir(exist_ok=True)  # served by ServeStatic (collectstatic target)
     _check_port_free(host, port)
-    if values["REDIS_URL"]:
-        _check_redis(values["REDIS_URL"])
+    if cfg.redis_url:
+        _check_redis(cfg.redis_url)
     print(f"ctxapp: data directory {data_dir}", flush=True)
-    if values["DATABASE_URL"]:
+    if cfg.database_url:
         print("ctxapp: checking DATABASE_URL (PostgreSQL with pgvector) …", flush=True)
     else:
         print("ctxapp: starting the embedded PostgreSQL + pgvector …", flush=True)
-    _prepare_database_deferring_stop(values)
+    _prepare_database_deferring_stop(cfg)
     django_setup()
     print("ctxapp: applying database migrations …", flush=True)
     return _migrate_and_bootstrap()
@@ -174,10 +175,10 @@ def _watch(children: dict[str, subprocess.Popen[bytes]], stop: dict[str, Any]) -
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    values = settings_values()
-    host = args.host or values["CTXAPP_HOST"]
-    port = checked_port(args.port or values["CTXAPP_PORT"])
-    data_dir = data_dir_of(values)
+    cfg = settings_load()
+    host = args.host or cfg.host
+    port = checked_port(args.port or cfg.port)
+    data_dir = data_dir_of(cfg)
     # Until the children run, a stop request unwinds normally, so the embedded PostgreSQL we may
     # have started is stopped by its atexit hook (a bare SIGTERM would skip it).
     for signum in STOP_SIGNALS:
@@ -185,7 +186,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     # Keep the lock referenced until we return: a collected lock object closes its file and
     # silently releases the lock.
     data_dir_lock = supervise.lock_data_dir(data_dir)
-    first_run = _prepare(values, host, port, data_dir)
+    first_run = _prepare(cfg, host, port, data_dir)
 
     env = _child_env(data_dir)
     children: dict[str, subprocess.Popen[bytes]] = {}
@@ -199,30 +200,30 @@ def cmd_up(args: argparse.Namespace) -> int:
     exit_code = 0
     try:
         print("ctxapp: starting the web server, the Celery worker and the scheduler …", flush=True)
-        children["web"] = supervise.spawn(web_argv(values, host, port), env)
-        children["worker"] = supervise.spawn(worker_argv(values), env)
-        children["beat"] = supervise.spawn(beat_argv(values), env)
+        children["web"] = supervise.spawn(web_argv(cfg, host, port), env)
+        children["worker"] = supervise.spawn(worker_argv(cfg), env)
+        children["beat"] = supervise.spawn(beat_argv(cfg), env)
         supervise.up_file_write(data_dir, children)
         local = supervise.local_url(host, port)
         report = supervise.wait_ready(
             f"{local}/readyz", children, lambda: stop["signal"] is not None, READY_TIMEOUT_SECONDS
         )
-        _print_banner(local, report, first_run, data_dir, {**values, "CTXAPP_HOST": host})
+        _print_banner(local, report, first_run, data_dir, dataclasses.replace(cfg, host=host))
         supervise.server_file_write(data_dir, local)
         exit_code = _watch(children, stop)
     except Interrupted:
         pass
     finally:
-        _shut_down(children, values, data_dir)
+        _shut_down(children, cfg, data_dir)
         data_dir_lock.release()
     return exit_code
 
 
-def _shut_down(children: dict[str, subprocess.Popen[bytes]], values: dict[str, Any], data_dir: Path) -> None:
+def _shut_down(children: dict[str, subprocess.Popen[bytes]], cfg: CtxappSettings, data_dir: Path) -> None:
     if children:
         print("\nctxapp: stopping …", flush=True)
         supervise.stop_children(children)
-    if not values["DATABASE_URL"]:
+    if not cfg.database_url:
         print("ctxapp: stopping the embedded PostgreSQL …", flush=True)
         supervise.stop_embedded()
     print("ctxapp: stopped.", flush=True)
@@ -232,7 +233,7 @@ def _shut_down(children: dict[str, subprocess.Popen[bytes]], values: dict[str, A
 
 
 def _print_banner(
-    base: str, report: dict[str, Any], first_run: Any, data_dir: Path, values: dict[str, Any]
+    base: str, report: dict[str, Any], first_run: Any, data_dir: Path, cfg: CtxappSettings
 ) -> None:
     checks = report.get("checks", {})
     parts = []
@@ -243,8 +244,7 @@ def _print_banner(
             or (f"pgvector {check['pgvector']}" if check.get("pgvector") else "")
         )
         parts.append(f"{name.replace('_', ' ')} ok ({detail})" if check.get("ok") else f"{name} FAILING")
-    default_dir = next(s.default for s in SETTINGS if s.env == "CTXAPP_DATA_DIR")
-    same_dir = "" if data_dir == Path(default_dir).expanduser().resolve() else f"CTXAPP_DATA_DIR={data_dir} "
+    same_dir = "" if data_dir == data_dir_of(CtxappSettings()) else f"CTXAPP_DATA_DIR={data_dir} "
     ctxapp = command_name()
     line = "=" * BANNER_WIDTH
     print(line)
@@ -252,8 +252,8 @@ def _print_banner(
     print(f"  {', '.join(parts)}")
     print(f"  dashboard   {base}/            API docs  {base}/api/docs/")
     print(f"  admin       {base}/admin/      ready     {base}/readyz")
-    if values["CTXAPP_HOST"] in {"0.0.0.0", "::"}:
-        hosts = ",".join(values["CTXAPP_ALLOWED_HOSTS"])
+    if cfg.host in {"0.0.0.0", "::"}:
+        hosts = ",".join(cfg.allowed_hosts)
         print(f"  from other machines: add the name they use to CTXAPP_ALLOWED_HOSTS (now {hosts})")
     if first_run is not None:
         print("First run: created tenant 'demo', an admin login and an API key (shown only now):")

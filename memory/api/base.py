@@ -76,6 +76,7 @@ class TenantApiView(APIView):
         bound = getattr(request.auth, "agent_external_id", "")
         if bound and self.agent_binding:
             self.agent_binding_check(request, bound, kwargs)
+        self.idempotency_wrap(request)
 
     def agent_binding_check(self, request: Request, bound: str, kwargs: dict[str, Any]) -> None:
         named: dict[str, list[str]] = {"agent": [], "session": [], "task": []}
@@ -105,32 +106,23 @@ class TenantApiView(APIView):
         return super().handle_exception(exc)
 
     # --- idempotency -----------------------------------------------------------------------
-    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        # Mirrors APIView.dispatch, with the handler call wrapped for Idempotency-Key.
-        self.args = args
-        self.kwargs = kwargs
-        request = self.initialize_request(request, *args, **kwargs)
-        self.request = request
-        self.headers = self.default_response_headers
-        try:
-            self.initial(request, *args, **kwargs)
-            if request.method.lower() in self.http_method_names:
-                handler = getattr(self, request.method.lower(), self.http_method_not_allowed)
-            else:
-                handler = self.http_method_not_allowed
-            key = request.headers.get(IDEMPOTENCY_HEADER)
-            if (
-                key is not None
-                and request.method in WRITE_METHODS
-                and handler != self.http_method_not_allowed
-            ):
-                response = self._idempotent(request, key, handler, *args, **kwargs)
-            else:
-                response = handler(request, *args, **kwargs)
-        except Exception as exc:
-            response = self.handle_exception(exc)
-        self.response = self.finalize_response(request, response, *args, **kwargs)
-        return self.response
+    def idempotency_wrap(self, request: Request) -> None:
+        """Run this request's handler through `_idempotent` when it is a write with the header.
+
+        DRF's `dispatch` calls the handler it finds on the view after `initial` (authentication,
+        permissions, throttles, agent binding); the view is one instance per request, so
+        replacing the handler on the instance wraps this request only.
+        """
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        method = (request.method or "").lower()
+        handler = getattr(self, method, None) if method in self.http_method_names else None
+        if key is None or request.method not in WRITE_METHODS or handler is None:
+            return
+
+        def idempotent_handler(request: Request, *args: Any, **kwargs: Any) -> Response:
+            return self._idempotent(request, key, handler, *args, **kwargs)
+
+        setattr(self, method, idempotent_handler)
 
     def _idempotent(self, request: Request, key: str, handler: Any, *args: Any, **kwargs: Any) -> Response:
         if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:

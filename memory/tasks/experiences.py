@@ -7,48 +7,25 @@ idempotent, so a second delivery does no second write.
 
 from __future__ import annotations
 
-import logging
-
 from celery import shared_task
 from celery.schedules import crontab
-from django.conf import settings
+from django.db import transaction
 
 from memory.models import Task
 from memory.services.distillation import task_distill_full
-from memory.services.embedding import EmbedderError, EmbedderUnavailable
-from memory.services.experiences import (
-    experiences_embed,
-    experiences_evict_all,
-    experiences_mark_failed,
-    experiences_requeue_stale,
-)
-
-logger = logging.getLogger(__name__)
-
-MAX_BACKOFF_SECONDS = 600.0
+from memory.services.experiences import experiences_evict_all, experiences_requeue_stale
+from memory.services.experiences.queue import embedding_enqueue
 
 
-@shared_task(bind=True, acks_late=True, max_retries=None, name="memory.experiences.embed")
-def experiences_embed_task(self, experience_ids: list[int]) -> int:
-    """Embed one batch. Transient errors retry with exponential backoff (CTXAPP_EMBEDDING_MAX_RETRIES,
-    CTXAPP_EMBEDDING_RETRY_BACKOFF); then, or on a permanent error, the rows become `failed`."""
-    try:
-        return experiences_embed(experience_ids=experience_ids)
-    except EmbedderUnavailable as exc:
-        max_retries = settings.CTXAPP.embedding_max_retries
-        if self.request.retries >= max_retries:
-            experiences_mark_failed(
-                experience_ids=experience_ids,
-                reason=f"gave up after {self.request.retries + 1} attempts: {exc}",
-            )
-            return 0
-        backoff = settings.CTXAPP.embedding_retry_backoff
-        countdown = min(MAX_BACKOFF_SECONDS, backoff * 2**self.request.retries)
-        logger.info("embedding batch retry %d in %.1fs: %s", self.request.retries + 1, countdown, exc)
-        raise self.retry(exc=exc, countdown=countdown, max_retries=max_retries) from exc
-    except EmbedderError as exc:
-        experiences_mark_failed(experience_ids=experience_ids, reason=f"{type(exc).__name__}: {exc}")
-        return 0
+@shared_task(acks_late=True, name="memory.experiences.embed")
+def experiences_embed_task(experience_ids: list[int]) -> int:
+    """Embed a batch queued as a plain Celery message (by an older release): handed to the jobs
+    outbox like every embedding, whose embedding kind retries transient errors with backoff
+    (CTXAPP_EMBEDDING_MAX_RETRIES, CTXAPP_EMBEDDING_RETRY_BACKOFF) and then, or on a permanent
+    error, marks the rows `failed`. Returns how many ids were handed on."""
+    with transaction.atomic():
+        embedding_enqueue(experience_ids)
+    return len(experience_ids)
 
 
 @shared_task(acks_late=True, name="memory.experiences.distill")

@@ -9,11 +9,11 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from cachetools import LRUCache
 from django.db import transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
@@ -78,30 +78,23 @@ def _checkpoint_ref(checkpoint: Checkpoint | None) -> dict[str, Any] | None:
 # SHA-256), or takes it from a small per-process cache of recent states keyed by that hash.
 
 RECENT_STATES_MAX_BYTES = 64 * 1024 * 1024
-_recent_states: OrderedDict[str, str] = OrderedDict()  # state SHA-256 -> its JSON text
-_recent_states_bytes = 0
+# state SHA-256 -> its JSON text, least recently used out past RECENT_STATES_MAX_BYTES of text
+_recent_states: LRUCache[str, str] = LRUCache(maxsize=RECENT_STATES_MAX_BYTES, getsizeof=len)
 _recent_states_lock = threading.Lock()
 
 
 def state_cache_put(sha: str, text: str) -> None:
     """Keep the state JSON `text` (SHA-256 `sha`) in this process's cache; oldest out past the cap."""
-    global _recent_states_bytes
     if len(text) > RECENT_STATES_MAX_BYTES // 4:
         return
     with _recent_states_lock:
-        if sha in _recent_states:
-            _recent_states.move_to_end(sha)
-            return
         _recent_states[sha] = text
-        _recent_states_bytes += len(text)
-        while _recent_states_bytes > RECENT_STATES_MAX_BYTES:
-            _, dropped = _recent_states.popitem(last=False)
-            _recent_states_bytes -= len(dropped)
 
 
 def state_cache_get(sha: str) -> dict[str, Any] | None:
     """The cached state of SHA-256 `sha` (a fresh copy), or None."""
-    text = _recent_states.get(sha)
+    with _recent_states_lock:
+        text = _recent_states.get(sha)
     return None if text is None else dict(json.loads(text))  # a fresh copy
 
 

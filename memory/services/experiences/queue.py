@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import secrets
-import threading
 
 from django.conf import settings
 from django.db import transaction
 
+from memory.commit_batch import CommitBatch
 from memory.services import jobs
 
-_local = threading.local()
+# This transaction's embedding intents, as (intent id, its ids) after each write to it: the last
+# is the open one. Nothing to flush (jobs.job_enqueue dispatches each intent after commit); the
+# batch forgets them at commit and, with the payload writes they stand for, at a rollback.
+_intents: CommitBatch[tuple[int, list[int]]] = CommitBatch(None)
 
 
 def embedding_enqueue(ids: list[int]) -> None:
@@ -23,36 +26,23 @@ def embedding_enqueue(ids: list[int]) -> None:
     """
     if not ids:
         return
+    batch = settings.CTXAPP.embedding_batch_size
     with transaction.atomic():
-        connection_ = transaction.get_connection()
-        batch = settings.CTXAPP.embedding_batch_size
-        open_intent: tuple[int, list[int]] | None = getattr(_local, "embed_intent", None)
-        # Our intent belongs to this transaction only while its dispatch callback is registered
-        # (after a commit or a rollback the callback list is cleared): otherwise start a new one.
-        if open_intent is not None and not any(
-            entry[1] is _embed_marker for entry in connection_.run_on_commit
-        ):
-            open_intent = None
+        written = _intents.pending()
+        intent = written[-1] if written else None
         while ids:
-            if open_intent is None or len(open_intent[1]) >= batch:
-                chunk, ids = ids[:batch], ids[batch:]
-                intent_id = jobs.job_enqueue(
-                    tenant=None, kind=jobs.EMBED, key=f"tx-{secrets.token_hex(8)}", payload={"ids": chunk}
-                )
-                assert intent_id is not None  # a fresh key never coalesces
-                open_intent = _local.embed_intent = (intent_id, list(chunk))
-                if not any(entry[1] is _embed_marker for entry in connection_.run_on_commit):
-                    transaction.on_commit(_embed_marker)
-            else:
-                room = batch - len(open_intent[1])
-                merged = [*open_intent[1], *ids[:room]]
-                if jobs.job_intent_update_payload(intent_id=open_intent[0], payload={"ids": merged}):
-                    open_intent[1][:] = merged
-                    ids = ids[room:]
-                else:  # no longer pending (taken meanwhile): a new intent for the rest
-                    open_intent = None
-
-
-def _embed_marker() -> None:
-    """Marks, in the connection's on-commit list, that this transaction has an open embedding intent."""
-    _local.embed_intent = None
+            if intent is not None and len(intent[1]) < batch:
+                merged = [*intent[1], *ids[: batch - len(intent[1])]]
+                if jobs.job_intent_update_payload(intent_id=intent[0], payload={"ids": merged}):
+                    ids = ids[len(merged) - len(intent[1]) :]
+                    intent = (intent[0], merged)
+                    _intents.add(intent)
+                    continue
+            # None open yet, the open one full, or taken by a worker meanwhile: a new intent.
+            chunk, ids = ids[:batch], ids[batch:]
+            intent_id = jobs.job_enqueue(
+                tenant=None, kind=jobs.EMBED, key=f"tx-{secrets.token_hex(8)}", payload={"ids": chunk}
+            )
+            assert intent_id is not None  # a fresh key never coalesces
+            intent = (intent_id, chunk)
+            _intents.add(intent)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import numpy as np
+from cachetools import LRUCache
 
 from memory.models import Message, Session
 from memory.services import ranking
@@ -39,7 +40,20 @@ class ScopeCorpus:
     embedded: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
-_corpora: OrderedDict[tuple[Any, ...], tuple[tuple[Any, ...], ScopeCorpus]] = OrderedDict()
+class ScopeCorpora(LRUCache[tuple[Any, ...], tuple[tuple[Any, ...], ScopeCorpus]]):
+    """Scope key → (its version, its corpus), least recently used out: at most SCOPE_CORPUS_CACHE
+    scopes and SCOPE_CORPUS_ROWS messages over all of them. Not thread-safe: hold _corpora_lock."""
+
+    def __init__(self) -> None:
+        super().__init__(maxsize=SCOPE_CORPUS_ROWS, getsizeof=lambda entry: len(entry[1].ids))
+
+    def __setitem__(self, key: tuple[Any, ...], value: tuple[tuple[Any, ...], ScopeCorpus]) -> None:
+        super().__setitem__(key, value)
+        while len(self) > SCOPE_CORPUS_CACHE:
+            self.popitem()
+
+
+_corpora = ScopeCorpora()
 _corpora_lock = threading.Lock()
 
 
@@ -105,16 +119,10 @@ def scope_corpus(where: ScopeWhere) -> ScopeCorpus | None:
     with _corpora_lock:
         cached = _corpora.get(key)
         if cached is not None and cached[0] == version:
-            _corpora.move_to_end(key)
             return cached[1]
     corpus = _corpus_load(where)
     with _corpora_lock:
         _corpora[key] = (version, corpus)
-        while len(_corpora) > 1 and (
-            len(_corpora) > SCOPE_CORPUS_CACHE
-            or sum(len(c.ids) for _, c in _corpora.values()) > SCOPE_CORPUS_ROWS
-        ):
-            _corpora.popitem(last=False)
     return corpus
 
 

@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from memory.models import EmbeddingCache, Event, Experience, ExperiencePolicy
+from memory.models import EmbeddingCache, Event, Experience, ExperiencePolicy, JobIntent
+from memory.services import jobs
 from memory.services.experiences import (
     experience_create,
     experience_feedback,
@@ -22,6 +23,7 @@ from memory.services.experiences import (
     experiences_retry_failed,
 )
 from memory.services.retrieval import experiences_search
+from memory.tasks.experiences import experiences_embed_task
 
 pytestmark = pytest.mark.django_db
 
@@ -293,6 +295,19 @@ def test_stale_pending_rows_are_requeued(tenant_a, django_capture_on_commit_call
         assert experiences_requeue_stale() == 1
     assert JobIntent.objects.get().payload == {"ids": [row.pk]}
     assert callbacks  # dispatched after commit
+
+
+def test_a_plain_celery_embed_message_goes_through_the_outbox(tenant_a, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False):
+        row = create(tenant_a)
+    JobIntent.objects.all().delete()  # queued by an older release as a plain Celery message
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        assert experiences_embed_task.apply(args=[[row.pk]]).get() == 1
+    [intent] = JobIntent.objects.all()
+    assert intent.kind == jobs.EMBED and intent.payload == {"ids": [row.pk]} and callbacks
+    assert jobs.job_run(intent_id=intent.pk) == "done"  # retries and failures: the outbox's
+    row.refresh_from_db()
+    assert row.embedding_status == "completed"
 
 
 def test_the_beat_job_evicts_every_tenant_over_capacity(tenant_a, tenant_b):
