@@ -3,12 +3,14 @@ scope from PostgreSQL's HNSW and full-text indexes) and its summaries, facts and
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import numpy as np
+from cachetools import TTLCache
 from django.db import connection
 from django.db.models import Q
 from pgvector.django import CosineDistance
@@ -36,28 +38,30 @@ OTHER_KIND_POOL = 50  # summaries / facts / experiences per source
 
 LARGE_TERM_CAP = 5_000  # large scopes: a term matching more rows than this counts as common
 LARGE_STATS_SECONDS = 300.0  # large scopes: rows and mean length are re-measured this often
-_large_stats: dict[tuple[Any, ...], tuple[float, int, float]] = {}
-
-
-_large_term_counts: dict[tuple[Any, ...], tuple[float, int | None]] = {}
-LARGE_TERM_COUNTS_KEPT = 50_000  # (scope, term) counts kept per process
+# Per process, re-measured every LARGE_STATS_SECONDS; a lock because a TTL cache mutates on reads.
+_large_stats: TTLCache[tuple[Any, ...], tuple[int, float]] = TTLCache(
+    maxsize=1024, ttl=LARGE_STATS_SECONDS, timer=time.monotonic
+)
+_large_term_counts: TTLCache[tuple[Any, ...], int | None] = TTLCache(
+    maxsize=50_000, ttl=LARGE_STATS_SECONDS, timer=time.monotonic
+)
+_stats_lock = threading.Lock()
 
 
 def _term_counts(*, where: ScopeWhere, terms: list[str], config: str) -> dict[str, int | None]:
     """Rows matching each term, counted through the GIN index up to LARGE_TERM_CAP (None: more,
     or a word PostgreSQL's configuration ignores). Re-counted every LARGE_STATS_SECONDS, like the
     scope's size: a common word costs a scan of up to 5,001 rows. At most one query."""
-    now = time.monotonic()
     key = (*scope_key(where), config)
-    known = {t: _large_term_counts.get((*key, t)) for t in terms}
-    fresh = {t: hit[1] for t, hit in known.items() if hit is not None and now - hit[0] <= LARGE_STATS_SECONDS}
+    with _stats_lock:
+        fresh = {t: _large_term_counts[(*key, t)] for t in terms if (*key, t) in _large_term_counts}
     missing = [t for t in terms if t not in fresh]
     if missing:
-        if len(_large_term_counts) > LARGE_TERM_COUNTS_KEPT:
-            _large_term_counts.clear()
-        for term, count in _term_counts_query(where=where, terms=missing, config=config).items():
-            fresh[term] = count
-            _large_term_counts[(*key, term)] = (now, count)
+        counted = _term_counts_query(where=where, terms=missing, config=config)
+        with _stats_lock:
+            for term, count in counted.items():
+                _large_term_counts[(*key, term)] = count
+        fresh.update(counted)
     return {term: fresh[term] for term in terms}
 
 
@@ -94,17 +98,19 @@ def _corpus_stats(*, where: ScopeWhere, counts: dict[str, int | None]) -> rankin
     """Statistics of a large scope: rows and mean lexeme count (re-measured every 5 minutes), the
     exact document frequency of its rarer terms; common terms are counted in the pool (ranking)."""
     key = scope_key(where)
-    now = time.monotonic()
-    cached = _large_stats.get(key)
-    if cached is None or now - cached[0] > LARGE_STATS_SECONDS:
+    with _stats_lock:
+        cached = _large_stats.get(key)
+    if cached is None:
         table = Message._meta.db_table
         row = fetch_rows(
             f"SELECT count(*), coalesce(avg(length(m.search_vector)), 0) FROM {table} m WHERE {where.where}",
             where.params,
         )[0]
-        cached = _large_stats[key] = (now, int(row[0]), float(row[1]))
+        cached = (int(row[0]), float(row[1]))
+        with _stats_lock:
+            _large_stats[key] = cached
     df = {term: count for term, count in counts.items() if count is not None}
-    return ranking.CorpusStats(n_docs=cached[1], avg_len=cached[2], df=df)
+    return ranking.CorpusStats(n_docs=cached[0], avg_len=cached[1], df=df)
 
 
 def _message_candidates(
