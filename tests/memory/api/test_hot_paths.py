@@ -92,16 +92,16 @@ def test_another_tenants_cached_key_never_reaches_this_tenants_data(api_a: Any, 
 # Counted inside the test's transaction, so each atomic block adds a SAVEPOINT/RELEASE pair.
 
 
-def test_an_append_with_an_idempotency_key_costs_six_statements(
+def test_an_append_with_an_idempotency_key_costs_two_statements(
     api_a: Any, django_assert_max_num_queries: Any
 ) -> None:
     session = session_of(api_a)
     path = f"/api/v1/sessions/{session}/messages"
     api_a.post(path, {"role": "user", "content": "warm-up"}, format="json", HTTP_IDEMPOTENCY_KEY="w")
-    # key: cached; session read; seq reservation; message; event; decay counter + facts check;
-    # idempotency record (one statement) — plus the SAVEPOINT/RELEASE of the test's nesting.
+    # key: cached; the append (session read, seq reservation, message, event, decay counter and
+    # facts check: one statement); the idempotency record — plus the test's SAVEPOINT/RELEASE.
     for role in ("user", "assistant"):
-        with django_assert_max_num_queries(6 + 2):
+        with django_assert_max_num_queries(2 + 2):
             response = api_a.post(
                 path, {"role": role, "content": "hello"}, format="json", HTTP_IDEMPOTENCY_KEY=f"k-{role}"
             )
@@ -115,7 +115,7 @@ def test_a_batch_of_100_costs_as_many_statements_as_one_message(
     path = f"/api/v1/sessions/{session}/messages"
     api_a.post(path, {"role": "user", "content": "warm-up"}, format="json")
     body = {"messages": [{"role": "user", "content": f"m{i}"} for i in range(100)]}
-    with django_assert_max_num_queries(6 + 2):
+    with django_assert_max_num_queries(2 + 2):
         response = api_a.post(path, body, format="json", HTTP_IDEMPOTENCY_KEY="batch")
     assert response.status_code == 201
     assert response.json()["last_seq"] - response.json()["first_seq"] == 99
