@@ -432,6 +432,10 @@ def main() -> int:
     os.environ.setdefault("CTXAPP_SECRET_KEY", "bench-secret-key")
     os.environ.setdefault("CTXAPP_LOG_LEVEL", "warning")
     os.environ.setdefault("CTXAPP_QUEUE_PREFIX", f"ctxpeers{os.getpid()}")
+    # Rate limits counted as in production (one statement each per request), but high enough
+    # that the bench's single key never gets a 429.
+    os.environ.setdefault("CTXAPP_THROTTLE_KEY_RATE", "1000000/min")
+    os.environ.setdefault("CTXAPP_THROTTLE_ADDRESS_RATE", "1000000/min")
     secret = prepare(data_dir)
     # The database cache's table (a migration creates it; prepare() builds tables from the models):
     # without it every REST request's rate-limit count fails, and logs a traceback, as in runs
