@@ -25,6 +25,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
 
 logger = logging.getLogger(__name__)
@@ -38,8 +39,6 @@ _loop_draining: list[asyncio.Task[None]] = []  # the running drain task, if any
 
 
 def tenant_group(tenant_id: int) -> str:
-    from django.conf import settings
-
     return f"{settings.QUEUE_PREFIX}.tenant.{tenant_id}"
 
 
