@@ -188,7 +188,7 @@ def _checkpoint_insert(
     checkpoints, states = Checkpoint._meta.db_table, CognitiveState._meta.db_table
     quote = connection.ops.quote_name
     sql = (
-        f"WITH c AS (INSERT INTO {checkpoints} ({', '.join(quote(f.column) for f in inserted)}) "
+        f"WITH c AS (INSERT INTO {checkpoints} ({', '.join(quote(str(f.column)) for f in inserted)}) "
         f"VALUES ({', '.join(['%s'] * len(inserted))}) RETURNING id)"
     )
     params = [field.get_db_prep_save(getattr(checkpoint, field.attname), connection) for field in inserted]
