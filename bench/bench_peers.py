@@ -17,7 +17,7 @@ reports the p50 of each and the ratio ctxapp ÷ peer (lower is better for ctxapp
     python bench/bench_peers.py --full     # 500-turn history, more samples (~6 min)
 """
 
-# ruff: noqa: E501, B023, UP013  (a script that prints tables; lambdas run in their own loop turn)
+# ruff: noqa: E501, B023  (a script that prints tables; lambdas run in their own loop turn)
 from __future__ import annotations
 
 import argparse
@@ -33,14 +33,31 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
+
+from django.core.management import call_command
+from django.db import connection, connections, transaction
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_ingest import free_port, prepare, run_level, start_server  # noqa: E402
+from peers import (  # noqa: E402
+    delta_graph,
+    extend_lists,
+    has_delta,
+    lc_history,
+    lg_put,
+    lg_saver,
+    merge_dicts,
+    peer_databases,
+    version_or,
+)
+
+from ctxapp.client import Client  # noqa: E402
 
 SIZES = {
     "quick": {"appends": 80, "batches": 10, "checkpoints": 60, "turns": 100, "reads": 80, "seconds": 6.0},
@@ -67,6 +84,20 @@ def row(label: str, ours: str, theirs: str, ratio: float | str) -> None:
     print(f"  {label:<58} {ours:>20} {theirs:>26} {text:>8}", flush=True)
 
 
+def rows_vs_put_and_delta(label: str, samples: dict[str, list[float]], with_delta: bool) -> None:
+    """Our p50 against LangGraph's `put` and (when available) DeltaChannel's."""
+    ours = ms(samples["ours"])
+    row(label, f"{ours:.2f} ms", f"{ms(samples['put']):.2f} ms (put)", ours / ms(samples["put"]))
+    if with_delta:
+        delta = ms(samples["delta"])
+        row(
+            "  … vs DeltaChannel K=20 (graph.invoke)",
+            f"{ours:.2f} ms",
+            f"{delta:.2f} ms (delta)",
+            ours / delta,
+        )
+
+
 def interleave(
     n: int, ours: Callable[[int], Any], theirs: Callable[[int], Any]
 ) -> tuple[list[float], list[float]]:
@@ -78,86 +109,6 @@ def interleave(
             fn(i)
             out.append(time.perf_counter() - t0)
     return a, b
-
-
-# --- peers ---------------------------------------------------------------------------------------
-
-
-def peer_databases(names: list[str]) -> dict[str, str]:
-    import bench_ingest
-
-    from ctxapp import embedded
-
-    server = bench_ingest._pg_server  # type: ignore[attr-defined]  # kept alive by prepare()
-    return {name: embedded.prepare_database(server.get_uri(), name) for name in names}
-
-
-def connect(uri: str) -> Any:
-    import psycopg
-    from psycopg.rows import dict_row
-
-    return psycopg.connect(uri, autocommit=True, prepare_threshold=0, row_factory=dict_row)
-
-
-def lc_history(uri: str) -> tuple[Any, Any]:
-    from langchain_postgres import PostgresChatMessageHistory
-
-    conn = connect(uri)
-    PostgresChatMessageHistory.create_tables(conn, "chat_history")
-    return conn, PostgresChatMessageHistory("chat_history", str(uuid.uuid4()), sync_connection=conn)
-
-
-def lg_saver(uri: str) -> Any:
-    from langgraph.checkpoint.postgres import PostgresSaver
-
-    saver = PostgresSaver(connect(uri))
-    saver.setup()
-    return saver
-
-
-def lg_put(
-    saver: Any, thread: str, channels: dict[str, Any], parent: dict[str, Any] | None
-) -> dict[str, Any]:
-    from langgraph.checkpoint.base import empty_checkpoint
-
-    checkpoint = empty_checkpoint()
-    version = str(uuid.uuid4().int)
-    checkpoint["channel_values"] = channels
-    checkpoint["channel_versions"] = dict.fromkeys(channels, version)
-    config = parent or {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-    return dict(
-        saver.put(config, checkpoint, {"source": "update", "step": 0}, dict.fromkeys(channels, version))
-    )
-
-
-def delta_graph(saver: Any, reducer: Callable[[Any, Any], Any], typ: type) -> Any | None:
-    """A one-node graph whose state is one DeltaChannel (snapshot every 20), or None if unavailable."""
-    try:
-        from langgraph.channels.delta import DeltaChannel
-    except ImportError:
-        return None
-    from typing import Annotated, TypedDict
-
-    from langgraph.graph import END, START, StateGraph
-
-    # Built functionally: this module's annotations are strings (from __future__ import annotations).
-    State = TypedDict("State", {"value": Annotated[typ, DeltaChannel(reducer, typ, snapshot_frequency=20)]})  # type: ignore[misc,valid-type]
-    graph = StateGraph(State)
-    graph.add_node("step", lambda state: None)
-    graph.add_edge(START, "step")
-    graph.add_edge("step", END)
-    return graph.compile(checkpointer=saver)
-
-
-def merge_dicts(state: dict[str, Any], writes: list[dict[str, Any]]) -> dict[str, Any]:
-    out = dict(state)
-    for write in writes:
-        out.update(write)
-    return out
-
-
-def extend_lists(state: list[Any], writes: list[list[Any]]) -> list[Any]:
-    return [*state, *(item for write in writes for item in write)]
 
 
 # --- ctxapp ------------------------------------------------------------------------------------
@@ -175,7 +126,7 @@ def fifty_kb_state(rng: random.Random) -> dict[str, Any]:
 
 
 def supports_patch() -> bool:
-    from memory.services import cognition
+    from memory.services import cognition  # lazy: django-setup
 
     return "patch" in inspect.signature(cognition.checkpoint_create).parameters
 
@@ -195,25 +146,26 @@ def relation_bytes(cursor: Any, tables: list[str]) -> int:
 
 
 def appends(n: int, batches: int, base: str, secret: str, lc_uri: str) -> None:
-    from django.db import transaction
-    from langchain_core.messages import HumanMessage
+    from langchain_core.messages import HumanMessage  # lazy: optional-dependency
 
-    from ctxapp.client import Client
-    from memory.models import ApiKey
-    from memory.services import sessions as svc
+    from memory.models import ApiKey  # lazy: django-setup
+    from memory.services import sessions as svc  # lazy: django-setup
 
     tenant = ApiKey.objects.select_related("tenant").get().tenant
     session = svc.session_create(tenant=tenant, agent_external_id="peer-bench")
     _, history = lc_history(lc_uri)
 
+    by_id = "session_id" in inspect.signature(svc.messages_append).parameters
+
     def ours_service(i: int) -> None:
+        # As the API does: in a transaction, the session read (by id, tenant-scoped) included.
+        items = [svc.MessageInput(role="user", content=f"turn {i}: what is the weather like?")]
         with transaction.atomic():
-            current = svc.session_get(tenant=tenant, session_id=session.public_id)
-            svc.messages_append(
-                tenant=tenant,
-                session=current,
-                items=[svc.MessageInput(role="user", content=f"turn {i}: what is the weather like?")],
-            )
+            if by_id:  # read in the append's own statement
+                svc.messages_append(tenant=tenant, session_id=session.public_id, items=items)
+            else:
+                current = svc.session_get(tenant=tenant, session_id=session.public_id)
+                svc.messages_append(tenant=tenant, session=current, items=items)
 
     def theirs_one(i: int) -> None:
         history.add_message(HumanMessage(content=f"turn {i}: what is the weather like?"))
@@ -266,9 +218,9 @@ def appends(n: int, batches: int, base: str, secret: str, lc_uri: str) -> None:
 
 
 def checkpoints(n: int, reads: int, lg_uri: str) -> None:
-    from memory.models import ApiKey
-    from memory.services import cognition
-    from memory.services.sessions import agent_get_or_create
+    from memory.models import ApiKey  # lazy: django-setup
+    from memory.services import cognition  # lazy: django-setup
+    from memory.services.sessions import agent_get_or_create  # lazy: django-setup
 
     tenant = ApiKey.objects.select_related("tenant").get().tenant
     agent = agent_get_or_create(tenant=tenant, external_id="peer-ckpt")
@@ -335,20 +287,7 @@ def checkpoints(n: int, reads: int, lg_uri: str) -> None:
             t0 = time.perf_counter()
             ours_patch(i)
             samples["patch"].append(time.perf_counter() - t0)
-    label = "checkpoint write, 50 KB state, 1 % changed"
-    row(
-        label,
-        f"{ms(samples['ours']):.2f} ms",
-        f"{ms(samples['put']):.2f} ms (put)",
-        ms(samples["ours"]) / ms(samples["put"]),
-    )
-    if graph is not None:
-        row(
-            "  … vs DeltaChannel K=20 (graph.invoke)",
-            f"{ms(samples['ours']):.2f} ms",
-            f"{ms(samples['delta']):.2f} ms (delta)",
-            ms(samples["ours"]) / ms(samples["delta"]),
-        )
+    rows_vs_put_and_delta("checkpoint write, 50 KB state, 1 % changed", samples, graph is not None)
     if patching:
         row(
             "  … ours with a JSON Patch body, vs put",
@@ -396,11 +335,9 @@ def checkpoints(n: int, reads: int, lg_uri: str) -> None:
 
 
 def growing(turns: int, put_uri: str, delta_uri: str) -> None:
-    from django.db import connection
-
-    from memory.models import ApiKey, Checkpoint, CognitiveState
-    from memory.services import cognition
-    from memory.services.sessions import agent_get_or_create
+    from memory.models import ApiKey, Checkpoint, CognitiveState  # lazy: django-setup
+    from memory.services import cognition  # lazy: django-setup
+    from memory.services.sessions import agent_get_or_create  # lazy: django-setup
 
     tenant = ApiKey.objects.select_related("tenant").get().tenant
     agent = agent_get_or_create(tenant=tenant, external_id="peer-growing")
@@ -454,19 +391,7 @@ def growing(turns: int, put_uri: str, delta_uri: str) -> None:
             fn()
             samples[name].append(time.perf_counter() - t0)
     label = f"checkpoint write, growing history ({turns} turns, +1.7 KB/turn)"
-    row(
-        label,
-        f"{ms(samples['ours']):.2f} ms",
-        f"{ms(samples['put']):.2f} ms (put)",
-        ms(samples["ours"]) / ms(samples["put"]),
-    )
-    if graph is not None:
-        row(
-            "  … vs DeltaChannel K=20",
-            f"{ms(samples['ours']):.2f} ms",
-            f"{ms(samples['delta']):.2f} ms (delta)",
-            ms(samples["ours"]) / ms(samples["delta"]),
-        )
+    rows_vs_put_and_delta(label, samples, graph is not None)
     with connection.cursor() as cursor:
         ours_growth = relation_bytes(cursor, ours_tables) - ours_before
     with saver.conn.cursor() as cursor:
@@ -507,20 +432,26 @@ def main() -> int:
     os.environ.setdefault("CTXAPP_SECRET_KEY", "bench-secret-key")
     os.environ.setdefault("CTXAPP_LOG_LEVEL", "warning")
     os.environ.setdefault("CTXAPP_QUEUE_PREFIX", f"ctxpeers{os.getpid()}")
+    # Rate limits counted as in production (one statement each per request), but high enough
+    # that the bench's single key never gets a 429.
+    os.environ.setdefault("CTXAPP_THROTTLE_KEY_RATE", "1000000/min")
+    os.environ.setdefault("CTXAPP_THROTTLE_ADDRESS_RATE", "1000000/min")
     secret = prepare(data_dir)
+    # The database cache's table (a migration creates it; prepare() builds tables from the models):
+    # without it every REST request's rate-limit count fails, and logs a traceback, as in runs
+    # before 2026-12-01 07:00.
+    call_command("createcachetable", verbosity=0)
     uris = peer_databases(["peer_langchain", "peer_lg", "peer_lg_put", "peer_lg_delta"])
     port = free_port()
     server = start_server(port, args.workers, "ctxapp.settings")
     base = f"http://127.0.0.1:{port}"
-    from importlib.metadata import version
+    import langgraph.checkpoint.postgres as lgpg  # lazy: optional-dependency
 
-    import langgraph.checkpoint.postgres as lgpg
-
-    delta = "yes" if _has_delta() else "no (langgraph without DeltaChannel)"
+    delta = "yes" if has_delta() else "no (langgraph without DeltaChannel)"
     print(
         f"embedded PostgreSQL in {data_dir}; uvicorn {args.workers} worker(s); {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n"
         f"langchain-postgres {version('langchain-postgres')}, langgraph-checkpoint-postgres {version('langgraph-checkpoint-postgres')} "
-        f"({lgpg.__name__}), langgraph {_version_or('langgraph')}; DeltaChannel: {delta}; ctxapp JSON Patch checkpoints: {supports_patch()}"
+        f"({lgpg.__name__}), langgraph {version_or('langgraph')}; DeltaChannel: {delta}; ctxapp JSON Patch checkpoints: {supports_patch()}"
     )
     print(f"  {'measure':<58} {'ctxapp p50':>20} {'peer p50':>26} {'ratio':>8}")
     try:
@@ -544,31 +475,12 @@ def main() -> int:
             server.wait(15)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
-        from django.db import connections
-
         connections.close_all()
     print(f"\nload after the run: {os.getloadavg()[0]:.2f}")
     print("\n| measure | ctxapp p50 | peer p50 | ratio |\n| --- | --- | --- | --- |")
     for label, ours, theirs, ratio in ROWS:
         print(f"| {label.strip()} | {ours} | {theirs} | {ratio} |")
     return 0
-
-
-def _has_delta() -> bool:
-    try:
-        from langgraph.channels.delta import DeltaChannel  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _version_or(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from memory.commit_batch import CommitBatch
 
@@ -37,8 +38,6 @@ _loop_draining: list[asyncio.Task[None]] = []  # the running drain task, if any
 
 
 def tenant_group(tenant_id: int) -> str:
-    from django.conf import settings
-
     return f"{settings.QUEUE_PREFIX}.tenant.{tenant_id}"
 
 

@@ -184,13 +184,13 @@ class SessionMessagesApi(TenantApiView):
     )
     def post(self, request: Any, session_id: str) -> Response:
         items, is_batch = message_inputs_validate(request.data)
-        session = selectors.session_get(tenant=self.tenant, session_id=session_id)
-        messages = svc.messages_append(tenant=self.tenant, session=session, items=items)
+        # The session is read (tenant-scoped) in the append's own statement.
+        messages = svc.messages_append(tenant=self.tenant, session_id=session_id, items=items)
         if not is_batch:
             return Response(message_out(messages[0]), status=201)
         return Response(
             {
-                "session": session.public_id,
+                "session": session_id,
                 "first_seq": messages[0].seq,
                 "last_seq": messages[-1].seq,
                 "messages": [{"seq": m.seq, "token_count": m.token_count} for m in messages],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,12 +13,10 @@ from memory.exceptions import (
     InvalidInput,
     InvalidTransition,
     NotFound,
-    SessionEnded,
     TaskFinished,
 )
 from memory.models import (
     Agent,
-    Message,
     Session,
     SessionRetentionPolicy,
     SessionStatus,
@@ -37,7 +34,13 @@ from memory.selectors.sessions import session_latest as session_latest
 from memory.selectors.sessions import sessions_list as sessions_list
 from memory.selectors.sessions import task_get as task_get
 from memory.selectors.sessions import tasks_list as tasks_list
-from memory.services import decay, recorder, tokens
+from memory.services import decay, distillation, recorder, retention
+from memory.services.digest import session_digest_queue
+
+# Appending messages lives in memory.services.messages (one statement); re-exported for callers.
+from memory.services.messages import MessageInput as MessageInput
+from memory.services.messages import message_token_count as message_token_count
+from memory.services.messages import messages_append as messages_append
 
 DEFAULT_SESSION_TTL = timedelta(hours=24)
 # A read moves last_accessed_at at most this often (an UPDATE per read would be wasteful).
@@ -155,8 +158,6 @@ def session_create(
         session=session,
         payload={"user_id": user_id, "idle_ttl_seconds": session.idle_ttl_seconds},
     )
-    from memory.services import retention
-
     retention.sessions_evict_over_limit(
         tenant=tenant, agent=agent, limit=policy.max_live_sessions_per_agent, now=now
     )
@@ -179,8 +180,6 @@ def session_end(*, tenant: Tenant, session: Session, now: datetime | None = None
         if not updated:
             return session
         decay.facts_on_session_end(tenant=tenant, session=session)
-        from memory.services.digest import session_digest_queue
-
         session_digest_queue(session=session)  # its digest, for the same user's next session
         recorder.event_append(
             tenant=tenant,
@@ -209,109 +208,6 @@ def session_delete(*, tenant: Tenant, session: Session) -> None:
             payload={"status": locked.status, "message_count": locked.message_count},
         )
         locked.delete()
-
-
-@dataclass
-class MessageInput:
-    role: str
-    content: str = ""
-    turn_id: str = ""
-    tool_call_id: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    event_kind: str = ""
-    parent_seq: int | None = None
-    artifact_refs: list[Any] = field(default_factory=list)
-    metadata: dict[str, Any] = field(default_factory=dict)
-    name: str = ""  # the speaker (indexed with the content)
-    occurred_at: datetime | None = None  # when it was said (history imports); default: now
-
-
-def message_token_count(item: MessageInput) -> int:
-    """Tokens of a message's content and tool calls (o200k; the context engine refines per model)."""
-    import json
-
-    text = item.content
-    if item.tool_calls:
-        text += json.dumps(item.tool_calls, separators=(",", ":"), ensure_ascii=False)
-    return tokens.count_tokens(text)
-
-
-def messages_append(*, tenant: Tenant, session: Session, items: list[MessageInput]) -> list[Message]:
-    """Append messages to an open session, all or nothing, with gapless consecutive seqs.
-
-    The seq counter lives on the session row and is advanced by one UPDATE that takes the
-    row's lock: concurrent appenders queue on it, and a rolled-back append gives its seqs back.
-    Records one `message.added` event per message, and lets decay mark referenced facts.
-    Raises SessionEnded (409) if the session is not open; then nothing was written.
-    Not idempotent by itself (the API's Idempotency-Key makes a retry harmless).
-    """
-    if not items:
-        return []
-    counts = [message_token_count(item) for item in items]  # outside the lock: the slow part
-    now = timezone.now()
-    from memory.services import memory_index
-
-    index_fields = memory_index.message_index_fields(tenant=tenant)
-    # savepoint=False: no SAVEPOINT/RELEASE round trips inside the caller's transaction. Safe
-    # because nothing here raises after a write except a database error, which aborts the
-    # whole PostgreSQL transaction anyway; SessionEnded is raised after the block, unwritten.
-    messages: list[Message] = []
-    with transaction.atomic(savepoint=False):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {Session._meta.db_table} SET message_seq = message_seq + %s, "
-                "message_count = message_count + %s, token_count = token_count + %s, last_accessed_at = %s, "
-                "expires_at = %s + make_interval(secs => idle_ttl_seconds) "
-                "WHERE id = %s AND status = %s RETURNING message_seq",
-                [len(items), len(items), sum(counts), now, now, session.pk, SessionStatus.OPEN],
-            )
-            row = cursor.fetchone()
-        if row is not None:
-            first = int(row[0]) - len(items) + 1
-            messages = [
-                Message(
-                    tenant=tenant,
-                    session=session,
-                    seq=first + index,
-                    role=item.role,
-                    content=item.content,
-                    token_count=count,
-                    turn_id=item.turn_id,
-                    tool_call_id=item.tool_call_id,
-                    tool_calls=item.tool_calls,
-                    event_kind=item.event_kind,
-                    parent_seq=item.parent_seq,
-                    artifact_refs=item.artifact_refs,
-                    metadata=item.metadata,
-                    created_at=now,
-                    name=item.name,
-                    occurred_at=item.occurred_at or now,
-                    **index_fields,
-                )
-                for index, (item, count) in enumerate(zip(items, counts, strict=True))
-            ]
-            Message.objects.bulk_create(messages)
-            session.message_seq = first + len(items) - 1
-            session.message_count += len(items)
-            session.token_count += sum(counts)
-            session.last_accessed_at = now
-            session.expires_at = now + timedelta(seconds=session.idle_ttl_seconds)
-            recorder.event_append_many(
-                tenant=tenant,
-                type="message.added",
-                agent=session.agent,
-                session=session,
-                payloads=[
-                    {"seq": m.seq, "role": m.role, "tokens": m.token_count, "event_kind": m.event_kind}
-                    for m in messages
-                ],
-            )
-            decay.facts_observe_messages(tenant=tenant, session=session, messages=messages)
-            if index_fields["embedding_status"] == "pending":
-                memory_index.memory_index_dispatch_on_commit()
-    if row is None:
-        raise SessionEnded(details={"session": session.public_id})
-    return messages
 
 
 # --- tasks -----------------------------------------------------------------------------------
@@ -432,8 +328,6 @@ def task_update(
             "changed": [c for c in changed if c != "finished_at"],
         }
         if finishing:
-            from memory.services import distillation
-
             distillation.task_finished(tenant=tenant, task=locked)
             recorder.event_append(
                 tenant=tenant,

@@ -168,14 +168,18 @@ def state_get(*, tenant: Tenant, agent: Agent) -> StateView:
     return _view(agent, row)
 
 
-def state_row_for_update(*, tenant: Tenant, agent: Agent) -> CognitiveState:
-    """The agent's state row, created if missing, locked until the transaction ends."""
+def state_row_for_update(*, tenant: Tenant, agent: Agent, checkpoint_fold: bool = False) -> CognitiveState:
+    """The agent's state row, created if missing, locked until the transaction ends.
+
+    `checkpoint_fold`: load its checkpoint's stored fold too (checkpoint_create continues it).
+    """
     # The tenant's full-snapshot interval comes along (checkpoint_create needs it): one round trip.
     policy = CheckpointPolicy.objects.filter(tenant=OuterRef("tenant_id")).values("full_snapshot_every")[:1]
+    deferred = ["fold_state", "checkpoint__payload"] + ([] if checkpoint_fold else ["checkpoint__fold_state"])
     locked = (
         CognitiveState.objects.select_for_update(of=("self",))
         .select_related("checkpoint")
-        .defer("fold_state", "checkpoint__payload", "checkpoint__fold_state")  # loaded if ever needed
+        .defer(*deferred)  # loaded if ever needed
         .annotate(policy_full_every=Subquery(policy))
     )
     row = locked.filter(agent=agent).first()  # one round trip once the row exists

@@ -43,7 +43,13 @@ EVENT_KIND_FACT_TYPES: dict[str, str] = {
 FACT_KEY_METADATA = "fact_key"
 
 
-def facts_observe_messages(*, tenant: Tenant, session: Session, messages: list[Message]) -> None:
+def facts_observe_messages(
+    *,
+    tenant: Tenant,
+    session: Session,
+    messages: list[Message],
+    progress: tuple[int | None, bool] | None = None,
+) -> None:
     """Advance the round counter, register facts from marked messages, detect references, sweep decay.
 
     Runs inside messages_append's transaction (under the session row lock), on every append, so it
@@ -51,12 +57,17 @@ def facts_observe_messages(*, tenant: Tenant, session: Session, messages: list[M
     and writes only for what changed. Embedding a message happens only when it shares some key
     terms with a fact without reaching the overlap threshold (and the policy allows embeddings).
     Records `fact.registered`/`fact.updated` for auto-registered facts and `fact.decayed` per crossing.
+    `progress` is (the session's round after these messages, whether it tracks any fact) when the
+    caller already advanced the counter in its own statement (messages_append); a round of None
+    (no counter row yet) falls back to advancing it here.
     """
     if not messages:
         return
     ordered = sorted(messages, key=lambda m: m.seq)
     user_seqs = [m.seq for m in ordered if m.role == MessageRole.USER]
-    if user_seqs:
+    if progress is not None and progress[0] is not None:
+        total, has_facts = int(progress[0]), progress[1]
+    elif user_seqs:
         total, has_facts = rounds_advance(
             tenant=tenant, session=session, user_messages=len(user_seqs), last_user_seq=user_seqs[-1]
         )

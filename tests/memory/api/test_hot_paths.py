@@ -4,6 +4,7 @@ once, one-statement idempotency records, pinned statement counts (issue 15, benc
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from typing import Any
 
@@ -11,7 +12,8 @@ import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
-from memory.models import ApiKey, Event, IdempotencyRecord, Message, Session, Tenant
+from memory.models import Agent, ApiKey, Checkpoint, Event, IdempotencyRecord, Message, Session, Tenant
+from memory.services.fold import fold_event_rows, fold_events, fold_initial, reducers_get
 from memory.services.tenancy import api_key_create, api_key_revoke, api_keys_changed
 
 pytestmark = pytest.mark.django_db
@@ -93,16 +95,16 @@ def test_another_tenants_cached_key_never_reaches_this_tenants_data(api_a: Any, 
 # Counted inside the test's transaction, so each atomic block adds a SAVEPOINT/RELEASE pair.
 
 
-def test_an_append_with_an_idempotency_key_costs_six_statements(
+def test_an_append_with_an_idempotency_key_costs_two_statements(
     api_a: Any, django_assert_max_num_queries: Any
 ) -> None:
     session = session_of(api_a)
     path = f"/api/v1/sessions/{session}/messages"
     api_a.post(path, {"role": "user", "content": "warm-up"}, format="json", HTTP_IDEMPOTENCY_KEY="w")
-    # key: cached; session read; seq reservation; message; event; decay counter + facts check;
-    # idempotency record (one statement) — plus the SAVEPOINT/RELEASE of the test's nesting.
+    # key: cached; the append (session read, seq reservation, message, event, decay counter and
+    # facts check: one statement); the idempotency record — plus the test's SAVEPOINT/RELEASE.
     for role in ("user", "assistant"):
-        with django_assert_max_num_queries(6 + 2):
+        with django_assert_max_num_queries(2 + 2):
             response = api_a.post(
                 path, {"role": role, "content": "hello"}, format="json", HTTP_IDEMPOTENCY_KEY=f"k-{role}"
             )
@@ -116,13 +118,13 @@ def test_a_batch_of_100_costs_as_many_statements_as_one_message(
     path = f"/api/v1/sessions/{session}/messages"
     api_a.post(path, {"role": "user", "content": "warm-up"}, format="json")
     body = {"messages": [{"role": "user", "content": f"m{i}"} for i in range(100)]}
-    with django_assert_max_num_queries(6 + 2):
+    with django_assert_max_num_queries(2 + 2):
         response = api_a.post(path, body, format="json", HTTP_IDEMPOTENCY_KEY="batch")
     assert response.status_code == 201
     assert response.json()["last_seq"] - response.json()["first_seq"] == 99
 
 
-def test_a_checkpoint_with_its_state_costs_nine_statements(
+def test_a_checkpoint_with_its_state_costs_five_statements(
     api_a: Any, django_assert_max_num_queries: Any
 ) -> None:
     state: dict[str, Any] = {"schema_version": 1, "working_memory": {f"e{i}": "x" * 50 for i in range(50)}}
@@ -132,15 +134,38 @@ def test_a_checkpoint_with_its_state_costs_nine_statements(
         state["working_memory"]["e0"] = f"step {step}"
         api_a.post(path, {"state": state}, format="json", HTTP_IDEMPOTENCY_KEY=f"warm-{step}")
     state["working_memory"]["e1"] = "changed"
-    # agent; state row (locked, with the policy); state.updated + checkpoint.created; reducers;
-    # stored folds; events to fold; checkpoint; state row (state, pointer; previous fold cleared);
+    # agent; state row (locked, with the policy and the previous checkpoint's fold); state.updated
+    # + checkpoint.created; checkpoint + state row (state, pointer; previous fold cleared);
     # idempotency record — plus two SAVEPOINT/RELEASE pairs of the test's nesting. The previous
-    # checkpoint's state is not rebuilt from its deltas (its hash matches the stored state).
-    with django_assert_max_num_queries(9 + 4):
+    # checkpoint's state is not rebuilt from its deltas (its hash matches the stored state), and
+    # its stored fold is continued with the two new events (no reducers, folds or events read).
+    with django_assert_max_num_queries(5 + 4):
         response = api_a.post(path, {"state": state}, format="json", HTTP_IDEMPOTENCY_KEY="measured")
     assert response.status_code == 201
     assert response.json()["storage"] == "delta"
     assert api_a.get(f"{path}/{response.json()['seq']}").json()["state"]["working_memory"]["e1"] == "changed"
+
+
+def test_a_continued_fold_equals_the_fold_of_the_whole_stream(api_a: Any, tenant_a: Tenant) -> None:
+    session = session_of(api_a)
+    agent = Agent.objects.get(tenant=tenant_a, external_id="bot")
+    reducers = [{"event_type": "agent.note", "op": "append", "target": "notes", "source": "text"}]
+    assert api_a.put("/api/v1/agents/bot/reducers", {"reducers": reducers}, format="json").status_code == 200
+    for step in range(6):  # checkpoints straight after each other, and with other events in between
+        state = {"schema_version": 1, "working_memory": {"n": step}}
+        checkpoint = api_a.post("/api/v1/agents/bot/checkpoints", {"state": state}, format="json")
+        assert checkpoint.status_code == 201
+        if step in (2, 4):
+            note = {"type": "agent.note", "payload": {"text": f"note {step}"}}
+            assert api_a.post("/api/v1/agents/bot/events", note, format="json").status_code == 201
+            message = api_a.post(f"/api/v1/sessions/{session}/messages", {"role": "user"}, format="json")
+            assert message.status_code == 201
+    newest = Checkpoint.objects.filter(agent=agent).order_by("-seq").first()
+    assert newest is not None
+    rows = fold_event_rows(tenant=tenant_a, agent=agent, after=0, through=newest.covers_event_seq)
+    from_scratch = fold_events(fold_initial(), rows, reducers_get(tenant=tenant_a, agent=agent))
+    assert json.loads(newest.fold_state) == from_scratch
+    assert from_scratch["custom"]["notes"] == ["note 2", "note 4"]
 
 
 # --- idempotency: one statement, still at most once --------------------------------------------
