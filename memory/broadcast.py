@@ -46,7 +46,7 @@ def on_commit(tenant_id: int, item: dict[str, Any]) -> None:
 
     Outside a transaction it is sent at once. Never raises because of the channel layer.
     """
-    _batch.add((tenant_id, item))
+    live_updates.add((tenant_id, item))
 
 
 def use_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -62,7 +62,7 @@ def _flush(items: list[tuple[int, dict[str, Any]]]) -> None:
     _dispatch(pending)
 
 
-_batch: CommitBatch[tuple[int, dict[str, Any]]] = CommitBatch(_flush)
+live_updates: CommitBatch[tuple[int, dict[str, Any]]] = CommitBatch(_flush)
 
 
 def _dispatch(pending: dict[int, list[dict[str, Any]]]) -> None:

@@ -45,6 +45,11 @@ class CommitBatch(Generic[T]):
             return
         self._group(connection).items.append(item)
 
+    def owns(self, callback: Any) -> bool:
+        """Whether `callback` (from Django's on-commit list) is one of this batch's flushes: a
+        caller counting a transaction's other on-commit work leaves these out."""
+        return isinstance(callback, _Group) and callback.batch is self
+
     def pending(self) -> list[T]:
         """What the current transaction added so far, without what a savepoint rollback undid."""
         connection = transaction.get_connection(self.using)
