@@ -117,7 +117,10 @@ def state_normalize(raw: Any) -> tuple[dict[str, Any], int]:
     _require("decision", document["decision"], ("object", "string", "null"))
     _require("tool_state", document["tool_state"], ("object",))
     for field in STATE_FIELDS:
-        _check_finite(field, document[field])
+        try:  # the common case at C speed; the walk below names the offending field
+            json.dumps(document[field], allow_nan=False)
+        except (ValueError, TypeError):
+            _check_finite(field, document[field])
     return {field: document[field] for field in STATE_FIELDS}, version
 
 

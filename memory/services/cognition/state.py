@@ -203,11 +203,13 @@ def state_write(
     event_type: str,
     payload: dict[str, Any],
     previous: dict[str, Any] | None = None,
+    changed: list[str] | None = None,
     save: bool = True,
 ) -> dict[str, Any]:
     """Write `document` as the locked `row`'s next version; return the `event_type` event's payload.
 
-    Raises PayloadTooLarge. The caller holds the row lock (state_row_for_update).
+    Raises PayloadTooLarge. The caller holds the row lock (state_row_for_update). `changed`: the
+    fields that differ from `previous`, when the caller knows them (else compared here).
     """
     # save=False: the caller saves the row (with STATE_WRITE_FIELDS) in its own, single UPDATE,
     # and records the returned event payload itself (with its own event, in one statement).
@@ -220,7 +222,8 @@ def state_write(
     row.updated_at = timezone.now()
     if save:
         row.save(update_fields=STATE_WRITE_FIELDS)
-    changed = [field for field in STATE_FIELDS if not json_same(previous[field], document[field])]
+    if changed is None:
+        changed = [field for field in STATE_FIELDS if not json_same(previous[field], document[field])]
     event_payload = {
         "version": row.version,
         "schema_version": STATE_SCHEMA_VERSION,
