@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import QuerySet
 
 from memory.exceptions import NotFound
 from memory.models import (
@@ -25,6 +26,7 @@ from memory.models import (
     Tenant,
 )
 from memory.services import recorder
+from memory.services.cognition.compiled import first_compiled
 from memory.services.cognition.jsondiff import json_diff, json_pointer, json_sha256, json_text
 from memory.services.cognition.schema import STATE_FIELDS, state_normalize, state_patched
 from memory.services.cognition.state import (
@@ -272,7 +274,12 @@ def checkpoint_get(*, tenant: Tenant, agent: Agent, ref: str | int) -> Checkpoin
 
 def checkpoint_latest(*, tenant: Tenant, agent: Agent) -> Checkpoint | None:
     """The agent's newest checkpoint (without its stored fold, loaded on access). Read-only."""
-    return Checkpoint.objects.filter(tenant=tenant, agent=agent).defer("fold_state").order_by("-seq").first()
+    return first_compiled("checkpoint_latest", _checkpoint_latest, tenant.pk, agent.pk)
+
+
+def _checkpoint_latest(tenant_id: int, agent_id: int) -> QuerySet[Checkpoint]:
+    newest_first = Checkpoint.objects.filter(tenant_id=tenant_id, agent_id=agent_id).order_by("-seq")
+    return newest_first.defer("fold_state")
 
 
 def checkpoints_list(*, tenant: Tenant, agent: Agent) -> Any:  # a QuerySet; views paginate it
