@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
@@ -27,37 +28,51 @@ def stream_key(agent: Agent | None) -> str:
     return f"agent:{agent.external_id}" if agent is not None else TENANT_STREAM
 
 
-def _insert_events(*, tenant: Tenant, key: str, events: list[Event]) -> None:
-    """Reserve consecutive seqs on stream `key` and insert `events` with them, in ONE statement.
+def events_insert_cte(*, tenant: Tenant, key: str, events: list[Event]) -> tuple[str, list[Any]]:
+    """Two CTEs, `s` and `e` (SQL and parameters), that reserve consecutive seqs on stream `key`
+    and insert `events` with them; `e` returns (public_id, id, seq), `s` the stream's last seq.
 
     The upsert of the stream's counter takes its row lock until the transaction ends, so
     concurrent writers queue up and seqs are gapless: a rolled-back transaction gives its seqs
-    back. One round trip instead of two (counter, then rows) matters on the append hot path.
+    back. Callers put more in the same statement (checkpoint_create) or read `e` (_insert_events).
     """
     streams, table = EventStream._meta.db_table, Event._meta.db_table
     first = events[0]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH s AS (INSERT INTO {streams} (tenant_id, key, last_seq) VALUES (%s, %s, %s) "
-            f"ON CONFLICT (tenant_id, key) DO UPDATE SET last_seq = {streams}.last_seq + EXCLUDED.last_seq "
-            "RETURNING last_seq) "
-            f"INSERT INTO {table} "
-            "(tenant_id, public_id, stream, seq, type, agent_id, session_id, payload, created_at) "
-            "SELECT %s, e.public_id, %s, s.last_seq - %s + e.ord, e.type, %s, %s, e.payload, %s "
-            "FROM s, unnest(%s::varchar[], %s::varchar[], %s::jsonb[]) WITH ORDINALITY "
-            "AS e(public_id, type, payload, ord) "
-            "RETURNING public_id, id, seq",
-            [
-                tenant.pk, key, len(events),
-                tenant.pk, key, len(events), first.agent_id, first.session_id, first.created_at,
-                [e.public_id for e in events], [e.type for e in events],
-                [json.dumps(e.payload) for e in events],
-            ],
-        )  # fmt: skip
-        assigned = {public_id: (pk, seq) for public_id, pk, seq in cursor.fetchall()}
+    sql = (
+        f"s AS (INSERT INTO {streams} (tenant_id, key, last_seq) VALUES (%s, %s, %s) "
+        f"ON CONFLICT (tenant_id, key) DO UPDATE SET last_seq = {streams}.last_seq + EXCLUDED.last_seq "
+        "RETURNING last_seq), "
+        f"e AS (INSERT INTO {table} "
+        "(tenant_id, public_id, stream, seq, type, agent_id, session_id, payload, created_at) "
+        "SELECT %s, e.public_id, %s, s.last_seq - %s + e.ord, e.type, %s, %s, e.payload, %s "
+        "FROM s, unnest(%s::varchar[], %s::varchar[], %s::jsonb[]) WITH ORDINALITY "
+        "AS e(public_id, type, payload, ord) "
+        "RETURNING public_id, id, seq)"
+    )
+    params = [
+        tenant.pk, key, len(events),
+        tenant.pk, key, len(events), first.agent_id, first.session_id, first.created_at,
+        [e.public_id for e in events], [e.type for e in events],
+        [json.dumps(e.payload) for e in events],
+    ]  # fmt: skip
+    return sql, params
+
+
+def events_inserted(events: list[Event], rows: Iterable[tuple[str, int, int]]) -> None:
+    """Give `events` the (public_id, id, seq) rows their insert returned; sort them by seq."""
+    assigned = {public_id: (pk, seq) for public_id, pk, seq in rows}
     for event in events:
         event.pk, event.seq = assigned[event.public_id]
     events.sort(key=lambda e: e.seq)
+
+
+def _insert_events(*, tenant: Tenant, key: str, events: list[Event]) -> None:
+    """Reserve consecutive seqs on stream `key` and insert `events` with them, in ONE statement
+    (events_insert_cte): one round trip instead of two (counter, then rows)."""
+    sql, params = events_insert_cte(tenant=tenant, key=key, events=events)
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {sql} SELECT public_id, id, seq FROM e", params)
+        events_inserted(events, cursor.fetchall())
 
 
 def _otel_fields(agent: Agent | None, session: Session | None) -> dict[str, Any]:
@@ -113,16 +128,31 @@ def events_append(
 ) -> list[Event]:
     """Append events (type, payload) to one stream with consecutive seqs, in this order, in one
     statement (see event_append)."""
-    if not connection.in_atomic_block:
-        raise RuntimeError("event_append must run inside the transaction of the write it records")
     if agent is None and session is not None:
         agent = session.agent
-    if not entries:
+    events = events_build(tenant=tenant, entries=entries, agent=agent, session=session)
+    if not events:
         return []
+    _insert_events(tenant=tenant, key=stream_key(agent), events=events)
+    events_broadcast(tenant, events)
+    return events
+
+
+def events_build(
+    *,
+    tenant: Tenant,
+    entries: list[tuple[str, dict[str, Any]]],
+    agent: Agent | None = None,
+    session: Session | None = None,
+) -> list[Event]:
+    """The unsaved events (type, payload) of one stream, with their OpenTelemetry ids (see
+    event_append); insert them with events_insert_cte, then events_inserted and events_broadcast."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("event_append must run inside the transaction of the write it records")
     key = stream_key(agent)
     otel = _otel_fields(agent, session)
     now = timezone.now()
-    events = [
+    return [
         Event(
             tenant=tenant,
             stream=key,
@@ -135,10 +165,12 @@ def events_append(
         )
         for type, payload in entries
     ]
-    _insert_events(tenant=tenant, key=key, events=events)
+
+
+def events_broadcast(tenant: Tenant, events: list[Event]) -> None:
+    """Push `events` (inserted) to the tenant's dashboards after commit."""
     for event in events:
         broadcast.on_commit(tenant.pk, event_summary(event))
-    return events
 
 
 def event_summary(event: Event) -> dict[str, Any]:

@@ -7,12 +7,12 @@ folds only what came after (memory/services/fold.py).
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import QuerySet
 
 from memory.exceptions import NotFound
 from memory.models import (
@@ -26,8 +26,9 @@ from memory.models import (
     Tenant,
 )
 from memory.services import recorder
+from memory.services.cognition.compiled import first_compiled
 from memory.services.cognition.jsondiff import json_diff, json_pointer, json_sha256, json_text
-from memory.services.cognition.schema import state_normalize, state_patched
+from memory.services.cognition.schema import STATE_FIELDS, state_normalize, state_patched
 from memory.services.cognition.state import (
     STATE_WRITE_FIELDS,
     StateView,
@@ -71,10 +72,13 @@ def checkpoint_create(
         row = state_row_for_update(tenant=tenant, agent=agent, checkpoint_fold=True)
         stored, stored_sha = state_of_row(row)  # the state before this call
         if patch is not None:
-            document = state_patched(document=copy.deepcopy(stored), patch=patch)
+            document = state_patched(document=json.loads(json_text(stored)), patch=patch)  # a copy
         current = stored
         state_event: dict[str, Any] | None = None
+        ops: list[dict[str, Any]] | None = None  # the change from `stored`, diffed once
         if document is not None:
+            ops = json_diff(stored, document, with_old=False)
+            touched = {op["path"][0] for op in ops}
             state_event = state_write(
                 tenant=tenant,
                 agent=agent,
@@ -83,9 +87,11 @@ def checkpoint_create(
                 event_type="state.updated",
                 payload={},
                 previous=stored,
+                changed=[field for field in STATE_FIELDS if field in touched],
                 save=False,  # one UPDATE of the row below, with the checkpoint pointer
             )
             current = document
+        current_text = row.document if document is not None else json_text(current)
         previous = _checkpoint_newest(agent=agent, row=row)
         previous_state = None
         if previous is not None:
@@ -93,17 +99,17 @@ def checkpoint_create(
             # the previous checkpoint's, so no need to rebuild it from its delta chain. The hash
             # recorded on that checkpoint proves it; otherwise rebuild (and verify) as before.
             same = (stored_sha or json_sha256(stored)) == previous.state_sha256
-            previous_state = stored if same else None
-            if previous_state is None:
-                previous_state = checkpoint_state(checkpoint=previous)
+            previous_state = stored if same else checkpoint_state(checkpoint=previous)
+            ops = ops if same else None
         storage, base_seq, depth, payload = checkpoint_storage_for(
             state=current,
             previous=previous,
             previous_state=previous_state,
             full_every=_full_every(tenant, row),
+            text=current_text,
+            delta=ops,
         )
         row.checkpoint_seq += 1
-        current_text = row.document if document is not None else json_text(current)
         current_sha = stored_sha if document is None and stored_sha else json_sha256(current)
         checkpoint = Checkpoint(
             tenant=tenant,
@@ -129,18 +135,14 @@ def checkpoint_create(
             "storage": storage,
             "state_version": row.version,
         }
-        # `state.updated` (when this call wrote the state) and `checkpoint.created`, in one statement.
+        # `state.updated` (when this call wrote the state) and `checkpoint.created`, the checkpoint
+        # and the state row: one statement.
         entries: list[tuple[str, dict[str, Any]]] = []
         if state_event is not None:
             entries.append(("state.updated", state_event))
         entries.append(("checkpoint.created", created))
-        events = recorder.events_append(tenant=tenant, agent=agent, entries=entries)
-        checkpoint.covers_event_seq = events[-1].seq
-        fold, reducers_sha = _fold_continued(previous, events) or fold_through(
-            tenant=tenant, agent=agent, through_seq=events[-1].seq
-        )
-        checkpoint.fold_state = json_text(fold)
-        checkpoint.reducers_sha256 = reducers_sha
+        events = recorder.events_build(tenant=tenant, entries=entries, agent=agent)
+        continued = _fold_continued(previous, events)
         written: list[str] = []
         if document is not None:
             # The state is stored once, in the checkpoint: the row derives from it (see state_of_row).
@@ -151,57 +153,100 @@ def checkpoint_create(
         # fold that grows (an `append` reducer) is not stored once per checkpoint.
         clear = previous.pk if previous is not None and previous.storage == CheckpointStorage.DELTA else None
         _checkpoint_insert(
-            checkpoint=checkpoint, row=row, fields=[*written, "checkpoint_seq"], clear_fold_of=clear
+            checkpoint=checkpoint,
+            row=row,
+            fields=[*written, "checkpoint_seq"],
+            clear_fold_of=clear,
+            events=events,
+            fold=continued,
         )
+        recorder.events_broadcast(tenant, events)
+        if not checkpoint.fold_state:  # not continued: fold the stream (as recovery would)
+            fold, checkpoint.reducers_sha256 = fold_through(
+                tenant=tenant, agent=agent, through_seq=checkpoint.covers_event_seq
+            )
+            checkpoint.fold_state = json_text(fold)
+            Checkpoint.objects.filter(pk=checkpoint.pk).update(
+                fold_state=checkpoint.fold_state, reducers_sha256=checkpoint.reducers_sha256
+            )
         return checkpoint
 
 
-def _fold_continued(previous: Checkpoint | None, events: list[Event]) -> tuple[dict[str, Any], str] | None:
-    """The fold through `events` (this call's own, just recorded), continued from `previous`'s
-    stored fold without a query, when they directly follow it on the agent's stream; else None.
+def _fold_continued(previous: Checkpoint | None, events: list[Event]) -> tuple[int, str, str] | None:
+    """The fold through `events` (this call's own, about to be recorded), continued from
+    `previous`'s stored fold without a query, valid if they directly follow it on the agent's
+    stream: (the seq the first must get, the fold's text up to its last seq, the reducers' hash);
+    None when it cannot be continued.
 
-    Exact: nothing happened on the stream in between, and no reducer applies to these events
-    (reducers fold only `agent.*` events), so the fold under `previous`'s reducers is its fold
-    plus these events. (If the reducers changed since, recovery sees the other hash and refolds.)
+    Exact: when nothing happened on the stream in between, and no reducer applies to these events
+    (reducers fold only `agent.*` events), the fold under `previous`'s reducers is its fold plus
+    these events. (If the reducers changed since, recovery sees the other hash and refolds.) Only
+    `last_event_seq` depends on the seqs; every other part of the fold is known before the insert.
     """
     if (
         previous is None
         or not previous.fold_state
         or not previous.reducers_sha256
-        or events[0].seq != previous.covers_event_seq + 1
         or any(event.type.startswith("agent.") for event in events)
     ):
         return None
     fold = json.loads(previous.fold_state)
     for event in events:  # the payload as stored (JSON), as fold_through would read it back
-        fold_apply(fold, event.seq, event.type, json.loads(json_text(event.payload)), [])
-    return fold, previous.reducers_sha256
+        fold_apply(fold, 0, event.type, json.loads(json_text(event.payload)), [])
+    del fold["last_event_seq"]
+    fold["last_event_seq"] = 0
+    # Its text ends with that seq, which the statement reserving the seqs fills in: the key is put
+    # last, and the text is cut before its value.
+    head = json_text(fold).removesuffix("0}")  # ends with `"last_event_seq":`
+    return previous.covers_event_seq + 1, head, previous.reducers_sha256
 
 
 def _checkpoint_insert(
-    *, checkpoint: Checkpoint, row: CognitiveState, fields: list[str], clear_fold_of: int | None
+    *,
+    checkpoint: Checkpoint,
+    row: CognitiveState,
+    fields: list[str],
+    clear_fold_of: int | None,
+    events: list[Event],
+    fold: tuple[int, str, str] | None,
 ) -> None:
-    """Insert `checkpoint`, save `fields` of the state row pointing it at the checkpoint, and clear
-    checkpoint `clear_fold_of`'s stored fold: one statement (was three round trips)."""
-    inserted = [field for field in Checkpoint._meta.concrete_fields if not field.primary_key]
+    """Record `events`, insert `checkpoint` covering them, save `fields` of the state row pointing
+    it at the checkpoint, and clear checkpoint `clear_fold_of`'s stored fold: one statement (was
+    four round trips). With `fold` (see _fold_continued), the checkpoint stores that fold when its
+    events got the seqs it expects; otherwise none (the caller then folds the stream)."""
+    computed = {"covers_event_seq", "fold_state", "reducers_sha256"}
+    inserted = [f for f in Checkpoint._meta.concrete_fields if not f.primary_key and f.name not in computed]
     saved: list[Any] = [CognitiveState._meta.get_field(name) for name in fields]
     checkpoints, states = Checkpoint._meta.db_table, CognitiveState._meta.db_table
     quote = connection.ops.quote_name
-    sql = (
-        f"WITH c AS (INSERT INTO {checkpoints} ({', '.join(quote(str(f.column)) for f in inserted)}) "
-        f"VALUES ({', '.join(['%s'] * len(inserted))}) RETURNING id)"
+    events_sql, params = recorder.events_insert_cte(
+        tenant=checkpoint.tenant, key=events[0].stream, events=events
     )
-    params = [field.get_db_prep_save(getattr(checkpoint, field.attname), connection) for field in inserted]
+    first_seq, fold_head, reducers_sha = fold if fold is not None else (0, "", "")
+    expected = f"s.last_seq - {len(events) - 1} = %s AND %s <> ''"
+    columns = [*(str(f.column) for f in inserted), "covers_event_seq", "fold_state", "reducers_sha256"]
+    sql = (
+        f"WITH {events_sql}, c AS (INSERT INTO {checkpoints} ({', '.join(quote(c) for c in columns)}) "
+        f"SELECT {'%s, ' * len(inserted)}s.last_seq, "
+        f"CASE WHEN {expected} THEN %s::text || s.last_seq::text || '}}' ELSE '' END, "
+        f"CASE WHEN {expected} THEN %s ELSE '' END FROM s RETURNING id)"
+    )
+    params += [field.get_db_prep_save(getattr(checkpoint, field.attname), connection) for field in inserted]
+    params += [first_seq, fold_head, fold_head, first_seq, fold_head, reducers_sha]
     if clear_fold_of is not None:
         sql += f", cleared AS (UPDATE {checkpoints} SET fold_state = '', reducers_sha256 = '' WHERE id = %s)"
         params.append(clear_fold_of)
     assignments = "".join(f"{quote(field.column)} = %s, " for field in saved)
     sql += f" UPDATE {states} SET {assignments}checkpoint_id = (SELECT id FROM c) WHERE id = %s"
-    sql += " RETURNING checkpoint_id"
+    sql += " RETURNING checkpoint_id, (SELECT array_agg(ARRAY[public_id, id::text, seq::text]) FROM e)"
     params += [field.get_db_prep_save(getattr(row, field.attname), connection) for field in saved]
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, row.pk])
-        checkpoint.pk = cursor.fetchone()[0]
+        checkpoint.pk, inserted_events = cursor.fetchone()
+    recorder.events_inserted(events, ((p, int(i), int(q)) for p, i, q in inserted_events))
+    checkpoint.covers_event_seq = events[-1].seq
+    if fold is not None and events[0].seq == first_seq:
+        checkpoint.fold_state, checkpoint.reducers_sha256 = f"{fold_head}{events[-1].seq}}}", reducers_sha
     checkpoint._state.adding, checkpoint._state.db = False, connection.alias
     row.checkpoint = checkpoint
 
@@ -229,7 +274,12 @@ def checkpoint_get(*, tenant: Tenant, agent: Agent, ref: str | int) -> Checkpoin
 
 def checkpoint_latest(*, tenant: Tenant, agent: Agent) -> Checkpoint | None:
     """The agent's newest checkpoint (without its stored fold, loaded on access). Read-only."""
-    return Checkpoint.objects.filter(tenant=tenant, agent=agent).defer("fold_state").order_by("-seq").first()
+    return first_compiled("checkpoint_latest", _checkpoint_latest, tenant.pk, agent.pk)
+
+
+def _checkpoint_latest(tenant_id: int, agent_id: int) -> QuerySet[Checkpoint]:
+    newest_first = Checkpoint.objects.filter(tenant_id=tenant_id, agent_id=agent_id).order_by("-seq")
+    return newest_first.defer("fold_state")
 
 
 def checkpoints_list(*, tenant: Tenant, agent: Agent) -> Any:  # a QuerySet; views paginate it

@@ -57,12 +57,13 @@ def json_diff(old: Any, new: Any, *, with_old: bool = True, path: Path = ()) -> 
         for key, value in new.items():
             if key not in old:
                 ops.append(_op("add", (*path, key), value, None, with_old))
-            else:
+            elif not _same_scalar(old[key], value):
                 ops.extend(json_diff(old[key], value, with_old=with_old, path=(*path, key)))
     elif isinstance(old, list) and isinstance(new, list):
         common = min(len(old), len(new))
         for index in range(common):
-            ops.extend(json_diff(old[index], new[index], with_old=with_old, path=(*path, index)))
+            if not _same_scalar(old[index], new[index]):
+                ops.extend(json_diff(old[index], new[index], with_old=with_old, path=(*path, index)))
         for index in range(common, len(new)):
             ops.append(_op("add", (*path, index), new[index], None, with_old))
         for index in range(len(old) - 1, common - 1, -1):
@@ -70,6 +71,14 @@ def json_diff(old: Any, new: Any, *, with_old: bool = True, path: Path = ()) -> 
     elif not json_same(old, new):
         ops.append(_op("replace", path, new, old, with_old))
     return ops
+
+
+def _same_scalar(a: Any, b: Any) -> bool:
+    """A shortcut of json_same for the common case: two equal strings (or numbers, …) of one type."""
+    return a is b or (type(a) is type(b) and type(a) in _SCALARS and a == b)
+
+
+_SCALARS = frozenset({str, int, float, bool})
 
 
 def _op(kind: str, path: Path, value: Any, old: Any, with_old: bool) -> dict[str, Any]:

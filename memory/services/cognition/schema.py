@@ -62,6 +62,17 @@ def _check_finite(field: str, value: Any) -> None:
             _check_finite(f"{field}[{index}]", item)
 
 
+def _has_nonfinite(value: Any) -> bool:
+    # _check_finite's walk without building a name per key (most states have no bad number).
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_nonfinite(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_has_nonfinite(item) for item in value)
+    return False
+
+
 @dataclass(frozen=True)
 class StateInput:
     """A state as a client wrote it, checked and upgraded to the current schema (state_input_parse)."""
@@ -117,7 +128,8 @@ def state_normalize(raw: Any) -> tuple[dict[str, Any], int]:
     _require("decision", document["decision"], ("object", "string", "null"))
     _require("tool_state", document["tool_state"], ("object",))
     for field in STATE_FIELDS:
-        _check_finite(field, document[field])
+        if _has_nonfinite(document[field]):  # then name where
+            _check_finite(field, document[field])
     return {field: document[field] for field in STATE_FIELDS}, version
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from cachetools import LRUCache
 from django.db import transaction
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from memory.exceptions import CheckpointCorrupt, VersionConflict
@@ -29,6 +29,7 @@ from memory.models import (
     empty_state,
 )
 from memory.services import recorder
+from memory.services.cognition.compiled import first_compiled
 from memory.services.cognition.jsondiff import json_same, json_text
 from memory.services.cognition.schema import (
     STATE_FIELDS,
@@ -158,14 +159,16 @@ def state_get(*, tenant: Tenant, agent: Agent) -> StateView:
 
     Read-only; returns fresh copies.
     """
+    return _view(agent, first_compiled("state_get", _state_read, tenant.pk, agent.pk))
+
+
+def _state_read(tenant_id: int, agent_id: int) -> QuerySet[CognitiveState]:
     # Only what the view shows: not the stored fold, nor the checkpoint's payload and fold.
-    row = (
+    return (
         CognitiveState.objects.select_related("checkpoint")
         .only(*STATE_READ_FIELDS, "checkpoint__public_id", "checkpoint__seq", "checkpoint__state_sha256")
-        .filter(tenant=tenant, agent=agent)
-        .first()
+        .filter(tenant_id=tenant_id, agent_id=agent_id)
     )
-    return _view(agent, row)
 
 
 def state_row_for_update(*, tenant: Tenant, agent: Agent, checkpoint_fold: bool = False) -> CognitiveState:
@@ -173,22 +176,31 @@ def state_row_for_update(*, tenant: Tenant, agent: Agent, checkpoint_fold: bool 
 
     `checkpoint_fold`: load its checkpoint's stored fold too (checkpoint_create continues it).
     """
-    # The tenant's full-snapshot interval comes along (checkpoint_create needs it): one round trip.
-    policy = CheckpointPolicy.objects.filter(tenant=OuterRef("tenant_id")).values("full_snapshot_every")[:1]
-    deferred = ["fold_state", "checkpoint__payload"] + ([] if checkpoint_fold else ["checkpoint__fold_state"])
-    locked = (
-        CognitiveState.objects.select_for_update(of=("self",))
-        .select_related("checkpoint")
-        .defer(*deferred)  # loaded if ever needed
-        .annotate(policy_full_every=Subquery(policy))
-    )
-    row = locked.filter(agent=agent).first()  # one round trip once the row exists
+    build = _state_locked_with_fold if checkpoint_fold else _state_locked
+    row = first_compiled(build.__name__, build, agent.pk)  # one round trip once the row exists
     if row is not None:
         return row
     CognitiveState.objects.get_or_create(
         agent=agent, defaults={"tenant": tenant, "document": json_text(empty_state())}
     )
-    return locked.get(agent=agent)
+    return build(agent.pk).get()
+
+
+def _state_locked(agent_id: int, with_fold: bool = False) -> QuerySet[CognitiveState]:
+    # The tenant's full-snapshot interval comes along (checkpoint_create needs it): one round trip.
+    policy = CheckpointPolicy.objects.filter(tenant=OuterRef("tenant_id")).values("full_snapshot_every")[:1]
+    deferred = ["fold_state", "checkpoint__payload"] + ([] if with_fold else ["checkpoint__fold_state"])
+    return (
+        CognitiveState.objects.select_for_update(of=("self",))
+        .select_related("checkpoint")
+        .defer(*deferred)  # loaded if ever needed
+        .annotate(policy_full_every=Subquery(policy))
+        .filter(agent_id=agent_id)
+    )
+
+
+def _state_locked_with_fold(agent_id: int) -> QuerySet[CognitiveState]:
+    return _state_locked(agent_id, with_fold=True)
 
 
 STATE_WRITE_FIELDS = ["document", "schema_version", "version", "updated_at"]
@@ -203,11 +215,13 @@ def state_write(
     event_type: str,
     payload: dict[str, Any],
     previous: dict[str, Any] | None = None,
+    changed: list[str] | None = None,
     save: bool = True,
 ) -> dict[str, Any]:
     """Write `document` as the locked `row`'s next version; return the `event_type` event's payload.
 
-    Raises PayloadTooLarge. The caller holds the row lock (state_row_for_update).
+    Raises PayloadTooLarge. The caller holds the row lock (state_row_for_update). `changed`: the
+    fields that differ from `previous`, when the caller knows them (else compared here).
     """
     # save=False: the caller saves the row (with STATE_WRITE_FIELDS) in its own, single UPDATE,
     # and records the returned event payload itself (with its own event, in one statement).
@@ -220,7 +234,8 @@ def state_write(
     row.updated_at = timezone.now()
     if save:
         row.save(update_fields=STATE_WRITE_FIELDS)
-    changed = [field for field in STATE_FIELDS if not json_same(previous[field], document[field])]
+    if changed is None:
+        changed = [field for field in STATE_FIELDS if not json_same(previous[field], document[field])]
     event_payload = {
         "version": row.version,
         "schema_version": STATE_SCHEMA_VERSION,

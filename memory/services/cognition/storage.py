@@ -24,15 +24,22 @@ def checkpoint_storage_for(
     previous: Checkpoint | None,
     previous_state: dict[str, Any] | None,
     full_every: int,
+    text: str | None = None,
+    delta: list[dict[str, Any]] | None = None,
 ) -> tuple[str, int | None, int, str]:
-    """(storage, base_seq, delta_depth, payload) of a checkpoint of `state` following `previous`."""
-    full = json_text(state)
+    """(storage, base_seq, delta_depth, payload) of a checkpoint of `state` following `previous`.
+
+    `text` (json_text of `state`) and `delta` (json_diff of `previous_state` and `state`, without
+    old values) spare computing them again when the caller has them.
+    """
+    full = json_text(state) if text is None else text
     if previous is None or previous_state is None or previous.delta_depth + 1 >= full_every:
         return CheckpointStorage.FULL, None, 0, full
-    delta = json_text(json_diff(previous_state, state, with_old=False))
-    if len(delta) >= len(full):  # a delta bigger than the state is no saving
+    ops = json_diff(previous_state, state, with_old=False) if delta is None else delta
+    delta_text = json_text(ops)
+    if len(delta_text) >= len(full):  # a delta bigger than the state is no saving
         return CheckpointStorage.FULL, None, 0, full
-    return CheckpointStorage.DELTA, previous.seq, previous.delta_depth + 1, delta
+    return CheckpointStorage.DELTA, previous.seq, previous.delta_depth + 1, delta_text
 
 
 def checkpoint_state(*, checkpoint: Checkpoint) -> dict[str, Any]:

@@ -124,7 +124,7 @@ def test_a_batch_of_100_costs_as_many_statements_as_one_message(
     assert response.json()["last_seq"] - response.json()["first_seq"] == 99
 
 
-def test_a_checkpoint_with_its_state_costs_five_statements(
+def test_a_checkpoint_with_its_state_costs_four_statements(
     api_a: Any, django_assert_max_num_queries: Any
 ) -> None:
     state: dict[str, Any] = {"schema_version": 1, "working_memory": {f"e{i}": "x" * 50 for i in range(50)}}
@@ -135,11 +135,12 @@ def test_a_checkpoint_with_its_state_costs_five_statements(
         api_a.post(path, {"state": state}, format="json", HTTP_IDEMPOTENCY_KEY=f"warm-{step}")
     state["working_memory"]["e1"] = "changed"
     # agent; state row (locked, with the policy and the previous checkpoint's fold); state.updated
-    # + checkpoint.created; checkpoint + state row (state, pointer; previous fold cleared);
-    # idempotency record — plus two SAVEPOINT/RELEASE pairs of the test's nesting. The previous
-    # checkpoint's state is not rebuilt from its deltas (its hash matches the stored state), and
-    # its stored fold is continued with the two new events (no reducers, folds or events read).
-    with django_assert_max_num_queries(5 + 4):
+    # + checkpoint.created + checkpoint + state row (state, pointer; previous fold cleared) in one
+    # statement; idempotency record — plus two SAVEPOINT/RELEASE pairs of the test's nesting. The
+    # previous checkpoint's state is not rebuilt from its deltas (its hash matches the stored
+    # state), and its stored fold is continued with the two new events (no reducers, folds or
+    # events read; the statement fills in the last event seq).
+    with django_assert_max_num_queries(4 + 4):
         response = api_a.post(path, {"state": state}, format="json", HTTP_IDEMPOTENCY_KEY="measured")
     assert response.status_code == 201
     assert response.json()["storage"] == "delta"
