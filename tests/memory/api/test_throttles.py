@@ -111,6 +111,23 @@ def test_without_redis_the_limits_count_in_the_database_cache(database_cache, ap
         assert cursor.fetchone()[0] >= 1
 
 
+def test_every_limit_of_a_request_is_counted_in_one_statement(database_cache, api_a, rates, address):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    rates(key="2/min", address="3/min")
+    with CaptureQueriesContext(connection) as queries:
+        assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
+    upserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT INTO ctxapp_cache")]
+    assert len(upserts) == 1
+    assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
+    assert_throttled(api_a.get("/api/v1/tenant", REMOTE_ADDR=address))  # the key's limit (2)
+    assert api_a.get("/api/v1/tenant", REMOTE_ADDR=f"{address}1").status_code == 429  # key still over
+    rates(key="100/min")
+    assert_throttled(api_a.get("/api/v1/tenant", REMOTE_ADDR=address))  # now the address's (3)
+    assert api_a.get("/api/v1/tenant", REMOTE_ADDR=f"{address}1").status_code == 200
+
+
 def test_an_unreachable_cache_fails_open(settings, api_a, rates, address):
     settings.CACHES = {
         "default": {
