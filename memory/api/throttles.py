@@ -86,8 +86,9 @@ def window_counts(keys: list[tuple[str, int]]) -> list[tuple[int, float]]:
 
     Returns (hits in this window, seconds until it ends) per key, in order. One round trip and
     O(1) per key: a pipelined INCR + EXPIRE per key on Redis, or one multi-row upsert on the
-    database cache's table (one statement and one commit for every limit of a request; Django's
-    cache API would cost an add, a get and a set per key, each several statements there).
+    database cache's table (one statement and one asynchronous commit for every limit of a
+    request; Django's cache API would cost an add, a get and a set per key, each several
+    statements there).
     """
     now = time.time()
     windows = [
@@ -110,15 +111,24 @@ def window_counts(keys: list[tuple[str, int]]) -> list[tuple[int, float]]:
 
 
 def _database_counts(expiries: dict[str, int]) -> dict[str, int]:
-    """One upsert of every key (in key order, so concurrent requests lock rows in one order)."""
+    """One upsert of every key (in key order, so concurrent requests lock rows in one order).
+
+    Committed asynchronously (`synchronous_commit` off for this statement's own transaction
+    only; never inside a caller's transaction, where it would hold for the caller's writes too):
+    the request does not wait for a WAL flush (≈ 1 ms → 0.3 ms here). A crash may lose the last
+    fraction of a second of counts, which a rate limit can afford; the table stays crash-safe.
+    """
     keys = sorted(expiries)
-    values = ", ".join(["(%s, '1', %s)"] * len(keys))
+    values = ", ".join(["(%s, %s::timestamptz)"] * len(keys))
+    asynchronous = "CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode "
     params: list[Any] = []
     for key in keys:
         params += [key, datetime.fromtimestamp(expiries[key], tz=UTC)]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {DB_CACHE_TABLE} (cache_key, value, expires) VALUES {values} "
+            f"INSERT INTO {DB_CACHE_TABLE} (cache_key, value, expires) SELECT v.key, '1', v.expires "
+            f"FROM (VALUES {values}) AS v(key, expires) "
+            f"{'' if connection.in_atomic_block else asynchronous}"
             f"ON CONFLICT (cache_key) DO UPDATE SET value = ({DB_CACHE_TABLE}.value::bigint + 1)::text "
             "RETURNING cache_key, value::bigint",
             params,

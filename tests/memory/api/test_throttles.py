@@ -138,3 +138,17 @@ def test_an_unreachable_cache_fails_open(settings, api_a, rates, address):
     rates(key="1/min", address="1/min", auth_failure="1/min")
     for _ in range(3):
         assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_the_counts_commit_without_changing_the_session(database_cache, address):
+    from django.db import connection
+
+    from memory.api.throttles import window_counts
+
+    keys = [(f"key:{address}", 60), (f"address:{address}", 60)]
+    assert [count for count, _ in window_counts(keys)] == [1, 1]
+    assert [count for count, _ in window_counts(keys)] == [2, 2]
+    with connection.cursor() as cursor:  # asynchronous commit held for the counting statement only
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
