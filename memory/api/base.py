@@ -82,7 +82,9 @@ class TenantApiView(APIView):
         """DRF's check, with every rate limit of the request counted in one round trip."""
         exceeded = throttles.throttles_exceeded(request, self, self.get_throttles())
         if exceeded:
-            self.throttled(request, max((w for t in exceeded if (w := t.wait()) is not None), default=None))
+            waits = [w for t in exceeded if (w := t.wait()) is not None]
+            # As DRF: the longest wait, or None (no Retry-After) when no throttle knows one.
+            self.throttled(request, max(waits) if waits else None)  # type: ignore[arg-type]
 
     def agent_binding_check(self, request: Request, bound: str, kwargs: dict[str, Any]) -> None:
         named: dict[str, list[str]] = {"agent": [], "session": [], "task": []}
