@@ -63,6 +63,9 @@ def prepare(data_dir: Path) -> str:
     from django.db import connections
 
     call_command("migrate", run_syncdb=True, verbosity=0)
+    # The database cache's table (the rate limits' counters; a migration creates it, and the
+    # tables here come from the models): without it every request's rate-limit count fails.
+    call_command("createcachetable", verbosity=0)
     from memory.models import Tenant
     from memory.services.tenancy import api_key_create
 

@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from celery import signature
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
 from django.db.models import Count, F
 from django.db.models.signals import post_save
 from django.dispatch import receiver
@@ -135,6 +136,8 @@ def memory_index_dispatch(*, force: bool = False) -> bool:
     table = MemoryIndexState._meta.db_table
     try:
         with connection.cursor() as cursor:
+            if not force and _drain_queued(cursor, table):
+                return False
             cursor.execute(
                 f"INSERT INTO {table} (id, drain_scheduled, scheduled_at) VALUES (1, true, %s) "
                 "ON CONFLICT (id) DO UPDATE SET drain_scheduled = true, "
@@ -153,6 +156,19 @@ def memory_index_dispatch(*, force: bool = False) -> bool:
         MemoryIndexState.objects.filter(pk=1).update(drain_scheduled=False)
         return False
     return True
+
+
+def _drain_queued(cursor: CursorWrapper, table: str) -> bool:
+    """Whether a queued drain has not started yet: a plain read, no lock, no write, no commit.
+
+    Skipping the claim on it keeps the claim's guarantee. The caller's messages are committed
+    before this read; a drain seen queued clears the flag only after the read, and claims pending
+    rows only after clearing it, so its claim sees them (or a concurrent drain holds them). Every
+    append would otherwise lock and rewrite the one global row, each in a commit of its own.
+    """
+    cursor.execute(f"SELECT drain_scheduled FROM {table} WHERE id = 1")
+    row = cursor.fetchone()
+    return bool(row and row[0])
 
 
 # --- the drain ------------------------------------------------------------------------------------

@@ -12,9 +12,20 @@ import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
-from memory.models import Agent, ApiKey, Checkpoint, Event, IdempotencyRecord, Message, Session, Tenant
+from memory.models import (
+    Agent,
+    ApiKey,
+    Checkpoint,
+    Event,
+    IdempotencyRecord,
+    MemoryIndexState,
+    Message,
+    Session,
+    Tenant,
+)
 from memory.services.fold import fold_event_rows, fold_events, fold_initial, reducers_get
 from memory.services.tenancy import api_key_create, api_key_revoke, api_keys_changed
+from tests.memory.api.test_throttles import database_cache  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db
 
@@ -109,6 +120,35 @@ def test_an_append_with_an_idempotency_key_costs_two_statements(
                 path, {"role": role, "content": "hello"}, format="json", HTTP_IDEMPOTENCY_KEY=f"k-{role}"
             )
         assert response.status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)  # the after-commit work runs at the request's own commit
+@pytest.mark.usefixtures("database_cache")
+def test_around_an_append_one_rate_limit_statement_and_no_claim_of_a_queued_drain(
+    api_a: Any, settings: Any
+) -> None:
+    # The whole request, on the database cache (no Redis), with its after-commit work.
+    settings.CTXAPP = dataclasses.replace(
+        settings.CTXAPP, throttle_key_rate="1000/min", throttle_address_rate="1000/min"
+    )
+    path = f"/api/v1/sessions/{session_of(api_a)}/messages"
+    api_a.post(path, {"role": "user", "content": "warm-up"}, format="json")  # queues a drain
+    with CaptureQueriesContext(connection) as queries:
+        response = api_a.post(
+            path, {"role": "user", "content": "hi"}, format="json", HTTP_IDEMPOTENCY_KEY="k"
+        )
+    assert response.status_code == 201
+    statements = [q["sql"].split()[0] for q in queries.captured_queries]
+    # failed-authentication count (read), both rate limits (one upsert), the append, the
+    # idempotency record, COMMIT; after it only a read of the drain flag (no claim, no commit).
+    assert [verb for verb in statements if verb not in {"BEGIN", "COMMIT"}] == [
+        "SELECT",
+        "INSERT",
+        "WITH",
+        "INSERT",
+        "SELECT",
+    ], statements
+    assert MemoryIndexState.objects.get(pk=1).drain_scheduled
 
 
 def test_a_batch_of_100_costs_as_many_statements_as_one_message(

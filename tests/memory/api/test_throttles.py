@@ -111,6 +111,23 @@ def test_without_redis_the_limits_count_in_the_database_cache(database_cache, ap
         assert cursor.fetchone()[0] >= 1
 
 
+def test_every_limit_of_a_request_is_counted_in_one_statement(database_cache, api_a, rates, address):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    rates(key="2/min", address="3/min")
+    with CaptureQueriesContext(connection) as queries:
+        assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
+    upserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT INTO ctxapp_cache")]
+    assert len(upserts) == 1
+    assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
+    assert_throttled(api_a.get("/api/v1/tenant", REMOTE_ADDR=address))  # the key's limit (2)
+    assert api_a.get("/api/v1/tenant", REMOTE_ADDR=f"{address}1").status_code == 429  # key still over
+    rates(key="100/min")
+    assert_throttled(api_a.get("/api/v1/tenant", REMOTE_ADDR=address))  # now the address's (3)
+    assert api_a.get("/api/v1/tenant", REMOTE_ADDR=f"{address}1").status_code == 200
+
+
 def test_an_unreachable_cache_fails_open(settings, api_a, rates, address):
     settings.CACHES = {
         "default": {
@@ -121,3 +138,17 @@ def test_an_unreachable_cache_fails_open(settings, api_a, rates, address):
     rates(key="1/min", address="1/min", auth_failure="1/min")
     for _ in range(3):
         assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_the_counts_commit_without_changing_the_session(database_cache, address):
+    from django.db import connection
+
+    from memory.api.throttles import window_counts
+
+    keys = [(f"key:{address}", 60), (f"address:{address}", 60)]
+    assert [count for count, _ in window_counts(keys)] == [1, 1]
+    assert [count for count, _ in window_counts(keys)] == [2, 2]
+    with connection.cursor() as cursor:  # asynchronous commit held for the counting statement only
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"

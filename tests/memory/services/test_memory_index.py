@@ -93,6 +93,20 @@ def test_dispatches_coalesce_until_the_queued_drain_starts(tenant_a):
     assert memory_index.memory_index_dispatch() is True  # the next commit queues the next drain
 
 
+def test_a_dispatch_while_a_drain_is_queued_writes_nothing(tenant_a):
+    from django.test.utils import CaptureQueriesContext
+
+    session = session_create(tenant=tenant_a, agent_external_id="bot")
+    messages_append(tenant=tenant_a, session=session, items=[MessageInput(role="user", content="first")])
+    assert memory_index.memory_index_dispatch() is True
+    messages_append(tenant=tenant_a, session=session, items=[MessageInput(role="user", content="second")])
+    with CaptureQueriesContext(connection) as queries:
+        assert memory_index.memory_index_dispatch() is False
+    # One plain read of the flag: no upsert, no row lock on the one global row, no commit.
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["SELECT"]
+    assert memory_index.memory_index_drain().completed == 2  # the queued drain embeds both
+
+
 def test_n_appends_are_embedded_in_at_most_ceil_n_over_64_batches(tenant_a):
     session = session_create(tenant=tenant_a, agent_external_id="bot")
     n = 150
