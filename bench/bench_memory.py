@@ -209,19 +209,25 @@ def copy_messages(big, sessions, *, turns, base, model: str, per_session: int) -
     return n
 
 
-def keep_django() -> None:
-    """Django on the bench database, kept (created if missing, with tables from the models)."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ctxapp.settings_test")
-    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-    import django
-    from django.conf import settings
+def small_tenant(turns: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
+    """The tenant of 100 messages in one session (the kept one, if there is one)."""
+    from memory.models import Message, Session, Tenant
+    from memory.services import memory_index
+    from memory.services.sessions import MessageInput, messages_append, session_create
 
-    django.setup()
-    from django.db import connection
-
-    connection.settings_dict["TEST"].update({"NAME": "bench_ctxapp", "MIGRATE": False})
-    settings.DATABASES["default"]["TEST"].update({"NAME": "bench_ctxapp", "MIGRATE": False})
-    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False, keepdb=True)
+    small = Tenant.objects.filter(slug="small").first()
+    if small is None:
+        small = Tenant.objects.create(name="small", slug="small")
+        session_create(tenant=small, agent_external_id="bot", user_id="u0")
+    small_session = Session.objects.filter(tenant=small).get()
+    if not Message.objects.filter(tenant=small).exists():
+        messages_append(
+            tenant=small,
+            session=small_session,
+            items=[MessageInput(role="user", name=s, content=t) for s, t in turns[:100]],
+        )
+        memory_index.memory_index_drain()
+    return small, small_session
 
 
 def main() -> None:
@@ -252,16 +258,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    if args.keep_database:
-        keep_django()
-    else:
-        setup_django()
+    setup_django(keep=args.keep_database)
 
     from memory.models import Message, Session, Tenant
-    from memory.services import embedding, memory_index
+    from memory.services import embedding
     from memory.services.context import context_build
     from memory.services.memory_search import SearchScope, memory_search
-    from memory.services.sessions import MessageInput, messages_append, session_create
+    from memory.services.sessions import session_create
 
     samples = json.loads(Path(args.data).read_text())
     turns = [
@@ -285,18 +288,7 @@ def main() -> None:
         return out
 
     # --- small tenant: 100 messages in one session ------------------------------------------------
-    small = Tenant.objects.filter(slug="small").first()
-    if small is None:
-        small = Tenant.objects.create(name="small", slug="small")
-        session_create(tenant=small, agent_external_id="bot", user_id="u0")
-    small_session = Session.objects.filter(tenant=small).get()
-    if not Message.objects.filter(tenant=small).exists():
-        messages_append(
-            tenant=small,
-            session=small_session,
-            items=[MessageInput(role="user", name=s, content=t) for s, t in turns[:100]],
-        )
-        memory_index.memory_index_drain()
+    small, small_session = small_tenant(turns)
     for q in questions[:3]:  # warm-up: model, caches
         context_build(tenant=small, session=small_session, next_input=q)
     small_build = timed(lambda q: context_build(tenant=small, session=small_session, next_input=q))
