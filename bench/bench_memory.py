@@ -168,80 +168,14 @@ def profile_search(fn: Callable[[str], object], questions: list[str]) -> None:
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--queries", type=int, default=40)
-    parser.add_argument("--data", default=str(DATA))
-    parser.add_argument(
-        "--profile",
-        action="store_true",
-        help="also break one-user-scope search time down: SQL per statement, cProfile",
-    )
-    parser.add_argument(
-        "--profile-tenant",
-        action="store_true",
-        help="the same for the whole-tenant scope, and EXPLAIN ANALYZE of its SELECTs",
-    )
-    parser.add_argument(
-        "--http",
-        action="store_true",
-        help="also time POST /api/v1/memory/search through a real uvicorn (both scopes)",
-    )
-    args = parser.parse_args()
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    setup_django()
+def copy_messages(big, sessions, *, turns, base, model: str, per_session: int) -> int:  # type: ignore[no-untyped-def]
+    """The big tenant's messages through COPY (texts and mixed real vectors), then its HNSW index."""
     import numpy as np
     from django.db import connection
 
-    from memory.models import Message, Session, Tenant
-    from memory.services import embedding, memory_index
-    from memory.services.context import context_build
-    from memory.services.memory_search import SearchScope, memory_search
-    from memory.services.sessions import MessageInput, messages_append, session_create
+    from memory.models import Message, Session
 
-    samples = json.loads(Path(args.data).read_text())
-    turns = [
-        (t["speaker"], t["text"])
-        for s in samples
-        for key, value in s["conversation"].items()
-        if key.startswith("session_") and isinstance(value, list)
-        for t in value
-    ]
-    questions = [q["question"] for s in samples for q in s["qa"]][: args.queries]
-    embedder = embedding.embedder_get()
-    base = embedder.embed([f"{speaker}: {text}" for speaker, text in turns])
     rng = np.random.default_rng(7)
-
-    def timed(fn: Callable[[str], object]) -> list[float]:
-        out = []
-        for q in questions:
-            embedding._query_cache.clear()
-            t0 = time.perf_counter()
-            fn(q)
-            out.append((time.perf_counter() - t0) * 1000)
-        return out
-
-    # --- small tenant: 100 messages in one session ------------------------------------------------
-    small = Tenant.objects.create(name="small", slug="small")
-    small_session = session_create(tenant=small, agent_external_id="bot", user_id="u0")
-    messages_append(
-        tenant=small,
-        session=small_session,
-        items=[MessageInput(role="user", name=s, content=t) for s, t in turns[:100]],
-    )
-    memory_index.memory_index_drain()
-    for q in questions[:3]:  # warm-up: model, caches
-        context_build(tenant=small, session=small_session, next_input=q)
-    small_build = timed(lambda q: context_build(tenant=small, session=small_session, next_input=q))
-
-    # --- big tenant ---------------------------------------------------------------------------------
-    big = Tenant.objects.create(name="big", slug="big")
-    per_session, per_user = 100, 10
-    sessions = []
-    for i in range(max(1, args.messages // per_session)):
-        sessions.append(session_create(tenant=big, agent_external_id="bot", user_id=f"u{i // per_user}"))
-    started = time.perf_counter()
     table = Message._meta.db_table
     when = datetime(2025, 1, 1, tzinfo=UTC)
     with connection.cursor() as cursor:
@@ -260,7 +194,7 @@ def main() -> None:
                             big.pk, session.pk, seq, "user", f"{text} #{n}", 20, "", "", "[]", "", "[]", "{}",
                             when.isoformat(), speaker, (when + timedelta(minutes=n)).isoformat(), "english",
                             "[" + ",".join(f"{x:.5f}" for x in vector) + "]", "completed",
-                            embedder.model_name, 1, "",
+                            model, 1, "",
                         )
                     )  # fmt: skip
                     n += 1
@@ -272,7 +206,117 @@ def main() -> None:
             "WITH (m = 16, ef_construction = 64)"
         )
         cursor.execute("ANALYZE memory_message")
-    print(f"inserted {n} messages + HNSW in {time.perf_counter() - started:.0f} s", flush=True)
+    return n
+
+
+def small_tenant(turns: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
+    """The tenant of 100 messages in one session (the kept one, if there is one)."""
+    from memory.models import Message, Session, Tenant
+    from memory.services import memory_index
+    from memory.services.sessions import MessageInput, messages_append, session_create
+
+    small = Tenant.objects.filter(slug="small").first()
+    if small is None:
+        small = Tenant.objects.create(name="small", slug="small")
+        session_create(tenant=small, agent_external_id="bot", user_id="u0")
+    small_session = Session.objects.filter(tenant=small).get()
+    if not Message.objects.filter(tenant=small).exists():
+        messages_append(
+            tenant=small,
+            session=small_session,
+            items=[MessageInput(role="user", name=s, content=t) for s, t in turns[:100]],
+        )
+        memory_index.memory_index_drain()
+    return small, small_session
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=40)
+    parser.add_argument("--data", default=str(DATA))
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also break one-user-scope search time down: SQL per statement, cProfile",
+    )
+    parser.add_argument(
+        "--profile-tenant",
+        action="store_true",
+        help="the same for the whole-tenant scope, and EXPLAIN ANALYZE of its SELECTs",
+    )
+    parser.add_argument(
+        "--keep-database",
+        action="store_true",
+        help="keep the bench database and reuse its tenants when they are there (needs "
+        "CTXAPP_TEST_DATABASE_URL: a server that outlives the run); build them otherwise",
+    )
+    parser.add_argument(
+        "--http",
+        action="store_true",
+        help="also time POST /api/v1/memory/search through a real uvicorn (both scopes)",
+    )
+    args = parser.parse_args()
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    setup_django(keep=args.keep_database)
+
+    from memory.models import Message, Session, Tenant
+    from memory.services import embedding
+    from memory.services.context import context_build
+    from memory.services.memory_search import SearchScope, memory_search
+    from memory.services.sessions import session_create
+
+    samples = json.loads(Path(args.data).read_text())
+    turns = [
+        (t["speaker"], t["text"])
+        for s in samples
+        for key, value in s["conversation"].items()
+        if key.startswith("session_") and isinstance(value, list)
+        for t in value
+    ]
+    questions = [q["question"] for s in samples for q in s["qa"]][: args.queries]
+    embedder = embedding.embedder_get()
+    base = embedder.embed([f"{speaker}: {text}" for speaker, text in turns])
+
+    def timed(fn: Callable[[str], object]) -> list[float]:
+        out = []
+        for q in questions:
+            embedding._query_cache.clear()
+            t0 = time.perf_counter()
+            fn(q)
+            out.append((time.perf_counter() - t0) * 1000)
+        return out
+
+    # --- small tenant: 100 messages in one session ------------------------------------------------
+    small, small_session = small_tenant(turns)
+    for q in questions[:3]:  # warm-up: model, caches
+        context_build(tenant=small, session=small_session, next_input=q)
+    small_build = timed(lambda q: context_build(tenant=small, session=small_session, next_input=q))
+
+    # --- big tenant ---------------------------------------------------------------------------------
+    big = Tenant.objects.filter(slug="big").first()
+    if big is not None and Message.objects.filter(tenant=big).count() == args.messages:
+        build_big = None
+    else:
+        if big is not None:
+            raise SystemExit(
+                "the kept database holds another size of tenant: drop it (without --keep-database)"
+            )
+        big = Tenant.objects.create(name="big", slug="big")
+        build_big = big
+    per_session, per_user = 100, 10
+    sessions = list(Session.objects.filter(tenant=big).order_by("pk"))
+    for i in range(max(1, args.messages // per_session) if build_big else 0):
+        sessions.append(session_create(tenant=big, agent_external_id="bot", user_id=f"u{i // per_user}"))
+    if build_big is not None:
+        started = time.perf_counter()
+        n = copy_messages(
+            big, sessions, turns=turns, base=base, model=embedder.model_name, per_session=per_session
+        )
+        print(f"inserted {n} messages + HNSW in {time.perf_counter() - started:.0f} s", flush=True)
+    else:
+        n = Message.objects.filter(tenant=big).count()
+        print(f"reusing the kept tenant of {n} messages", flush=True)
     target = sessions[-1]
     target.refresh_from_db()
     user_scope = SearchScope(user_id=target.user_id)

@@ -22,8 +22,9 @@ sys.path.insert(0, str(ROOT))
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "retrieval_dev.jsonl"
 
 
-def setup_django() -> None:
-    """Django on a fresh throw-away database with tables from the models (like the tests)."""
+def setup_django(*, keep: bool = False) -> None:
+    """Django on a fresh throw-away database with tables from the models (like the tests); with
+    `keep`, the database of an earlier run is kept and reused (created if missing)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ctxapp.settings_test")
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     import django
@@ -34,7 +35,7 @@ def setup_django() -> None:
 
     connection.settings_dict["TEST"].update({"NAME": "bench_ctxapp", "MIGRATE": False})
     settings.DATABASES["default"]["TEST"].update({"NAME": "bench_ctxapp", "MIGRATE": False})
-    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False, keepdb=keep)
 
 
 def metrics(ranks: list[int | None]) -> dict[str, float]:

@@ -3,15 +3,12 @@ scope from PostgreSQL's HNSW and full-text indexes) and its summaries, facts and
 
 from __future__ import annotations
 
-import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import numpy as np
-from cachetools import TTLCache
-from django.db import connection
 from django.db.models import Q
 from pgvector.django import CosineDistance
 
@@ -22,108 +19,79 @@ from memory.services.embedding import cosines_cached
 from memory.services.experiences import visible_filter
 from memory.services.memory_digest import digest_candidates
 from memory.services.memory_search.corpus import exact_message_candidates, scope_corpus
+from memory.services.memory_search.large_stats import corpus_stats, term_counts
 from memory.services.memory_search.scope import SearchScope
 from memory.services.memory_search.sql import (
     MessageCandidate,
     ScopeWhere,
     fetch_rows,
-    scope_key,
     terms_or_query,
     vector_literal,
 )
 from memory.services.retrieval import _configure_hnsw
 
+VectorSource = Callable[[], np.ndarray | None]  # the query's embedding, when it is needed
+
 OTHER_KIND_POOL = 50  # summaries / facts / experiences per source
 
 
-LARGE_TERM_CAP = 5_000  # large scopes: a term matching more rows than this counts as common
-LARGE_STATS_SECONDS = 300.0  # large scopes: rows and mean length are re-measured this often
-# Per process, re-measured every LARGE_STATS_SECONDS; a lock because a TTL cache mutates on reads.
-_large_stats: TTLCache[tuple[Any, ...], tuple[int, float]] = TTLCache(
-    maxsize=1024, ttl=LARGE_STATS_SECONDS, timer=time.monotonic
-)
-_large_term_counts: TTLCache[tuple[Any, ...], int | None] = TTLCache(
-    maxsize=50_000, ttl=LARGE_STATS_SECONDS, timer=time.monotonic
-)
-_stats_lock = threading.Lock()
+LEXICAL_ROWS_MAX = 2_000  # large scopes: the lexical pool visits about this many rows of its rarest terms
+LEXICAL_PAIRS_TERMS = 8  # ... and those matching two of its next most selective terms
 
 
-def _term_counts(*, where: ScopeWhere, terms: list[str], config: str) -> dict[str, int | None]:
-    """Rows matching each term, counted through the GIN index up to LARGE_TERM_CAP (None: more,
-    or a word PostgreSQL's configuration ignores). Re-counted every LARGE_STATS_SECONDS, like the
-    scope's size: a common word costs a scan of up to 5,001 rows. At most one query."""
-    key = (*scope_key(where), config)
-    with _stats_lock:
-        fresh = {t: _large_term_counts[(*key, t)] for t in terms if (*key, t) in _large_term_counts}
-    missing = [t for t in terms if t not in fresh]
-    if missing:
-        counted = _term_counts_query(where=where, terms=missing, config=config)
-        with _stats_lock:
-            for term, count in counted.items():
-                _large_term_counts[(*key, term)] = count
-        fresh.update(counted)
-    return {term: fresh[term] for term in terms}
+def _lexical_queries(counts: dict[str, int | None]) -> tuple[str, str]:
+    """The lexical pool's tsqueries: which rows to visit, and what to rank them by (ts_rank_cd).
 
-
-def _term_counts_query(*, where: ScopeWhere, terms: list[str], config: str) -> dict[str, int | None]:
-    table = Message._meta.db_table
-    selects, params = [], []
-    for term in terms:
-        selects.append(
-            "CASE WHEN numnode(plainto_tsquery(%s::regconfig, %s)) = 0 THEN NULL ELSE "
-            f"(SELECT count(*) FROM (SELECT 1 FROM {table} m WHERE {where.where} "
-            "AND m.search_vector @@ plainto_tsquery(%s::regconfig, %s) LIMIT %s) capped) END"
-        )
-        params += [config, term, *where.params, config, term, LARGE_TERM_CAP + 1]
-    # Under LIMIT 5001 the planner takes a sequential scan for a common word (it reads ~40,000
-    # wide rows at 100k messages: 60-300 ms); the GIN bitmap finds the same rows 2-4x faster.
-    # Plain SET, not SET LOCAL: LOCAL would outlive this query in a caller's transaction.
-    with connection.cursor() as cursor:
-        cursor.execute("SET enable_seqscan = off")
-        try:
-            cursor.execute(f"SELECT {', '.join(selects)}", params)
-        except Exception:
-            if not connection.in_atomic_block:  # else the rollback undoes the SET
-                cursor.execute("RESET enable_seqscan")
-            raise
-        row = cursor.fetchone()
-        cursor.execute("RESET enable_seqscan")
-    return {
-        term: (None if value is None or value > LARGE_TERM_CAP else int(value))
-        for term, value in zip(terms, row, strict=True)
-    }
-
-
-def _corpus_stats(*, where: ScopeWhere, counts: dict[str, int | None]) -> ranking.CorpusStats:
-    """Statistics of a large scope: rows and mean lexeme count (re-measured every 5 minutes), the
-    exact document frequency of its rarer terms; common terms are counted in the pool (ranking)."""
-    key = scope_key(where)
-    with _stats_lock:
-        cached = _large_stats.get(key)
-    if cached is None:
-        table = Message._meta.db_table
-        row = fetch_rows(
-            f"SELECT count(*), coalesce(avg(length(m.search_vector)), 0) FROM {table} m WHERE {where.where}",
-            where.params,
-        )[0]
-        cached = (int(row[0]), float(row[1]))
-        with _stats_lock:
-            _large_stats[key] = cached
-    df = {term: count for term, count in counts.items() if count is not None}
-    return ranking.CorpusStats(n_docs=cached[0], avg_len=cached[1], df=df)
+    Only rows matching the rarer terms are ranked (or, if every term is common, rows matching all
+    of them): an OR of common words would make PostgreSQL rank most of a large scope. Each row
+    ranked is a heap visit, so the rows visited are those of the rarest terms, up to about
+    LEXICAL_ROWS_MAX rows (at least the rarest term's: the terms BM25 weighs most), and of the
+    others those matching two of them or more (GIN intersects those without visiting rows). All
+    are ranked by every rarer term. A scope whose rarer terms match LEXICAL_ROWS_MAX rows or fewer
+    in all visits them all, as before."""
+    rare = [term for term, count in counts.items() if count]
+    if not rare:
+        every = " & ".join(term for term, count in counts.items() if count is None)
+        return every, every
+    by_rows = sorted(rare, key=lambda term: counts[term] or 0)
+    visit, rows = [by_rows[0]], counts[by_rows[0]] or 0
+    for term in by_rows[1:]:
+        rows += counts[term] or 0
+        if rows > LEXICAL_ROWS_MAX:
+            break
+        visit.append(term)
+    rank_by = " | ".join(rare)
+    if len(visit) == len(rare):
+        return rank_by, rank_by
+    left = by_rows[len(visit) :][:LEXICAL_PAIRS_TERMS]
+    pairs = [f"({a} & {b})" for i, a in enumerate(left) for b in left[i + 1 :]]
+    return " | ".join(visit + pairs), rank_by
 
 
 def _message_candidates(
     *,
     where: ScopeWhere,
-    query: str,
-    vector: np.ndarray | None,
+    vector_source: VectorSource,
     config: str,
     plan: ranking.Plan,
     counts: dict[str, int | None],
 ) -> list[ranking.Candidate]:
     table = Message._meta.db_table
     sessions_table = Session._meta.db_table
+    lexical_ids: list[int] = []
+    visit, rank_by = _lexical_queries(counts)
+    if visit:
+        lexical_ids = [
+            r[0]
+            for r in fetch_rows(
+                f"SELECT m.id FROM {table} m, to_tsquery(%s::regconfig, %s) v, "
+                f"to_tsquery(%s::regconfig, %s) q WHERE {where.where} AND m.search_vector @@ v "
+                f"ORDER BY ts_rank_cd(m.search_vector, q) DESC, m.id LIMIT %s",
+                [config, visit, config, rank_by, *where.params, ranking.POOL_LEXICAL],
+            )
+        ]
+    # The query's vector is needed from here on: its thread has had the lexical pool's time.
+    vector = vector_source()
     dense_ids: list[int] = []
     if vector is not None:
         _configure_hnsw()
@@ -133,21 +101,6 @@ def _message_candidates(
                 f"SELECT m.id FROM {table} m WHERE {where.where} AND m.embedding IS NOT NULL "
                 f"ORDER BY m.embedding <=> %s::vector LIMIT %s",
                 [*where.params, vector_literal(vector), ranking.POOL_DENSE],
-            )
-        ]
-    lexical_ids: list[int] = []
-    # Rank only rows matching the rarer terms (or, if every term is common, all of them): an OR
-    # of common words would make PostgreSQL rank most of a large scope.
-    rare = [term for term, count in counts.items() if count]
-    or_query = " | ".join(rare) if rare else " & ".join(t for t, c in counts.items() if c is None)
-    if or_query:
-        lexical_ids = [
-            r[0]
-            for r in fetch_rows(
-                f"SELECT m.id FROM {table} m, to_tsquery(%s::regconfig, %s) q "
-                f"WHERE {where.where} AND m.search_vector @@ q "
-                f"ORDER BY ts_rank_cd(m.search_vector, q) DESC, m.id LIMIT %s",
-                [config, or_query, *where.params, ranking.POOL_LEXICAL],
             )
         ]
     ids = list(dict.fromkeys(dense_ids + lexical_ids))
@@ -337,19 +290,18 @@ def other_candidates(
 
 
 def scope_message_candidates(
-    *, where: ScopeWhere, query: str, vector: np.ndarray | None, config: str, plan: ranking.Plan
+    *, where: ScopeWhere, query: str, vector: VectorSource, config: str, plan: ranking.Plan
 ) -> tuple[list[ranking.Candidate], ranking.CorpusStats]:
     """The scope's message pool and its BM25 statistics: exact from the cached scope, or (a very
-    large scope) approximated by PostgreSQL's full text."""
+    large scope) approximated by PostgreSQL's full text. `vector` gives the query's embedding
+    (waiting for it if need be), called once the SQL that does not need it has run."""
     corpus = scope_corpus(where)
     if corpus is not None:
         found, stats = exact_message_candidates(
-            corpus=corpus, where=where, query=query, vector=vector, plan=plan
+            corpus=corpus, where=where, query=query, vector=vector(), plan=plan
         )
         return list(found), stats
     terms = list(dict.fromkeys(ranking.tokenize(query)))
-    counts = _term_counts(where=where, terms=terms, config=config)
-    found = _message_candidates(
-        where=where, query=query, vector=vector, config=config, plan=plan, counts=counts
-    )
-    return list(found), _corpus_stats(where=where, counts=counts)
+    counts = term_counts(where=where, terms=terms, config=config)
+    found = _message_candidates(where=where, vector_source=vector, config=config, plan=plan, counts=counts)
+    return list(found), corpus_stats(where=where, counts=counts)

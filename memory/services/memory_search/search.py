@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime
 from itertools import zip_longest
 
@@ -45,13 +46,8 @@ def memory_search(
     plan_given = plan is not None
     plan = plan or ranking.DEFAULT_PLAN
     session_pks, _ = scope_sessions(tenant=tenant, scope=scope)
+    vector = QueryVector(query)  # embedded on its own thread while the scope's SQL runs
     config = memory_policy_get(tenant=tenant).text_search_config or "english"
-    warnings: list[str] = []
-    vector: np.ndarray | None = None
-    try:
-        _, vector = embed_query(query)
-    except EmbedderError as exc:
-        warnings.append(f"The embedder is unavailable ({exc}); results are ranked by words only.")
     kind_set = set(chosen)
     if session_pks == []:
         kind_set -= {"message", "summary", "fact"}
@@ -60,12 +56,13 @@ def memory_search(
     stats = ranking.CorpusStats(n_docs=0, avg_len=0.0)
     if "message" in kind_set:
         candidates, stats = scope_message_candidates(
-            where=where, query=query, vector=vector, config=config, plan=plan
+            where=where, query=query, vector=vector.get, config=config, plan=plan
         )
     candidates += other_candidates(
         tenant=tenant, kinds=kind_set, session_pks=session_pks, scope=scope, query=query,
-        vector=vector, config=config, time_from=time_from, time_to=time_to,
+        vector=vector.get(), config=config, time_from=time_from, time_to=time_to,
     )  # fmt: skip
+    warnings = vector.warnings()
     ranked = _rank_by_kind(
         query=query, candidates=candidates, stats=stats, plan=plan, experience_plan_given=plan_given
     )
@@ -82,6 +79,36 @@ def memory_search(
     return SearchResult(
         query=query, results=hits, plan=plan.as_dict(), warnings=warnings, candidates=len(candidates)
     )
+
+
+class QueryVector:
+    """The query's embedding, computed on a thread of its own from the start of a search: the
+    model (onnxruntime) releases the GIL, so it overlaps the scope's SQL and the lexical pool.
+    `get()` waits for it: the unit vector, or None when the embedder is unavailable."""
+
+    def __init__(self, query: str) -> None:
+        self._vector: np.ndarray | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(query,), name="query-embedding", daemon=True)
+        self._thread.start()
+
+    def _run(self, query: str) -> None:
+        try:
+            _, self._vector = embed_query(query)
+        except BaseException as exc:  # handed to the searching thread by get()
+            self._error = exc
+
+    def get(self) -> np.ndarray | None:
+        self._thread.join()
+        if self._error is not None and not isinstance(self._error, EmbedderError):
+            raise self._error
+        return self._vector
+
+    def warnings(self) -> list[str]:
+        self.get()
+        if isinstance(self._error, EmbedderError):
+            return [f"The embedder is unavailable ({self._error}); results are ranked by words only."]
+        return []
 
 
 def _rank_by_kind(

@@ -271,6 +271,31 @@ def test_a_scope_too_large_to_cache_is_searched_by_postgresql_alone(api_a, histo
     assert violin["results"][0]["seq"] == 4
 
 
+def test_a_large_scope_takes_frequent_words_from_its_sample_and_bounds_its_lexical_pool(
+    api_a, history, monkeypatch
+):
+    from memory.services import memory_search
+    from memory.services.memory_search import candidates, large_stats
+
+    monkeypatch.setattr(memory_search.corpus, "SCOPE_CORPUS_MAX", 0)  # every scope counts as large
+    memory_search.corpus._large_scopes.clear()
+    # A sample of the whole scope (every row) whose every word counts as frequent: its estimates
+    # are then the exact counts. A lexical pool of one row visits the rarest term only, plus the
+    # rows matching two of the others.
+    monkeypatch.setattr(large_stats, "SAMPLE_ROWS_MIN", 1)
+    monkeypatch.setattr(large_stats, "SAMPLE_HITS_MIN", 1)
+    monkeypatch.setattr(candidates, "LEXICAL_ROWS_MAX", 1)
+    body = search(
+        api_a, {"query": "What is the name of Caroline's dog?", "scope": {"user_id": "u1"}, "limit": 3}
+    )
+    assert (body["results"][0]["session"], body["results"][0]["seq"]) == (history["first"], 1)
+    violin = search(api_a, {"query": "violin", "scope": {"user_id": "u1"}, "kinds": ["message"], "limit": 1})
+    assert violin["results"][0]["seq"] == 4
+    # Never another user's messages, whatever the path.
+    other = search(api_a, {"query": "violin", "scope": {"user_id": "u2"}, "kinds": ["message"]})
+    assert {hit["session"] for hit in other["results"]} <= {history["other_user"]}
+
+
 def test_a_bound_key_cannot_read_another_agents_session_as_the_current_one(
     api_a: Any, history: dict[str, str], tenant_a: Any
 ) -> None:
