@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -127,6 +128,9 @@ def point_publisher_at(broker_url: str) -> Callable[[], None]:
     return undo
 
 
+BEAT_SCHEDULES: dict[int, Path] = {}  # worker pid -> its beat schedule's directory
+
+
 def start_worker(env_extra: dict[str, str], *, drop: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     from django.conf import settings
 
@@ -135,13 +139,15 @@ def start_worker(env_extra: dict[str, str], *, drop: tuple[str, ...] = ()) -> su
     for name in drop:
         env.pop(name, None)
     schedule = Path(tempfile.mkdtemp(prefix="ctxapp-drill-")) / "beat"
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "ctxapp", "worker", "-B", "-s", str(schedule),
          "--loglevel", "warning", "--concurrency", "1", "--pool", "solo",
          "--queues", f"{settings.QUEUE_PREFIX}-default", "--without-gossip", "--without-mingle"],
         env=env, cwd=os.getcwd(),
         start_new_session=True,  # -B runs beat in a child process: signal the whole group
     )  # fmt: skip
+    BEAT_SCHEDULES[proc.pid] = schedule.parent  # removed by stop_worker
+    return proc
 
 
 def stop_worker(proc: subprocess.Popen[bytes]) -> None:
@@ -154,6 +160,9 @@ def stop_worker(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # beat too, if the worker left it behind
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
+    schedule_dir = BEAT_SCHEDULES.pop(proc.pid, None)
+    if schedule_dir is not None:
+        shutil.rmtree(schedule_dir, ignore_errors=True)
 
 
 class Load:
@@ -342,7 +351,7 @@ def test_the_postgres_broker_worker_killed_under_load_loses_no_job_and_runs_none
     try:
         n = load.run_for(5.0, 0, max_rounds=10)
         os.killpg(worker.pid, signal.SIGKILL)  # mid-load, maybe mid-job (and its embedded beat)
-        worker.wait(10)
+        stop_worker(worker)  # reaps it and removes its beat schedule
         n = load.run_for(WORKER_DOWN_SECONDS, n, max_rounds=MAX_ROUNDS)
         worker = start_worker({}, drop=("REDIS_URL",))
         load.run_for(2.0, n, max_rounds=5)
