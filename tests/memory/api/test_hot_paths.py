@@ -281,7 +281,8 @@ def test_a_retry_rolls_back_its_own_run_leaving_seqs_gapless(api_a: Any) -> None
     api_a.post(path, {"role": "user", "content": "a"}, format="json", HTTP_IDEMPOTENCY_KEY="a")
     third = api_a.post(path, {"role": "user", "content": "b"}, format="json", HTTP_IDEMPOTENCY_KEY="b")
     assert third.json()["seq"] == 2
-    assert list(Message.objects.filter(session__public_id=session).values_list("seq", flat=True)) == [1, 2]
+    stored = Message.objects.filter(session__public_id=session).order_by("seq")
+    assert list(stored.values_list("seq", flat=True)) == [1, 2]
 
 
 def test_reading_the_state_and_a_delta_checkpoint_costs_two_and_four_statements(
