@@ -198,7 +198,7 @@ def test_a_finished_task_is_distilled_and_embedded_by_the_worker(tenant, endpoin
     assert distilled.payload["path"] == "full" and distilled.payload["task"] == task.public_id
 
 
-def test_a_worker_killed_mid_batch_is_recovered_by_the_job_sweep_within_its_bound(tenant, endpoint):
+def test_a_worker_killed_mid_batch_is_recovered_by_the_job_sweep_within_its_bound(tenant, endpoint, tmp_path):
     """No broker redelivery here (the real settings: a one-hour visibility timeout): the job
     sweep alone finds the intent whose runner died and dispatches it again."""
     endpoint.mode = "hang"
@@ -212,7 +212,7 @@ def test_a_worker_killed_mid_batch_is_recovered_by_the_job_sweep_within_its_boun
         worker.wait(10)
         endpoint.release()
         killed = time.monotonic()
-        schedule = f"/tmp/ctxapp-beat-{os.getpid()}"
+        schedule = str(tmp_path / "beat")  # pytest's own temporary directory, not a file left in /tmp
         worker = start_beat_worker(endpoint, schedule, **env)
         wait_until(lambda: statuses(rows) == ["completed"] * 2, timeout=60)
         recovered = time.monotonic() - killed
