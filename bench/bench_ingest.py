@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -265,6 +267,9 @@ def main() -> int:
     args = parser.parse_args()
 
     data_dir = Path(tempfile.mkdtemp(prefix="ctxapp-bench-"))
+    # Registered before the embedded server starts, so it runs after pgserver's own exit hook
+    # (which stops and deletes the database): nothing is left in the temporary directory.
+    atexit.register(shutil.rmtree, data_dir, True)
     os.environ["CTXAPP_DATA_DIR"] = str(data_dir)
     os.environ.setdefault("CTXAPP_SECRET_KEY", "bench-secret-key")
     os.environ.setdefault("CTXAPP_LOG_LEVEL", "warning")

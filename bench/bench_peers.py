@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import inspect
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -428,6 +430,9 @@ def main() -> int:
     only = set(filter(None, args.only.split(","))) or {"appends", "checkpoints", "growing", "concurrency"}
 
     data_dir = Path(tempfile.mkdtemp(prefix="ctxapp-peers-"))
+    # Registered before the embedded server starts, so it runs after pgserver's own exit hook
+    # (which stops and deletes the database): nothing is left in the temporary directory.
+    atexit.register(shutil.rmtree, data_dir, True)
     os.environ["CTXAPP_DATA_DIR"] = str(data_dir)
     os.environ.setdefault("CTXAPP_SECRET_KEY", "bench-secret-key")
     os.environ.setdefault("CTXAPP_LOG_LEVEL", "warning")
