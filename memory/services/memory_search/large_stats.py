@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import psycopg
-from cachetools import TTLCache
+from cachetools import TTLCache, cached
 from django.db import connection
 
 from memory.models import Message
@@ -112,15 +112,11 @@ def _fetch_without_seqscan(cursor: Any, statement: str, params: list[Any]) -> An
     return row
 
 
+@cached(_samples, key=lambda *, where, rows: scope_key(where), lock=_stats_lock)
 def _sample_estimates(*, where: ScopeWhere, rows: int) -> tuple[list[str], list[int]]:
     """(lexemes, estimated rows) of the words seen in SAMPLE_HITS_MIN rows or more of a sample of
     the scope (`rows` rows). Empty when the sample would be smaller than SAMPLE_ROWS_MIN rows.
     TABLESAMPLE SYSTEM reads a share of the table's pages (REPEATABLE: the same ones each time)."""
-    key = scope_key(where)
-    with _stats_lock:
-        cached = _samples.get(key)
-    if cached is not None:
-        return cached
     table = Message._meta.db_table
     table_rows = float(fetch_rows("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [table])[0][0])
     share = min(1.0, SAMPLE_ROWS / max(1, rows), SAMPLE_READ_MAX / max(1.0, table_rows))  # -1: never analysed
@@ -138,26 +134,18 @@ def _sample_estimates(*, where: ScopeWhere, rows: int) -> tuple[list[str], list[
         if sampled >= SAMPLE_ROWS_MIN:
             frequent = [(lexeme, round(n * rows / sampled)) for lexeme, n in found if lexeme is not None]
             estimates = ([lexeme for lexeme, _ in frequent], [n for _, n in frequent])
-    with _stats_lock:
-        _samples[key] = estimates
     return estimates
 
 
+@cached(_large_stats, key=scope_key, lock=_stats_lock)
 def _scope_size(where: ScopeWhere) -> tuple[int, float]:
     """The scope's rows and mean lexeme count, re-measured every LARGE_STATS_SECONDS."""
-    key = scope_key(where)
-    with _stats_lock:
-        cached = _large_stats.get(key)
-    if cached is None:
-        table = Message._meta.db_table
-        row = fetch_rows(
-            f"SELECT count(*), coalesce(avg(length(m.search_vector)), 0) FROM {table} m WHERE {where.where}",
-            where.params,
-        )[0]
-        cached = (int(row[0]), float(row[1]))
-        with _stats_lock:
-            _large_stats[key] = cached
-    return cached
+    table = Message._meta.db_table
+    row = fetch_rows(
+        f"SELECT count(*), coalesce(avg(length(m.search_vector)), 0) FROM {table} m WHERE {where.where}",
+        where.params,
+    )[0]
+    return int(row[0]), float(row[1])
 
 
 def corpus_stats(*, where: ScopeWhere, counts: dict[str, int | None]) -> ranking.CorpusStats:
