@@ -27,7 +27,7 @@ WHAT THE CALLER MUST SUPPLY (so results match the offline evaluation):
 - The query embedding: the plain query text, embedded as is (`embed_query(query)`).
 
 `rank` returns every candidate, best first, with each signal's contribution (dense, lexical,
-neighbour, session, recency; they add up to the score); the caller cuts to its limit. Use
+neighbour, session, recency, length; they add up to the score); the caller cuts to its limit. Use
 `DEFAULT_PLAN` for conversational memory (messages, summaries, facts) and `EXPERIENCE_PLAN` for
 distilled experiences (problem/solution texts: dense-led); rank the two kinds in separate pools
 and merge by rank if one search returns both. Figures and what was tried: docs/experiences.md,
@@ -131,6 +131,18 @@ def index_text(*, content: str, speaker: str | None, occurred_at: datetime | Non
     return f"{prefix}{content}"
 
 
+# What `index_text` puts before a message's content: the date, then the speaker.
+_INDEX_PREFIX = re.compile(r"^(?:\(\d{1,2} [A-Z][a-z]+ \d{4}\) )?(?:[^:\n]{1,80}: )?")
+
+
+def content_length(*, kind: str, text: str) -> int:
+    """The number of `tokenize` tokens of a row's own words: for a message, its `index_text`
+    without the date and speaker prefix (the same for every turn, so no information)."""
+    if kind == "message":
+        text = _INDEX_PREFIX.sub("", text, count=1)
+    return len(_tokens(text))
+
+
 @dataclass
 class Candidate:
     key: str  # unique in the pool, e.g. "message:123"
@@ -159,7 +171,7 @@ class Plan:
     rrf_k: float = 60.0
     k1: float = 1.2
     b: float = 0.75
-    neighbour_weight: float = 0.75  # adds w * the best fused score within ±radius in the group
+    neighbour_weight: float = 0.5  # adds w * the best fused score within ±radius in the group
     neighbour_radius: int = 3
     neighbour_decay: float = 1.0  # a neighbour d positions away counts decay^(d-1)
     session_weight: float = 0.0  # adds w * the best fused score of any candidate in the group
@@ -171,6 +183,10 @@ class Plan:
     # w * 2^(-age / half-life) with age from the newest candidate (imported history works alike).
     current_cue_weight: float = 0.2
     recency_half_life_days: float = 90.0
+    # Informativeness prior: adds w * n / (n + saturation), n = the row's own content tokens
+    # (`content_length`): "lol", "On the ceiling!" are rarely what a question is about.
+    length_weight: float = 1.0
+    length_saturation: float = 4.0
 
     _RANGES = {
         "dense_weight": (0.0, 10.0),
@@ -188,6 +204,8 @@ class Plan:
         "recency_weight": (0.0, 5.0),
         "current_cue_weight": (0.0, 5.0),
         "recency_half_life_days": (0.001, 36500.0),
+        "length_weight": (0.0, 5.0),
+        "length_saturation": (0.1, 1000.0),
     }
 
     @classmethod
@@ -223,7 +241,9 @@ class Plan:
 DEFAULT_PLAN = Plan()
 # Distilled experiences (problem/solution texts): dense-led; the small lexical share keeps rows
 # without a vector (pending) and exact error strings findable. 5-fold CV on retrieval_dev.jsonl.
-EXPERIENCE_PLAN = Plan(fusion="zscore", dense_weight=0.95, lexical_weight=0.05, neighbour_weight=0.0)
+EXPERIENCE_PLAN = Plan(
+    fusion="zscore", dense_weight=0.95, lexical_weight=0.05, neighbour_weight=0.0, length_weight=0.0
+)
 
 
 @dataclass
@@ -310,6 +330,8 @@ def rank(
             + recency_weight · 2^(-age_days / recency_half_life_days)     (needs `now`)
             + current_cue_weight · 2^(-days before the newest candidate / half-life)
               only when the query asks for the current state (`asks_current_state`)
+            + length_weight · n / (n + length_saturation), n = `content_length` (the row's
+              own words: a one-word turn is rarely what a question is after)
     norm is per query over the pool: z-score, min-max or reciprocal rank. A candidate without a
     vector takes the pool's lowest cosine. `contributions` holds each term; they add up to score.
     """
@@ -320,6 +342,7 @@ def rank(
     neighbour_part = _neighbour_part(candidates, fused, plan)
     session_part = _session_part(candidates, fused, plan)
     recency_part = _recency_part(query, candidates, plan, now)
+    length_part = _length_part(candidates, plan)
 
     results: list[Ranked] = []
     for i, c in enumerate(candidates):
@@ -329,6 +352,7 @@ def rank(
             "neighbour": round(float(neighbour_part[i]), 6),
             "session": round(float(session_part[i]), 6),
             "recency": round(float(recency_part[i]), 6),
+            "length": round(float(length_part[i]), 6),
         }
         score = round(sum(contributions.values()), 6)
         results.append(Ranked(candidate=c, score=score, contributions=contributions))
@@ -413,3 +437,11 @@ def _recency_part(query: str, candidates: list[Candidate], plan: Plan, now: date
                 age_days = max(0.0, (reference - c.occurred_at).total_seconds() / 86400.0)
                 part[i] += weight * 2.0 ** (-age_days / plan.recency_half_life_days)
     return part
+
+
+def _length_part(candidates: list[Candidate], plan: Plan) -> np.ndarray:
+    """The informativeness prior: a saturating function of each row's own number of words."""
+    if plan.length_weight <= 0:
+        return np.zeros(len(candidates))
+    lengths = np.array([content_length(kind=c.kind, text=c.text) for c in candidates], dtype=np.float64)
+    return plan.length_weight * lengths / (lengths + plan.length_saturation)
