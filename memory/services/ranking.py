@@ -137,10 +137,14 @@ _INDEX_PREFIX = re.compile(r"^(?:\(\d{1,2} [A-Z][a-z]+ \d{4}\) )?(?:[^:\n]{1,80}
 
 def content_length(*, kind: str, text: str) -> int:
     """The number of `tokenize` tokens of a row's own words: for a message, its `index_text`
-    without the date and speaker prefix (the same for every turn, so no information)."""
+    without the date and speaker prefix (the same for every turn, so no information). Counted
+    from the whole text's tokens, which BM25 has cached already, minus the prefix's."""
+    count = len(_tokens(text))
     if kind == "message":
-        text = _INDEX_PREFIX.sub("", text, count=1)
-    return len(_tokens(text))
+        prefix = _INDEX_PREFIX.match(text)
+        if prefix is not None and prefix.end():
+            count -= len(_tokens(prefix.group()))
+    return count
 
 
 @dataclass
