@@ -509,6 +509,18 @@ def _locomo_picked_show(
         f"held-out over all {len(pooled)} questions: R@1 {100 * np.mean([r[0] for r in pooled]):.1f} "
         f"R@5 {100 * np.mean([r[1] for r in pooled]):.1f} R@10 {100 * np.mean([r[2] for r in pooled]):.1f}"
     )
+    by_category: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for s, p in enumerate(picked):
+        for q in questions:
+            if q.scope == s:
+                by_category[q.category].append(recalls(scopes[s], q, p))
+    print(
+        "  by category (R@5/R@10): "
+        + "  ".join(
+            f"{c} {100 * np.mean([r[1] for r in rows]):.0f}/{100 * np.mean([r[2] for r in rows]):.0f}"
+            for c, rows in sorted(by_category.items())
+        )
+    )
     for s, p in enumerate(picked):
         held = [q for q in questions if q.scope == s]
         r5 = 100 * float(np.mean([recalls(scopes[s], q, p)[1] for q in held]))
