@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -38,7 +39,8 @@ SNAPSHOT_REFRESH_SECONDS = 600.0  # a refresh is asked for once it is this old .
 SNAPSHOT_REFRESH_DRIFT = 0.02  # ... or the messages moved by this share
 _LOCK_NAMESPACE = 0x63747873  # pg_try_advisory_xact_lock(namespace, tenant id)
 
-_refreshing: set[int] = set()  # tenants whose refresh runs in this process
+REFRESH_ASK_SECONDS = 30.0  # a process asks for a tenant's refresh at most this often
+_asked: dict[int, float] = {}  # tenant → when this process last started its refresh (monotonic)
 _refreshing_lock = threading.Lock()
 
 
@@ -111,14 +113,15 @@ def term_stats_refresh(tenant: Tenant | int) -> bool:
 
 
 def refresh_ask(tenant_id: int) -> None:
-    """Refresh the tenant's snapshot on a thread of its own (at most one per tenant per process).
+    """Refresh the tenant's snapshot on a thread of its own (at most once per REFRESH_ASK_SECONDS
+    per tenant and process; another process's refresh of it makes this one skip at once).
     Not from inside a caller's transaction: the thread's connection would not see its writes."""
     if connection.in_atomic_block:
         return
     with _refreshing_lock:
-        if tenant_id in _refreshing:
+        if time.monotonic() - _asked.get(tenant_id, -REFRESH_ASK_SECONDS) < REFRESH_ASK_SECONDS:
             return
-        _refreshing.add(tenant_id)
+        _asked[tenant_id] = time.monotonic()
     threading.Thread(target=_refresh_run, args=(tenant_id,), name="term-stats", daemon=True).start()
 
 
@@ -129,5 +132,3 @@ def _refresh_run(tenant_id: int) -> None:
         logger.exception("memory search: the word statistics of tenant %s were not refreshed", tenant_id)
     finally:
         connection.close()
-        with _refreshing_lock:
-            _refreshing.discard(tenant_id)

@@ -4,6 +4,7 @@ within its bounds, and the search finds the same turns with it as without it."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -110,3 +111,18 @@ def test_a_whole_tenant_search_finds_the_same_turns_with_the_snapshot_and_never_
     # One user's scope never reads the tenant's snapshot, and never another user's messages.
     user = memory_search(tenant=tenant_a, query="violin", scope=SearchScope(user_id="u1"), kinds=["message"])
     assert {hit.session for hit in user.results} == {talks["first"].public_id}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_first_whole_tenant_search_starts_the_snapshot_on_a_thread_of_its_own(tenant_a, monkeypatch):
+    monkeypatch.setattr(corpus, "SCOPE_CORPUS_MAX", 0)  # every scope counts as large
+    corpus._large_scopes.clear()
+    session = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u1")
+    say(tenant_a, session, "I started learning the violin.", "The weather was rainy all week.")
+    # Answered at once by counting; the snapshot comes after, outside the request.
+    assert memory_search(tenant=tenant_a, query="violin lessons", kinds=["message"]).results
+    deadline = time.monotonic() + 30
+    while not SearchTermSnapshot.objects.filter(tenant=tenant_a).exists():
+        assert time.monotonic() < deadline, "no snapshot was taken"
+        time.sleep(0.05)
+    assert counts(tenant_a, 2) == {"violin": 1, "puppy": 0, "biscuit": 0, "the": None, "weather": 1}
