@@ -164,7 +164,9 @@ class Message(models.Model):
             models.UniqueConstraint(fields=["session", "seq"], name="message_session_seq_unique")
         ]
         indexes: ClassVar = [
-            GinIndex(fields=["search_vector"], name="message_search_gin"),
+            # A small pending list (kB; PostgreSQL's default is 4 MB): every search scans the whole
+            # list until it is merged, and a bulk import would leave it full until autovacuum.
+            GinIndex(fields=["search_vector"], name="message_search_gin", gin_pending_list_limit=256),
             HnswIndex(
                 name="message_embedding_hnsw",
                 fields=["embedding"],

@@ -15,8 +15,9 @@ plus the scope user's own.
 
 The package is layered, every import at module top, each module importing only those before it:
 `scope` (SearchScope, scope_sessions, validation) and `sql` (the scope's WHERE clause) →
-`corpus` (the cached scope corpus: exact statistics and pool) and `large_stats` (a scope too
-large to cache: size, sampled and counted term frequencies) → `candidates` (message pool,
+`corpus` (the cached scope corpus: exact statistics and pool) and `term_stats` (a large
+tenant's word statistics snapshot) → `large_stats` (a scope too large to cache: size,
+snapshotted, sampled and counted term frequencies) → `candidates` (message pool,
 summaries, facts, experiences) → `results` (hits, neighbours) → `search` (memory_search, which
 embeds the query on a thread of its own meanwhile). The names callers use are re-exported here.
 """

@@ -22,6 +22,7 @@ from django.db import connection
 from memory.models import Message
 from memory.services import ranking
 from memory.services.memory_search.sql import ScopeWhere, fetch_rows, scope_key
+from memory.services.memory_search.term_stats import snapshot_counts
 
 LARGE_TERM_CAP = 5_000  # large scopes: a term matching more rows than this counts as common
 LARGE_STATS_SECONDS = 300.0  # large scopes: rows, mean length, counts, sample re-measured this often
@@ -55,13 +56,31 @@ def term_counts(*, where: ScopeWhere, terms: list[str], config: str) -> dict[str
         fresh = {t: _large_term_counts[(*key, t)] for t in terms if (*key, t) in _large_term_counts}
     missing = [t for t in terms if t not in fresh]
     if missing:
-        sample = _sample_estimates(where=where, rows=_scope_size(where)[0])
-        counted = _term_counts_query(where=where, terms=missing, config=config, sample=sample)
+        counted = _snapshot_counts(where=where, terms=missing, config=config)
+        if len(counted) < len(missing):
+            sample = _sample_estimates(where=where, rows=_scope_size(where)[0])
+            rest = [t for t in missing if t not in counted]
+            counted.update(_term_counts_query(where=where, terms=rest, config=config, sample=sample))
         with _stats_lock:
             for term, count in counted.items():
                 _large_term_counts[(*key, term)] = count
         fresh.update(counted)
     return {term: fresh[term] for term in terms}
+
+
+def _snapshot_counts(*, where: ScopeWhere, terms: list[str], config: str) -> dict[str, int | None]:
+    """The terms' rows from the tenant's word statistics snapshot (term_stats.py), capped like a
+    count; empty when the scope is not the whole tenant or no snapshot is within its bounds."""
+    if not where.whole_tenant:
+        return {}
+    snapshot = snapshot_counts(
+        tenant_id=where.tenant_id, terms=terms, config=config, current_rows=_scope_size(where)[0]
+    )
+    if snapshot is None:
+        return {}
+    return {
+        term: None if rows is None or rows > LARGE_TERM_CAP else rows for term, rows in snapshot.df.items()
+    }
 
 
 def _term_counts_query(

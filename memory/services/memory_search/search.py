@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime
-from itertools import zip_longest
+from itertools import islice, zip_longest
 
 import numpy as np
 from django.utils import timezone
@@ -67,13 +67,14 @@ def memory_search(
         query=query, candidates=candidates, stats=stats, plan=plan, experience_plan_given=plan_given
     )
     excluded = exclude_messages or set()
-    hits = [
-        hit_from_ranked(item)
+    kept = (
+        item
         for item in ranked
         if not (
             item.candidate.kind == "message" and (item.candidate.group, item.candidate.position) in excluded
         )
-    ][:limit]
+    )
+    hits = [hit_from_ranked(item) for item in islice(kept, limit)]
     if neighbours:
         neighbours_attach(tenant=tenant, hits=hits, radius=neighbours)
     return SearchResult(

@@ -52,6 +52,9 @@ class ScopeWhere:
             params.append(time_to)
         self.where = " AND ".join(clauses)
         self.params = params
+        self.tenant_id: int = tenant.pk
+        # The whole tenant, every message (large_stats: its word statistics may be snapshotted).
+        self.whole_tenant = session_pks is None and time_from is None and time_to is None
 
 
 def fetch_rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
