@@ -67,7 +67,7 @@ class MemoryHit(TypedDict, total=False):
     text: str
     score: float
     similarity: float | None  # raw cosine to the query (None: no vector)
-    contributions: dict[str, float]  # dense, lexical, neighbour, recency
+    contributions: dict[str, float]  # dense, lexical, neighbour, session, recency, length
     neighbours: list[MemoryNeighbour]  # only when asked
 
 

@@ -61,7 +61,8 @@ class HitSerializer(serializers.Serializer):
         allow_null=True, help_text="Raw cosine to the query (null: no vector)."
     )
     contributions = serializers.DictField(
-        child=serializers.FloatField(), help_text="Each signal's share: dense, lexical, neighbour, recency."
+        child=serializers.FloatField(),
+        help_text="Each signal's share: dense, lexical, neighbour, session, recency, length.",
     )
     neighbours = NeighbourSerializer(
         many=True, required=False, help_text="Only when asked (`neighbours` > 0)."

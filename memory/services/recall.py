@@ -171,7 +171,10 @@ def context_recall(
     for hit in result.results:
         if len(items) >= policy.top_k:
             break
-        relevant = hit.score >= policy.min_score or (
+        # Relevance, without the length prior (ranking.py): a long but unrelated turn must not
+        # clear the threshold on its length alone.
+        relevance = hit.score - hit.contributions.get("length", 0.0)
+        relevant = relevance >= policy.min_score or (
             hit.similarity is not None and hit.similarity >= policy.min_similarity
         )
         if not relevant:
