@@ -82,6 +82,9 @@ class _Database(DatabaseLayer):
 
 
 DEFAULT_GROUP_EXPIRY = 300
+# Joined into a statement run in autocommit: its own implicit transaction commits without waiting
+# for the WAL flush (the setting is local to that transaction).
+_ASYNCHRONOUS_COMMIT = ", (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode"
 
 
 class PostgresChannelLayer(core.PostgresChannelLayer):
@@ -112,6 +115,9 @@ class PostgresChannelLayer(core.PostgresChannelLayer):
             self.listener_task_is_running.clear()
         self.event_loop = None
         self._channel_advisory_locks.clear()
+        # channels_postgres guards its pool's creation with a module-level asyncio.Lock, which
+        # binds to the first loop that waits on it: the next loop to use the layer gets a new one.
+        layer_db.is_creating_connection_pool = asyncio.Lock()
         pool, layer_db.connection_pool = layer_db.connection_pool, None
         if pool is None:
             return
@@ -129,6 +135,31 @@ class PostgresChannelLayer(core.PostgresChannelLayer):
         # create local queues, then sends by group key; send by group key alone.
         self.require_valid_group_name(group)
         await self.django_db.send_to_channel(self._group_key(group), self.serialize(message), self.expiry)
+
+    def group_send_sync(self, connection: Any, group: str, message: dict[str, Any]) -> None:
+        """`group_send` from synchronous code, in ONE statement on Django's `connection` (to the
+        same database): a row per live member, as `group_send` writes them (the table's trigger
+        NOTIFYs each). No event loop, no thread, no connection pool of the layer's own.
+
+        In autocommit the statement commits asynchronously (`synchronous_commit` off for its own
+        implicit transaction only): a crash may lose a live update, a WAL flush never delays one.
+        Inside a transaction it is delivered when that transaction commits.
+        """
+        self.require_valid_group_name(group)
+        now = utc_now()
+        asynchronous = "" if connection.in_atomic_block else _ASYNCHRONOUS_COMMIT
+        statement = sql.SQL(
+            "INSERT INTO {messages} (channel, message, expire) "
+            "SELECT DISTINCT channel, %s::bytea, %s::timestamptz FROM {groups}{asynchronous} "
+            "WHERE group_key = %s AND expire >= %s"
+        ).format(
+            messages=sql.Identifier(MESSAGE_TABLE),
+            groups=sql.Identifier(GROUP_CHANNEL_TABLE),
+            asynchronous=sql.SQL(asynchronous),
+        )
+        params = (self.serialize(message), now + timedelta(seconds=self.expiry), self._group_key(group), now)
+        with connection.cursor() as cursor:
+            cursor.execute(statement.as_string(cursor.cursor), params)
 
     async def group_discard(self, group: str, channel: str, expire: int | None = None) -> None:
         self.require_valid_group_name(group)

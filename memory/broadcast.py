@@ -25,6 +25,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import connection
 
 from memory.commit_batch import CommitBatch
 
@@ -78,12 +79,23 @@ def _dispatch(pending: dict[int, list[dict[str, Any]]]) -> None:
 
 
 def send(tenant_id: int, items: list[dict[str, Any]]) -> None:
-    """Send `items` to the tenant's dashboards now, from this thread (waits for the channel layer)."""
+    """Send `items` to the tenant's dashboards now, from this thread (waits for the channel layer).
+
+    Outside a transaction (after a commit, where the batch is flushed) the PostgreSQL layer sends
+    in one statement on this thread's database connection (`group_send_sync`); otherwise it goes
+    through `async_to_sync`, which starts a thread and an event loop per call (2-3 ms of an
+    in-process append, docs/benchmarks.md, "Fourth pass") but can never abort the caller's
+    transaction.
+    """
     layer = get_channel_layer()
     if layer is None:
         return
+    message = {"type": "ctx.events", "events": items}
     try:
-        async_to_sync(layer.group_send)(tenant_group(tenant_id), {"type": "ctx.events", "events": items})
+        if hasattr(layer, "group_send_sync") and not connection.in_atomic_block:
+            layer.group_send_sync(connection, tenant_group(tenant_id), message)
+        else:
+            async_to_sync(layer.group_send)(tenant_group(tenant_id), message)
     except Exception:  # a dashboard push must never fail a committed write
         logger.warning("live update for tenant %s was not sent", tenant_id, exc_info=True)
 

@@ -84,3 +84,35 @@ def test_a_dead_pages_membership_expires_and_a_renewed_one_does_not() -> None:
         assert cursor.fetchone()[0] == 1  # only the renewed page got it
         cursor.execute("SELECT count(*) FROM channels_postgres_groupchannel")
         assert cursor.fetchone()[0] == 1  # the expired row was pruned by the renewal
+
+
+def send_and_close(layer: PostgresChannelLayer, group: str, message: dict[str, Any]) -> None:
+    try:
+        layer.group_send_sync(connection, group, message)  # this thread's own connection
+    finally:
+        connection.close()
+
+
+def rows_and_close(table: str) -> int:
+    try:
+        return rows(table)
+    finally:
+        connection.close()
+
+
+def test_a_send_from_synchronous_code_reaches_the_live_pages_once_and_no_one_else() -> None:
+    received: list[dict[str, Any]] = []
+    written: list[int] = []
+
+    async def scenario(layer: PostgresChannelLayer) -> None:
+        live, other = await layer.new_channel(), await layer.new_channel()
+        await layer.group_add("tenant.1", live)
+        await layer.group_add("tenant.2", other)
+        # As a committed write's flush does it: one statement on Django's connection, in autocommit.
+        await asyncio.to_thread(send_and_close, layer, "tenant.1", {"type": "ctx.events", "n": 1})
+        written.append(await asyncio.to_thread(rows_and_close, "channels_postgres_message"))
+        received.append(await asyncio.wait_for(layer.receive(live), 10))
+
+    run(scenario)
+    assert written == [1]  # for the one live page of tenant.1; none for tenant.2's page
+    assert received == [{"type": "ctx.events", "n": 1}]

@@ -151,6 +151,14 @@ class ServerSettings:
         "Most database connections each process keeps in its psycopg pool (0 = no pool: a new "
         "connection per request). Budget PostgreSQL's max_connections for every web and worker process.",
     )
+    db_prepared_statements: bool = setting(
+        "CTXAPP_DB_PREPARED_STATEMENTS",
+        parse_bool,
+        True,
+        "Prepare the hot paths' statements (appends, checkpoints, state reads) once per database "
+        "connection instead of planning them on every call. Turn off behind a connection pooler "
+        "without prepared-statement support (PgBouncer in transaction mode before 1.21).",
+    )
     https: bool = setting(
         "CTXAPP_HTTPS",
         parse_bool,

@@ -35,19 +35,24 @@ class EventStream(models.Model):
 class Event(models.Model):
     """One recorded fact. Never updated; only retention deletes events."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
-    public_id = models.CharField(max_length=32, unique=True, default=new_evt_id, editable=False)
+    # tenant and session are indexed through the composite indexes below, which lead with them;
+    # public ids are looked up by equality only (no LIKE index). Every index is written per event.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    public_id = models.CharField(max_length=32, default=new_evt_id, editable=False)
     stream = models.CharField(max_length=255)
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=100)
     agent = models.ForeignKey(Agent, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
-    session = models.ForeignKey(Session, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    session = models.ForeignKey(
+        Session, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
     payload = models.JSONField(default=dict)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints: ClassVar = [
-            models.UniqueConstraint(fields=["tenant", "stream", "seq"], name="event_stream_seq_unique")
+            models.UniqueConstraint(fields=["tenant", "stream", "seq"], name="event_stream_seq_unique"),
+            models.UniqueConstraint(fields=["public_id"], name="event_public_id_unique"),
         ]
         indexes: ClassVar = [
             models.Index(fields=["tenant", "type", "created_at"], name="event_type_created"),

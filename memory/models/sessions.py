@@ -56,9 +56,12 @@ class SessionStatus(models.TextChoices):
 
 
 class Session(models.Model):
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sessions")
-    public_id = models.CharField(max_length=32, unique=True, default=new_sess_id, editable=False)
-    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="sessions")
+    # No index of their own on tenant, agent and public_id's LIKE patterns: the composite indexes
+    # below lead with tenant and agent, and public ids are looked up by equality only. Every index
+    # is written on each append (docs/benchmarks.md, "Fourth pass").
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sessions", db_index=False)
+    public_id = models.CharField(max_length=32, default=new_sess_id, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="sessions", db_index=False)
     user_id = models.CharField(max_length=200, blank=True, default="")
     model_name = models.CharField(max_length=200, blank=True, default="")
     metadata = models.JSONField(default=dict, blank=True)
@@ -76,6 +79,9 @@ class Session(models.Model):
     token_count = models.PositiveBigIntegerField(default=0)
 
     class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["public_id"], name="session_public_id_unique")
+        ]
         indexes: ClassVar = [
             models.Index(fields=["tenant", "agent", "-created_at"], name="session_agent_created"),
             models.Index(fields=["tenant", "status", "last_accessed_at"], name="session_status_access"),
@@ -124,8 +130,9 @@ class MessageEmbeddingStatus(models.TextChoices):
 
 
 class Message(models.Model):
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages")
+    # Indexed through message_tenant_occurred and message_session_seq_unique, which lead with them.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages", db_index=False)
     seq = models.PositiveBigIntegerField()
     role = models.CharField(max_length=16, choices=MessageRole.choices)
     content = models.TextField(blank=True, default="")

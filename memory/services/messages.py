@@ -31,10 +31,12 @@ from memory.models import (
     Tenant,
     TrackedFact,
 )
+from memory.prepared import prepared_cursor
 from memory.selectors.sessions import session_get
 from memory.services import decay, memory_index, recorder, tokens
 
 MESSAGE_ADDED = "message.added"
+TOUCH_SECONDS = 1  # how stale a session's last_accessed_at may get while it is being appended to
 
 
 @dataclass
@@ -69,11 +71,16 @@ _AGENT_COLUMNS = [f.column for f in Agent._meta.concrete_fields]
 # event stream's counter is taken after the session row (each part reads `s`), the order every
 # other append takes them in. `r` advances decay's round counter when the batch has user
 # messages; the last two columns are the session's round and whether it tracks any fact.
+# The access time (and the idle expiry from it) moves only when it is more than a second old: a
+# session appended to several times a second then changes no indexed column, so PostgreSQL
+# updates its row in place (HOT) instead of writing a new entry in each of its indexes.
 _APPEND_SQL = """
 WITH s AS (
     UPDATE {session} AS s SET message_seq = s.message_seq + %(n)s, message_count = s.message_count + %(n)s,
-        token_count = s.token_count + %(tokens)s, last_accessed_at = %(now)s,
-        expires_at = %(now)s + make_interval(secs => s.idle_ttl_seconds)
+        token_count = s.token_count + %(tokens)s,
+        last_accessed_at = CASE WHEN {touch} THEN %(now)s ELSE s.last_accessed_at END,
+        expires_at = CASE WHEN {touch} THEN %(now)s + make_interval(secs => s.idle_ttl_seconds)
+            ELSE s.expires_at END
     FROM {agent} AS a
     WHERE s.tenant_id = %(tenant)s AND {match} AND s.status = %(open)s AND a.id = s.agent_id
     RETURNING {returning}, s.message_seq - %(n)s AS first_seq, 'agent:' || a.external_id AS stream
@@ -143,6 +150,7 @@ def _append_sql(match: str) -> str:
         facts=TrackedFact._meta.db_table,
         match=match,
         returning=returning,
+        touch=f"s.last_accessed_at <= %(now)s - interval '{TOUCH_SECONDS} second'",
     )
 
 
@@ -237,7 +245,7 @@ def messages_append(
     # whole PostgreSQL transaction anyway; SessionEnded is raised after the block, unwritten.
     messages: list[Message] = []
     with transaction.atomic(savepoint=False):
-        with connection.cursor() as cursor:
+        with prepared_cursor() as cursor:
             cursor.execute(_APPEND_BY_PK if session is not None else _APPEND_BY_PUBLIC_ID, params)
             row = cursor.fetchone()
         if row is not None:

@@ -20,6 +20,7 @@ from django.utils import timezone
 from memory import broadcast
 from memory.exceptions import InvalidInput, PayloadTooLarge
 from memory.models import Agent, Event, EventStream, Session, Tenant
+from memory.prepared import prepared_cursor
 
 TENANT_STREAM = "tenant"
 
@@ -70,7 +71,7 @@ def _insert_events(*, tenant: Tenant, key: str, events: list[Event]) -> None:
     """Reserve consecutive seqs on stream `key` and insert `events` with them, in ONE statement
     (events_insert_cte): one round trip instead of two (counter, then rows)."""
     sql, params = events_insert_cte(tenant=tenant, key=key, events=events)
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(f"WITH {sql} SELECT public_id, id, seq FROM e", params)
         events_inserted(events, cursor.fetchall())
 

@@ -25,6 +25,7 @@ from memory.models import (
     Event,
     Tenant,
 )
+from memory.prepared import prepared_cursor
 from memory.services import recorder
 from memory.services.cognition.compiled import first_compiled
 from memory.services.cognition.jsondiff import json_diff, json_pointer, json_sha256, json_text
@@ -240,7 +241,7 @@ def _checkpoint_insert(
     sql += f" UPDATE {states} SET {assignments}checkpoint_id = (SELECT id FROM c) WHERE id = %s"
     sql += " RETURNING checkpoint_id, (SELECT array_agg(ARRAY[public_id, id::text, seq::text]) FROM e)"
     params += [field.get_db_prep_save(getattr(row, field.attname), connection) for field in saved]
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(sql, [*params, row.pk])
         checkpoint.pk, inserted_events = cursor.fetchone()
     recorder.events_inserted(events, ((p, int(i), int(q)) for p, i, q in inserted_events))

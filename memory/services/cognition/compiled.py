@@ -18,6 +18,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Model, QuerySet
 from django.db.models.query import get_related_populators
 
+from memory.prepared import prepared_cursor
+
 M = TypeVar("M", bound=Model)
 
 # Stand-ins for the arguments while compiling: ids no row has, found back among the parameters.
@@ -50,7 +52,7 @@ def first_compiled(key: str, build: Callable[..., QuerySet[M]], *args: int) -> M
     compiled = cache[key]
     if compiled is None:
         return build(*args).first()
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(compiled.sql, [args[i] for i in compiled.order])
         fetched = cursor.fetchone()
     if fetched is None:

@@ -1,0 +1,107 @@
+"""What an append costs the database: prepared once per connection, no redundant index written, the
+session row updated in place while a session is busy (issue 15, docs/benchmarks.md "Fourth pass")."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from memory.models import Message, Session, Tenant
+from memory.services import sessions as svc
+
+pytestmark = pytest.mark.django_db
+
+
+def append(tenant: Tenant, session: Session, text: str) -> list[Message]:
+    return svc.messages_append(
+        tenant=tenant, session_id=session.public_id, items=[svc.MessageInput(role="user", content=text)]
+    )
+
+
+def prepared_appends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%memory_session AS s%"]
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_the_append_statement_is_prepared_once_per_connection(tenant_a: Tenant) -> None:
+    session = svc.session_create(tenant=tenant_a, agent_external_id="bot")
+    before = prepared_appends()
+    first = append(tenant_a, session, "one")
+    second = append(tenant_a, session, "two")
+    assert prepared_appends() == before + 1  # planned once, run twice
+    assert [m.seq for m in first + second] == [1, 2]
+    assert list(
+        Message.objects.filter(session=session).order_by("seq").values_list("content", flat=True)
+    ) == [
+        "one",
+        "two",
+    ]
+
+
+def test_prepared_statements_can_be_turned_off(tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        settings, "CTXAPP", dataclasses.replace(settings.CTXAPP, db_prepared_statements=False)
+    )
+    session = svc.session_create(tenant=tenant_a, agent_external_id="bot")
+    before = prepared_appends()
+    appended = append(tenant_a, session, "behind PgBouncer")
+    assert prepared_appends() == before
+    assert appended[0].seq == 1 and Message.objects.get(session=session).content == "behind PgBouncer"
+
+
+def test_a_busy_session_keeps_its_access_time_for_a_second_then_moves_it(tenant_a: Tenant) -> None:
+    session = svc.session_create(tenant=tenant_a, agent_external_id="bot")
+    old = timezone.now() - timedelta(minutes=5)
+    Session.objects.filter(pk=session.pk).update(last_accessed_at=old, expires_at=old + timedelta(hours=1))
+    append(tenant_a, session, "after a pause")
+    touched = Session.objects.get(pk=session.pk)
+    assert touched.last_accessed_at > old + timedelta(minutes=4)
+    assert touched.expires_at == touched.last_accessed_at + timedelta(seconds=touched.idle_ttl_seconds)
+    append(tenant_a, session, "straight after")  # within the second: the row's indexed columns stay
+    again = Session.objects.get(pk=session.pk)
+    assert (again.last_accessed_at, again.expires_at) == (touched.last_accessed_at, touched.expires_at)
+    assert again.message_count == 2 and again.message_seq == 2
+
+
+def index_columns(table: str) -> dict[str, list[str]]:
+    """Each plain (non-partial, btree) index of `table` with its key columns, in order."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT i.relname, array_agg(a.attname ORDER BY k.ord)
+            FROM pg_index x
+            JOIN pg_class i ON i.oid = x.indexrelid
+            JOIN pg_class t ON t.oid = x.indrelid
+            JOIN pg_am am ON am.oid = i.relam
+            CROSS JOIN LATERAL unnest(x.indkey) WITH ORDINALITY AS k(attnum, ord)
+            JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum
+            WHERE t.relname = %s AND am.amname = 'btree' AND x.indpred IS NULL
+            GROUP BY i.relname
+            """,
+            [table],
+        )
+        return {name: list(columns) for name, columns in cursor.fetchall()}
+
+
+@pytest.mark.parametrize("model", [Message, Session, "memory.Event"])
+def test_no_index_of_a_hot_table_is_a_prefix_of_another(model: Any) -> None:
+    from django.apps import apps  # lazy: django-setup
+
+    table = (apps.get_model(model) if isinstance(model, str) else model)._meta.db_table
+    indexes = index_columns(table)
+    redundant = [
+        (name, other)
+        for name, columns in indexes.items()
+        for other, longer in indexes.items()
+        if other != name and len(longer) > len(columns) and longer[: len(columns)] == columns
+    ]
+    assert redundant == [], f"{table}: an index that another one already covers is written on every append"
