@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("memory", "0007_context_policy_bounds"),
+        ("memory", "0008_search_stats"),
     ]
 
     operations = [
