@@ -71,7 +71,9 @@ class TenantApiView(APIView):
 
     # --- agent-bound keys -------------------------------------------------------------------
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        throttles.auth_failures_check(request)  # an address guessing keys: 429 before any lookup
+        # An address guessing keys: 429 before any key lookup in the database. Checked then, or in
+        # the rate-limit statement (no round trip of its own), or before an error answer.
+        throttles.auth_failures_defer(request)
         super().initial(request, *args, **kwargs)
         bound = getattr(request.auth, "agent_external_id", "")
         if bound and self.agent_binding:
@@ -109,6 +111,11 @@ class TenantApiView(APIView):
         )
 
     def handle_exception(self, exc: Exception) -> Response:
+        if not isinstance(exc, drf_exceptions.Throttled):
+            try:  # the put-off failed-authentication check, if it has not run: its 429 comes first
+                throttles.auth_failures_settle(self.request)
+            except drf_exceptions.Throttled as throttled:
+                exc = throttled
         if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
             throttles.auth_failure_record(self.request)
         return super().handle_exception(exc)
