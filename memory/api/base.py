@@ -14,6 +14,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import QuerySet
+from django.http import HttpResponse
+from django.http.response import HttpResponseBase
 from django.utils import timezone
 from drf_spectacular.utils import inline_serializer
 from rest_framework import exceptions as drf_exceptions
@@ -109,6 +111,25 @@ class TenantApiView(APIView):
             session_ids=named["session"],
             task_ids=named["task"],
         )
+
+    def finalize_response(
+        self, request: Request, response: Any, *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        """DRF's response, rendered here in the view's thread and handed on as a plain HttpResponse.
+
+        Under ASGI, Django renders a response that has a `render` method (DRF's does) through one
+        more thread switch after the view (`sync_to_async(response.render)`); rendered here the
+        bytes, status and headers are the same and that switch is gone.
+        """
+        response = super().finalize_response(request, response, *args, **kwargs)
+        if not isinstance(response, Response):
+            return response  # type: ignore[no-any-return]
+        response.render()
+        plain = HttpResponse(response.content, status=response.status_code)
+        for header, value in response.items():
+            plain[header] = value
+        plain.cookies = response.cookies
+        return plain
 
     def handle_exception(self, exc: Exception) -> Response:
         if not isinstance(exc, drf_exceptions.Throttled):
