@@ -92,5 +92,5 @@ class StaticFilesMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         path = request.path_info
         if path.startswith(self.static.static_prefix) or path in self.static.files:
-            return async_to_sync(self.static)(request)  # type: ignore[return-value]
+            return async_to_sync(self.static)(request)
         return self.get_response(request)

@@ -112,7 +112,7 @@ class TenantApiView(APIView):
             task_ids=named["task"],
         )
 
-    def finalize_response(
+    def finalize_response(  # type: ignore[override]  # a plain HttpResponse, not DRF's Response
         self, request: Request, response: Any, *args: Any, **kwargs: Any
     ) -> HttpResponseBase:
         """DRF's response, rendered here in the view's thread and handed on as a plain HttpResponse.
@@ -123,7 +123,7 @@ class TenantApiView(APIView):
         """
         response = super().finalize_response(request, response, *args, **kwargs)
         if not isinstance(response, Response):
-            return response  # type: ignore[no-any-return]
+            return response
         response.render()
         plain = HttpResponse(response.content, status=response.status_code)
         for header, value in response.items():

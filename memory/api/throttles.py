@@ -298,7 +298,7 @@ _PENDING = "_ctxapp_auth_failures_pending"
 
 
 def _http_request(request: HttpRequest | Request) -> HttpRequest:
-    return getattr(request, "_request", request)  # type: ignore[no-any-return]
+    return getattr(request, "_request", request)
 
 
 def auth_failures_defer(request: Request) -> None:
