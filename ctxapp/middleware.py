@@ -4,8 +4,10 @@ import os
 from collections.abc import Callable
 
 from asgiref.sync import async_to_sync, sync_to_async
+from csp.middleware import CheckableLazyObject, CSPMiddleware
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.http.response import HttpResponseBase
 from servestatic.middleware import ServeStaticMiddleware
 
 from ctxapp.api_errors import error_body, too_large_response
@@ -94,3 +96,34 @@ class StaticFilesMiddleware:
         if path.startswith(self.static.static_prefix) or path in self.static.files:
             return async_to_sync(self.static)(request)
         return self.get_response(request)
+
+
+class ContentSecurityPolicyMiddleware(CSPMiddleware):
+    """django-csp's middleware, without building the policy for a path that is left out of it.
+
+    django-csp builds both policies (enforced and report-only) for every response and only then
+    looks at EXCLUDE_URL_PREFIXES: ≈ 0.15 ms per API request (/api/ is left out) for a header it
+    never sets. A path left out of every configured policy gets the same answer without that.
+    """
+
+    def process_response(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+        if not self._left_out(request.path_info):
+            return super().process_response(request, response)
+        if getattr(request, "_csp_nonce", None) is None:  # as django-csp: no nonce from here on
+            request.csp_nonce = CheckableLazyObject(self._csp_nonce_post_response)  # type: ignore[attr-defined]
+        return response
+
+    @staticmethod
+    def _left_out(path: str) -> bool:
+        """Whether every configured policy (enforced, report-only) excludes this path."""
+        policies = [
+            policy
+            for policy in (
+                getattr(settings, "CONTENT_SECURITY_POLICY", None),
+                getattr(settings, "CONTENT_SECURITY_POLICY_REPORT_ONLY", None),
+            )
+            if policy
+        ]
+        return bool(policies) and all(
+            path.startswith(tuple(policy.get("EXCLUDE_URL_PREFIXES") or ())) for policy in policies
+        )

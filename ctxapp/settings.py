@@ -69,7 +69,7 @@ MIDDLEWARE = [
     "ctxapp.metrics.RequestMetricsMiddleware",  # outermost: latency includes every other layer
     "ctxapp.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "csp.middleware.CSPMiddleware",
+    "ctxapp.middleware.ContentSecurityPolicyMiddleware",  # django-csp's, skipping /api/ sooner
     "ctxapp.middleware.StaticFilesMiddleware",  # ServeStatic, in the synchronous middleware pass
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

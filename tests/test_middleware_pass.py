@@ -38,3 +38,23 @@ def test_an_api_request_switches_threads_only_where_django_must(monkeypatch: Any
     # The middleware pass, the view, CSRF's view hook, the request signals, closing the response.
     assert len(switches) <= 6, switches
     assert not [name for name in switches if "process_request" in name or "process_response" in name]
+
+
+def test_the_content_security_policy_is_built_only_where_it_is_sent(
+    monkeypatch: Any, api_a: Any, client: Any
+) -> None:
+    import csp.middleware
+
+    built: list[bool] = []
+    build = csp.middleware.build_policy
+
+    def counted(*args: Any, **kwargs: Any) -> str:
+        built.append(True)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(csp.middleware, "build_policy", counted)
+    response = api_a.get("/api/v1/tenant")
+    assert response.status_code == 200 and "Content-Security-Policy" not in response
+    assert built == []  # /api/ is left out: nothing built (django-csp built both policies)
+    page = client.get("/accounts/login/")
+    assert "script-src 'self'" in page["Content-Security-Policy"] and built
