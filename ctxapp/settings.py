@@ -68,10 +68,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "ctxapp.metrics.RequestMetricsMiddleware",  # outermost: latency includes every other layer
     "ctxapp.middleware.BodySizeLimitMiddleware",
-    "ctxapp.middleware.UnstorableTextMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "csp.middleware.CSPMiddleware",
-    "servestatic.middleware.ServeStaticMiddleware",
+    "ctxapp.middleware.ContentSecurityPolicyMiddleware",  # django-csp's, skipping /api/ sooner
+    "ctxapp.middleware.StaticFilesMiddleware",  # ServeStatic, in the synchronous middleware pass
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -79,7 +78,10 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    "axes.middleware.AxesMiddleware",  # last: it answers a locked-out login with the lockout page
+    "axes.middleware.AxesMiddleware",  # it answers a locked-out login with the lockout page
+    # Innermost and synchronous only: so Django runs every middleware above in one synchronous
+    # pass under ASGI (an async-capable innermost one makes each of their hooks a thread switch).
+    "ctxapp.middleware.UnstorableTextMiddleware",
 ]
 
 ROOT_URLCONF = "ctxapp.urls"

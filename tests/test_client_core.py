@@ -73,3 +73,25 @@ def test_a_listing_follows_its_cursor_until_the_last_page() -> None:
     events = Client.events_iter.build("bot", after=5)
     assert (events.first().params or {})["after"] == 5
     assert events.following({"items": [], "next_after": None}) is None
+
+
+def test_what_goes_on_the_wire_keeps_the_timeout_the_key_and_the_query_over_retries() -> None:
+    # The request is built once, outside httpx.Client.request (issue 15): it must still carry the
+    # client's timeout, and every retry resends the same Idempotency-Key and body.
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        if len(sent) == 1:
+            return _error(503, "database_unavailable", {"Retry-After": "0"})
+        return httpx.Response(201, json={"seq": 1})
+
+    api = Client("http://ctx.example", "ctx_k", timeout=7.5, transport=httpx.MockTransport(handler))
+    assert api.message_append("S1", role="user", content="hi") == {"seq": 1}
+    first, retry = sent
+    assert first.extensions["timeout"] == httpx.Timeout(7.5).as_dict()
+    assert first.headers["Idempotency-Key"] == retry.headers["Idempotency-Key"]
+    assert first.headers["Authorization"] == "Bearer ctx_k" and first.headers["Host"] == "ctx.example"
+    assert first.content == retry.content and b'"content"' in first.content
+    query = _exchange(Client.messages_list.build("S1", after=3)).http_request(httpx.Timeout(1))
+    assert query.url.params["after"] == "3" and "limit" not in query.url.params  # None left out

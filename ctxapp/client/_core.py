@@ -33,6 +33,7 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_RETRIES = 3
 BACKOFF_BASE = 0.1  # seconds; doubles per attempt, with full jitter
 BACKOFF_MAX = 5.0
+USER_AGENT = "ctxapp-client"
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -125,7 +126,11 @@ class Exchange(Generic[T]):
             if not path.startswith("/api/"):
                 path = API_PREFIX + (path if path.startswith("/") else "/" + path)
             path = base_url + path
-        headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
+        headers = {
+            "Authorization": f"Bearer {api_key}",
+            "Accept": "application/json",
+            "User-Agent": USER_AGENT,
+        }
         if method in WRITE_METHODS:
             headers["Idempotency-Key"] = request.idempotency_key or uuid.uuid4().hex
         self.request = request
@@ -137,6 +142,26 @@ class Exchange(Generic[T]):
             "params": drop_none(request.params or {}),
             "headers": headers,
         }
+        self._http_request: httpx.Request | None = None
+
+    def http_request(self, timeout: httpx.Timeout) -> httpx.Request:
+        """The request to send, built once (every retry resends it) and given to `send` directly.
+
+        `httpx.Client.request` would build it through the client's merges: the URL parsed twice,
+        the client's default headers and cookies merged in (none of them used here). That was
+        about a third of the client's own time per call (≈ 0.2 ms of ≈ 0.6 ms).
+        """
+        if self._http_request is None:
+            args = self.http_args
+            self._http_request = httpx.Request(
+                args["method"],
+                args["url"],
+                params=args["params"] or None,
+                headers=args["headers"],
+                json=args["json"],
+                extensions={"timeout": timeout.as_dict()},
+            )
+        return self._http_request
 
     def delay_after_failure(self, attempt: int, exc: httpx.TransportError) -> float:
         """The wait before retrying a request that got no answer; NetworkError after the last."""

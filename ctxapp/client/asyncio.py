@@ -42,7 +42,7 @@ class AsyncClient(Operations, AsyncSender):
         exchange = self._exchange(request)
         for attempt in exchange.attempts:
             try:
-                response = await self._http.request(**exchange.http_args)
+                response = await self._http.send(exchange.http_request(self._http.timeout))
             except httpx.TransportError as exc:
                 await asyncio.sleep(exchange.delay_after_failure(attempt, exc))
                 continue

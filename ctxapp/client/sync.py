@@ -45,7 +45,7 @@ class Client(Operations, SyncSender):
         exchange = self._exchange(request)
         for attempt in exchange.attempts:
             try:
-                response = self._http.request(**exchange.http_args)
+                response = self._http.send(exchange.http_request(self._http.timeout))
             except httpx.TransportError as exc:
                 time.sleep(exchange.delay_after_failure(attempt, exc))
                 continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -13,6 +14,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
+from memory.api import throttles
 from memory.models import KEY_PREFIX, ApiKey, ApiKeyScope, hash_secret
 from memory.services.tenancy import api_keys_generation
 
@@ -36,21 +38,26 @@ _cache: dict[str, tuple[float, str, ApiKey]] = {}
 _cache_lock = threading.Lock()
 
 
-def _api_key_lookup(prefix: str) -> ApiKey | None:
+def _api_key_lookup(prefix: str, before_lookup: Callable[[], None] | None = None) -> ApiKey | None:
     """The key with this prefix (and its tenant), from the process cache while it is fresh.
 
     Fresh = read less than CTXAPP_API_KEY_CACHE_SECONDS ago, under the current generation
     (memory.services.tenancy.api_keys_changed starts a new one on every revocation). Only keys
     that exist are cached; the checks (hash, revoked, expired, tenant) run on every request.
+    `before_lookup` runs before the database is asked (the failed-authentication check).
     """
     ttl = settings.CTXAPP.api_key_cache_seconds
     if ttl <= 0:
+        if before_lookup is not None:
+            before_lookup()
         return ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
     generation = api_keys_generation()
     now = time.monotonic()
     cached = _cache.get(prefix)
     if cached is not None and cached[1] == generation and now - cached[0] < ttl:
         return cached[2]
+    if before_lookup is not None:
+        before_lookup()
     api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
     if api_key is not None:
         with _cache_lock:
@@ -60,16 +67,17 @@ def _api_key_lookup(prefix: str) -> ApiKey | None:
     return api_key
 
 
-def api_key_authenticate(raw: str) -> ApiKey:
+def api_key_authenticate(raw: str, before_lookup: Callable[[], None] | None = None) -> ApiKey:
     """Return the usable ApiKey for `raw` or raise AuthenticationFailed. Touches last_used_at.
 
     The lookup may come from the process cache (see _api_key_lookup); revocation is honoured at once.
+    `before_lookup` runs before a lookup in the database (not for a cached key).
     """
     parts = raw.split("_")
     if not raw.startswith(KEY_PREFIX) or len(parts) < 3:
         raise exceptions.AuthenticationFailed("The API key is not valid.")
     prefix = parts[1]
-    api_key = _api_key_lookup(prefix)
+    api_key = _api_key_lookup(prefix, before_lookup)
     if api_key is None or not hmac.compare_digest(api_key.secret_hash, hash_secret(raw)):
         raise exceptions.AuthenticationFailed("The API key is not valid.")
     if api_key.revoked_at is not None:
@@ -101,7 +109,8 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(
                 "Malformed Authorization header: expected 'Authorization: Bearer <api key>'."
             )
-        api_key = api_key_authenticate(raw.strip())
+        # An address over its failed-authentication rate gets 429 before any lookup in the database.
+        api_key = api_key_authenticate(raw.strip(), lambda: throttles.auth_failures_settle(request))
         return ApiPrincipal(api_key), api_key
 
     def authenticate_header(self, request: Request) -> str:

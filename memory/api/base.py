@@ -14,6 +14,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import QuerySet
+from django.http import HttpResponse
+from django.http.response import HttpResponseBase
 from django.utils import timezone
 from drf_spectacular.utils import inline_serializer
 from rest_framework import exceptions as drf_exceptions
@@ -71,7 +73,9 @@ class TenantApiView(APIView):
 
     # --- agent-bound keys -------------------------------------------------------------------
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        throttles.auth_failures_check(request)  # an address guessing keys: 429 before any lookup
+        # An address guessing keys: 429 before any key lookup in the database. Checked then, or in
+        # the rate-limit statement (no round trip of its own), or before an error answer.
+        throttles.auth_failures_defer(request)
         super().initial(request, *args, **kwargs)
         bound = getattr(request.auth, "agent_external_id", "")
         if bound and self.agent_binding:
@@ -108,7 +112,31 @@ class TenantApiView(APIView):
             task_ids=named["task"],
         )
 
+    def finalize_response(  # type: ignore[override]  # a plain HttpResponse, not DRF's Response
+        self, request: Request, response: Any, *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        """DRF's response, rendered here in the view's thread and handed on as a plain HttpResponse.
+
+        Under ASGI, Django renders a response that has a `render` method (DRF's does) through one
+        more thread switch after the view (`sync_to_async(response.render)`); rendered here the
+        bytes, status and headers are the same and that switch is gone.
+        """
+        response = super().finalize_response(request, response, *args, **kwargs)
+        if not isinstance(response, Response):
+            return response
+        response.render()
+        plain = HttpResponse(response.content, status=response.status_code)
+        for header, value in response.items():
+            plain[header] = value
+        plain.cookies = response.cookies
+        return plain
+
     def handle_exception(self, exc: Exception) -> Response:
+        if not isinstance(exc, drf_exceptions.Throttled):
+            try:  # the put-off failed-authentication check, if it has not run: its 429 comes first
+                throttles.auth_failures_settle(self.request)
+            except drf_exceptions.Throttled as throttled:
+                exc = throttled
         if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
             throttles.auth_failure_record(self.request)
         return super().handle_exception(exc)

@@ -78,10 +78,14 @@ def window_count(key: str, duration: int) -> tuple[int, float]:
 
     Returns (hits in this window, seconds until it ends). See `window_counts`.
     """
-    return window_counts([(key, duration)])[0]
+    counts = window_counts([(key, duration)])
+    assert counts is not None  # only `unless_over` answers None
+    return counts[0]
 
 
-def window_counts(keys: list[tuple[str, int]]) -> list[tuple[int, float]]:
+def window_counts(
+    keys: list[tuple[str, int]], *, unless_over: tuple[str, int] | None = None
+) -> list[tuple[int, float]] | None:
     """Count one hit of each (key, window seconds) in its current fixed window, all in one round trip.
 
     Returns (hits in this window, seconds until it ends) per key, in order. One round trip and
@@ -89,11 +93,13 @@ def window_counts(keys: list[tuple[str, int]]) -> list[tuple[int, float]]:
     database cache's table (one statement and one asynchronous commit for every limit of a
     request; Django's cache API would cost an add, a get and a set per key, each several
     statements there).
+
+    `unless_over` = (counter key, limit), database cache only: in the same statement, count
+    nothing and return None when that counter (the failed authentications of this address) has
+    reached the limit, so its read costs no round trip of its own.
     """
     now = time.time()
-    windows = [
-        (f"throttle:{key}:{int(now // duration)}", int(now // duration), duration) for key, duration in keys
-    ]
+    windows = [(_window_key(key, duration, now), int(now // duration), duration) for key, duration in keys]
     remaining = [(window + 1) * duration - now for _, window, duration in windows]
     client = _redis_client()
     if client is not None:
@@ -105,30 +111,44 @@ def window_counts(keys: list[tuple[str, int]]) -> list[tuple[int, float]]:
         replies = pipe.execute()
         return [(int(count), left) for count, left in zip(replies[::2], remaining, strict=True)]
     counts = _database_counts(
-        {full_key: (window + 1) * duration + 1 for full_key, window, duration in windows}
+        {full_key: (window + 1) * duration + 1 for full_key, window, duration in windows}, unless_over
     )
+    if counts is None:
+        return None
     return [(counts[full_key], left) for (full_key, _, _), left in zip(windows, remaining, strict=True)]
 
 
-def _database_counts(expiries: dict[str, int]) -> dict[str, int]:
+def _window_key(key: str, duration: int, now: float) -> str:
+    return f"throttle:{key}:{int(now // duration)}"
+
+
+def _database_counts(expiries: dict[str, int], unless_over: tuple[str, int] | None) -> dict[str, int] | None:
     """One upsert of every key (in key order, so concurrent requests lock rows in one order).
 
     Committed asynchronously (`synchronous_commit` off for this statement's own transaction
     only; never inside a caller's transaction, where it would hold for the caller's writes too):
     the request does not wait for a WAL flush (≈ 1 ms → 0.3 ms here). A crash may lose the last
     fraction of a second of counts, which a rate limit can afford; the table stays crash-safe.
+    With `unless_over` (key, limit) nothing is counted, and None returned, while that key's
+    counter is at the limit or above (see `window_counts`).
     """
     keys = sorted(expiries)
     values = ", ".join(["(%s, %s::timestamptz)"] * len(keys))
     asynchronous = "CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode "
     params: list[Any] = []
+    guard = ""
+    if unless_over is not None:
+        guard = "WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE cache_key = %s AND value::bigint >= %s) "
+        guard = guard.format(table=DB_CACHE_TABLE)
     for key in keys:
         params += [key, datetime.fromtimestamp(expiries[key], tz=UTC)]
+    if unless_over is not None:
+        params += list(unless_over)
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {DB_CACHE_TABLE} (cache_key, value, expires) SELECT v.key, '1', v.expires "
             f"FROM (VALUES {values}) AS v(key, expires) "
-            f"{'' if connection.in_atomic_block else asynchronous}"
+            f"{'' if connection.in_atomic_block else asynchronous}{guard}"
             f"ON CONFLICT (cache_key) DO UPDATE SET value = ({DB_CACHE_TABLE}.value::bigint + 1)::text "
             "RETURNING cache_key, value::bigint",
             params,
@@ -139,15 +159,14 @@ def _database_counts(expiries: dict[str, int]) -> dict[str, int]:
                 f"DELETE FROM {DB_CACHE_TABLE} WHERE cache_key LIKE 'throttle:%%' AND expires < %s",
                 [datetime.now(tz=UTC)],
             )
-    return counts
+    return counts if counts or not keys else None
 
 
 def window_peek(key: str, duration: int) -> tuple[int, float]:
     """The hits of `key` in the current window, without counting one. Read-only."""
     now = time.time()
-    window = int(now // duration)
-    full_key = f"throttle:{key}:{window}"
-    remaining = (window + 1) * duration - now
+    full_key = _window_key(key, duration, now)
+    remaining = (int(now // duration) + 1) * duration - now
     client = _redis_client()
     if client is not None:
         return int(client.get(caches["default"].make_key(full_key)) or 0), remaining
@@ -198,14 +217,24 @@ def throttles_exceeded(request: Request, view: Any, throttles: list[Any]) -> lis
         for t in throttles
         if isinstance(t, _SettingRateThrottle) and (window := t.window(request))
     ]
+    # The failed-authentication check put off by `auth_failures_defer`: in the same statement as
+    # the counts on the database cache, else on its own first.
+    failures = _auth_failures_take(request) if counted and _redis_client() is None else None
+    if failures is None:
+        auth_failures_settle(request)
     if not counted:
         return exceeded
     try:
-        counts = window_counts([(key, duration) for _, (key, _, duration) in counted])
+        counts = window_counts(
+            [(key, duration) for _, (key, _, duration) in counted],
+            unless_over=failures[:2] if failures else None,
+        )
     except Exception:  # the cache is down: fail open (see the module docstring)
         scopes = ", ".join(t.scope for t, _ in counted)
         logger.warning("API throttles %s not applied: the cache is unreachable", scopes, exc_info=True)
         return exceeded
+    if counts is None:  # this address is over its failed-authentication rate: nothing counted
+        raise _auth_failures_throttled(failures[2] if failures else 1.0)
     for (throttle, (_, limit, _)), (count, remaining) in zip(counted, counts, strict=True):
         if count > limit:
             throttle.wait_seconds = max(1.0, remaining)
@@ -237,6 +266,13 @@ def _auth_failure_key(request: Request) -> str:
     return f"auth-failures:{client_address(request)}"
 
 
+def _auth_failures_throttled(remaining: float) -> exceptions.Throttled:
+    return exceptions.Throttled(
+        wait=max(1, math.ceil(remaining)),
+        detail="Too many failed authentications from this address; wait before retrying.",
+    )
+
+
 def auth_failures_check(request: Request) -> None:
     """Raise Throttled (429) while this address is over its failed-authentication rate. Read-only."""
     parsed = parse_rate(settings.CTXAPP.throttle_auth_failure_rate)
@@ -249,10 +285,46 @@ def auth_failures_check(request: Request) -> None:
         logger.warning("Failed-authentication throttle not applied: the cache is unreachable")
         return
     if failures >= limit:
-        raise exceptions.Throttled(
-            wait=max(1, math.ceil(remaining)),
-            detail="Too many failed authentications from this address; wait before retrying.",
-        )
+        raise _auth_failures_throttled(remaining)
+
+
+# --- the failed-authentication check, put off until it costs no round trip of its own -----------
+# An address over its failed-authentication rate gets 429 before its key is looked up, as before;
+# but a key in the process cache (api_key_cache_seconds) is not looked up, so the check can wait
+# for the rate-limit statement (`throttles_exceeded`), which then reads it and counts nothing when
+# the address is over. Before a key lookup in the database, and before any error answer, it runs
+# on its own (`auth_failures_settle`), so every answer is the same as with the check run first.
+_PENDING = "_ctxapp_auth_failures_pending"
+
+
+def _http_request(request: HttpRequest | Request) -> HttpRequest:
+    return getattr(request, "_request", request)
+
+
+def auth_failures_defer(request: Request) -> None:
+    """Put off this request's failed-authentication check (see above)."""
+    setattr(_http_request(request), _PENDING, True)
+
+
+def auth_failures_settle(request: HttpRequest | Request) -> None:
+    """Run the put-off check now (429 while the address is over its rate), if it has not run."""
+    http = _http_request(request)
+    if getattr(http, _PENDING, False):
+        setattr(http, _PENDING, False)
+        auth_failures_check(request)  # type: ignore[arg-type]
+
+
+def _auth_failures_take(request: Request) -> tuple[str, int, float] | None:
+    """The put-off check as (counter key, limit, seconds left) for the rate-limit statement."""
+    http = _http_request(request)
+    parsed = parse_rate(settings.CTXAPP.throttle_auth_failure_rate)
+    if not getattr(http, _PENDING, False) or parsed is None:
+        return None
+    setattr(http, _PENDING, False)
+    limit, duration = parsed
+    now = time.time()
+    remaining = (int(now // duration) + 1) * duration - now
+    return _window_key(_auth_failure_key(request), duration, now), limit, remaining
 
 
 def auth_failure_record(request: Request) -> None:

@@ -139,10 +139,10 @@ def test_around_an_append_one_rate_limit_statement_and_no_claim_of_a_queued_drai
         )
     assert response.status_code == 201
     statements = [q["sql"].split()[0] for q in queries.captured_queries]
-    # failed-authentication count (read), both rate limits (one upsert), the append, the
-    # idempotency record, COMMIT; after it only a read of the drain flag (no claim, no commit).
+    # both rate limits and the failed-authentication count (one upsert that reads the count: it
+    # was a SELECT of its own before), the append, the idempotency record, COMMIT; after it only
+    # a read of the drain flag (no claim, no commit).
     assert [verb for verb in statements if verb not in {"BEGIN", "COMMIT"}] == [
-        "SELECT",
         "INSERT",
         "WITH",
         "INSERT",

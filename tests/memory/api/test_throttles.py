@@ -152,3 +152,69 @@ def test_outside_a_transaction_the_counts_commit_without_changing_the_session(da
     with connection.cursor() as cursor:  # asynchronous commit held for the counting statement only
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone()[0] == "on"
+
+
+# --- the failed-authentication check rides on the rate-limit statement (issue 15) -------------
+
+
+def _flood(anon, address: str, times: int) -> None:
+    for index in range(times):
+        anon.credentials(HTTP_AUTHORIZATION=f"Bearer ctx_guess{index}_secret")
+        assert anon.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 401
+
+
+def _counters(address: str) -> dict[str, int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT cache_key, value::bigint FROM ctxapp_cache WHERE cache_key LIKE %s", [f"%{address}%"]
+        )
+        rows = [(key.split(":"), count) for key, count in cursor.fetchall()]
+    return {parts[1]: count for parts, count in rows if parts[2] == address}
+
+
+def test_a_cached_key_from_a_blocked_address_is_refused_in_one_statement_and_not_counted(
+    database_cache, anon, api_a, rates, address
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    rates(auth_failure="2/min", key="100/min", address="100/min")
+    assert api_a.get("/api/v1/tenant", REMOTE_ADDR=f"{address}1").status_code == 200  # the key is cached
+    _flood(anon, address, 2)
+    with CaptureQueriesContext(connection) as queries:
+        assert_throttled(api_a.get("/api/v1/tenant", REMOTE_ADDR=address))
+    assert len(queries.captured_queries) == 1, queries.captured_queries  # the guarded upsert only
+    assert _counters(address) == {"auth-failures": 2}  # the refused request counted nowhere
+    assert api_a.get("/api/v1/tenant", REMOTE_ADDR=f"{address}1").status_code == 200
+
+
+def test_a_blocked_address_gets_429_before_any_key_lookup_and_is_not_charged_a_failure(
+    database_cache, anon, make_client, tenant_a, rates, address
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from memory.models import ApiKey
+
+    rates(auth_failure="2/min")
+    _flood(anon, address, 2)
+    fresh = make_client(tenant_a)  # a key this process has never looked up
+    with CaptureQueriesContext(connection) as queries:
+        assert_throttled(fresh.get("/api/v1/tenant", REMOTE_ADDR=address))
+    assert not [q for q in queries.captured_queries if ApiKey._meta.db_table in q["sql"]]
+    anon.credentials(HTTP_AUTHORIZATION="Bearer ctx_guess9_secret")  # a wrong key: 429, not 401
+    assert_throttled(anon.get("/api/v1/tenant", REMOTE_ADDR=address))
+    anon.credentials()  # no key at all: 429, not 401
+    assert_throttled(anon.get("/api/v1/tenant", REMOTE_ADDR=address))
+    assert _counters(address) == {"auth-failures": 2}
+
+
+def test_a_blocked_address_gets_429_with_the_other_limits_off(database_cache, anon, api_a, rates, address):
+    rates(auth_failure="2/min", key=None, address=None)  # off
+    assert api_a.get("/api/v1/tenant", REMOTE_ADDR=f"{address}1").status_code == 200
+    _flood(anon, address, 2)
+    assert_throttled(api_a.get("/api/v1/tenant", REMOTE_ADDR=address))
+    anon.credentials(HTTP_AUTHORIZATION=f"Bearer {api_a.secret[:-4]}xxxx")  # cached prefix, wrong secret
+    assert_throttled(anon.get("/api/v1/tenant", REMOTE_ADDR=address))
