@@ -12,6 +12,7 @@ from memory.models import JobIntent, Tenant
 from memory.services import jobs
 from memory.services import sessions as sessions_service
 from memory.services.digest import DIGEST_JOB
+from memory.tasks import jobs as job_kinds  # noqa: F401 - registers what each kind runs, as a worker loads it
 
 
 def test_it_lists_each_jobs_outcome_from_its_record(
