@@ -443,7 +443,7 @@ def distill_intents_merge(intent: JobIntent) -> list[JobIntent]:
 
 def tasks_distill_intents(intents: list[JobIntent]) -> dict[str, Any]:
     """Run the full distillation of every intent's task (one job run); a purged task is skipped."""
-    pks = [(intent.payload or {}).get("task") for intent in intents]
+    pks = [int((intent.payload or {}).get("task") or 0) for intent in intents]
     tasks = Task.objects.filter(pk__in=pks).select_related("tenant", "session", "agent").in_bulk()
     distilled: list[str] = []
     count = 0

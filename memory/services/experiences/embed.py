@@ -92,7 +92,8 @@ def _vectors_write(rows: list[Experience], *, vectors: dict[str, np.ndarray], mo
             """,
             [
                 model_name, EmbeddingStatus.COMPLETED, now, [r.pk for r in rows],
-                [vector_text(r.embedding) for r in rows], [vector_text(r.problem_embedding) for r in rows],
+                [vector_text(vectors[r.text_hash]) for r in rows],
+                [vector_text(vectors[text_hash(r.problem_text)]) for r in rows],
                 [r.embedding_dimensions for r in rows], [r.embedding_attempts for r in rows],
             ],
         )  # fmt: skip
