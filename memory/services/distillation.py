@@ -35,7 +35,17 @@ from django.conf import settings
 from django.db import transaction
 
 from memory.exceptions import Conflict, InvalidInput
-from memory.models import ExtractionMethod, Message, MessageRole, Task, TaskStatus, Tenant, ValueTier
+from memory.models import (
+    ExtractionMethod,
+    JobIntent,
+    JobStatus,
+    Message,
+    MessageRole,
+    Task,
+    TaskStatus,
+    Tenant,
+    ValueTier,
+)
 from memory.services import jobs, recorder
 from memory.services.experiences import CreateResult, experience_create
 
@@ -46,6 +56,10 @@ MAX_PROBLEM_CHARS = 1000
 MAX_SOLUTION_CHARS = 4000
 MAX_TRANSCRIPT_CHARS = 12_000
 MAX_SESSION_MESSAGES = 400
+# Finished tasks one distillation job run takes (its own and other waiting ones): a drain of many
+# finished tasks costs a few job runs, not one per task. One when the LLM extractor is on (each
+# task then waits on the chat endpoint, inside the run's transaction).
+DISTILL_BATCH = 50
 
 PROBLEM_RE = re.compile(
     r"\b(error|exception|traceback|fail\w*|broken|crash\w*|time[sd]? ?out|timeout|not work\w*|doesn'?t work|"
@@ -407,3 +421,38 @@ def task_finished(*, tenant: Any, task: Any) -> None:
         )
         return
     task_distill(tenant=tenant, task=task, mode=mode)
+
+
+# --- the job kind (registered by memory/tasks/jobs.py) ------------------------------------------
+
+
+def distill_intents_merge(intent: JobIntent) -> list[JobIntent]:
+    """Other waiting distillation intents, oldest first, that the run of `intent` takes too (up to
+    DISTILL_BATCH tasks in all; none when the LLM extractor is configured). Locked SKIP LOCKED, so
+    two runners never take the same one."""
+    conf = settings.CTXAPP
+    if conf.summariser_url and conf.distill_llm:
+        return []
+    return list(
+        JobIntent.objects.select_for_update(skip_locked=True)
+        .filter(kind=jobs.DISTILL, status=JobStatus.PENDING)
+        .exclude(pk=intent.pk)
+        .order_by("pk")[: DISTILL_BATCH - 1]
+    )
+
+
+def tasks_distill_intents(intents: list[JobIntent]) -> dict[str, Any]:
+    """Run the full distillation of every intent's task (one job run); a purged task is skipped."""
+    pks = [int((intent.payload or {}).get("task") or 0) for intent in intents]
+    tasks = Task.objects.filter(pk__in=pks).select_related("tenant", "session", "agent").in_bulk()
+    distilled: list[str] = []
+    count = 0
+    for pk in pks:
+        task = tasks.get(pk)
+        if task is None:  # purged meanwhile: nothing to learn from
+            continue
+        count += len(task_distill_full(tenant=task.tenant, task=task))
+        distilled.append(task.public_id)
+    if len(intents) == 1:  # the result of a single run, as before
+        return {"task": distilled[0], "experiences": count} if distilled else {"skipped": "task deleted"}
+    return {"tasks": distilled, "experiences": count, "skipped": len(pks) - len(distilled)}

@@ -15,10 +15,10 @@ from celery.schedules import crontab
 from django.conf import settings
 from django.db import OperationalError
 
-from memory.models import JobIntent, Session, Task
+from memory.models import JobIntent, Session
 from memory.services import jobs
 from memory.services.digest import session_digest_update
-from memory.services.distillation import task_distill_full
+from memory.services.distillation import distill_intents_merge, tasks_distill_intents
 from memory.services.embedding import EmbedderUnavailable
 from memory.services.experiences import experiences_embed, experiences_mark_failed
 from memory.services.summarise import session_summarise
@@ -63,17 +63,6 @@ def _embed_failed(intents: list[JobIntent], reason: str) -> None:
     experiences_mark_failed(experience_ids=jobs.embed_intent_ids(intents), reason=reason)
 
 
-def _distill_run(intents: list[JobIntent]) -> dict[str, Any]:
-    task = (
-        Task.objects.filter(pk=intents[0].payload.get("task"))
-        .select_related("tenant", "session", "agent")
-        .first()
-    )
-    if task is None:  # purged meanwhile: nothing to learn from
-        return {"skipped": "task deleted"}
-    return {"task": task.public_id, "experiences": len(task_distill_full(tenant=task.tenant, task=task))}
-
-
 def _summarise_run(intents: list[JobIntent]) -> dict[str, Any]:
     session = (
         Session.objects.select_related("tenant", "agent").filter(pk=intents[0].payload.get("session")).first()
@@ -104,7 +93,7 @@ def _register_kinds() -> None:
             merge=jobs.embed_intents_merge,
         ),
     )
-    jobs.job_kind_register(jobs.DISTILL, jobs.JobKind(run=_distill_run))
+    jobs.job_kind_register(jobs.DISTILL, jobs.JobKind(run=tasks_distill_intents, merge=distill_intents_merge))
     jobs.job_kind_register(jobs.SUMMARISE, jobs.JobKind(run=_summarise_run))
     jobs.job_kind_register(jobs.DIGEST, jobs.JobKind(run=_digest_run))
 

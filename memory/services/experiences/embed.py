@@ -9,23 +9,19 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+import numpy as np
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from memory.models import EmbeddingStatus, Experience, ExperiencePolicy, JobIntent, JobStatus, Tenant
 from memory.services import jobs, recorder
-from memory.services.embedding import text_hash, vectors_cached
+from memory.services.embedding import text_hash, vector_text, vectors_cached
 from memory.services.experiences.queue import embedding_enqueue
-from memory.services.experiences.reconcile import reconcile
+from memory.services.experiences.reconcile import RECONCILE_CANDIDATE_FLOOR, nearest_similarities, reconcile
 from memory.services.experiences.records import event_payload
 
 logger = logging.getLogger(__name__)
-
-_EMBEDDED_FIELDS = [
-    "embedding", "problem_embedding", "embedding_model", "embedding_dimensions",
-    "embedding_status", "embedding_error", "embedding_attempts", "embedded_at",
-]  # fmt: skip
 
 
 def experiences_embed(*, experience_ids: list[int]) -> int:
@@ -37,6 +33,11 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
     Each written row gets `embedding_attempts + 1`, `embedded_at`, an `experience.embedded`
     event, and is then merged / superseded against its neighbours. Raises EmbedderUnavailable
     (transient, the job retries) or EmbedderError (permanent).
+
+    Batch-shaped (issue 15's drain): the whole texts and the problems are embedded in one model
+    call, every vector is written by one `UPDATE … FROM unnest`, the events by one INSERT per
+    stream, and one query finds every row's nearest stored neighbour; only a row with a neighbour
+    close enough to merge or supersede (`reconcile.RECONCILE_CANDIDATE_FLOOR`) runs `reconcile`.
     """
     rows = list(
         Experience.objects.filter(pk__in=experience_ids, embedding_status=EmbeddingStatus.PENDING).only(
@@ -48,41 +49,87 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
     texts = {row.text_hash: row.text for row in rows}
     texts.update({text_hash(row.problem_text): row.problem_text for row in rows})
     model_name, vectors = vectors_cached(texts)
-    now = timezone.now()
-    done = 0
     with transaction.atomic():
-        locked = list(
-            Experience.objects.select_for_update(skip_locked=True, of=("self",))
+        locked = [
+            experience
+            for experience in Experience.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(pk__in=[row.pk for row in rows], embedding_status=EmbeddingStatus.PENDING)
-            .select_related("tenant", "source_task", "source_session")
+            .select_related("tenant", "source_task", "source_session__agent")
             .order_by("created_at", "pk")
+            # text changed since the read above (never in practice): the next job embeds it
+            if experience.text_hash in vectors
+        ]
+        if not locked:
+            return 0
+        _vectors_write(locked, vectors=vectors, model_name=model_name)
+        _embedded_events(locked, model_name=model_name)
+        _reconcile_batch(locked)
+    return len(locked)
+
+
+def _vectors_write(rows: list[Experience], *, vectors: dict[str, np.ndarray], model_name: str) -> None:
+    """Write every row's vectors and `completed` status in one statement (and on the objects)."""
+    now = timezone.now()
+    for experience in rows:
+        vector = vectors[experience.text_hash]
+        experience.embedding = vector
+        experience.problem_embedding = vectors[text_hash(experience.problem_text)]
+        experience.embedding_model = model_name
+        experience.embedding_dimensions = len(vector)
+        experience.embedding_status = EmbeddingStatus.COMPLETED
+        experience.embedding_error = ""
+        experience.embedding_attempts += 1
+        experience.embedded_at = now
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {Experience._meta.db_table} AS e
+            SET embedding = u.v::vector, problem_embedding = u.p::vector, embedding_model = %s,
+                embedding_dimensions = u.d, embedding_status = %s, embedding_error = '',
+                embedding_attempts = u.a, embedded_at = %s
+            FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::int[], %s::int[]) AS u(id, v, p, d, a)
+            WHERE e.id = u.id
+            """,
+            [
+                model_name, EmbeddingStatus.COMPLETED, now, [r.pk for r in rows],
+                [vector_text(vectors[r.text_hash]) for r in rows],
+                [vector_text(vectors[text_hash(r.problem_text)]) for r in rows],
+                [r.embedding_dimensions for r in rows], [r.embedding_attempts for r in rows],
+            ],
+        )  # fmt: skip
+
+
+def _embedded_events(rows: list[Experience], *, model_name: str) -> None:
+    """One `experience.embedded` event per row, appended per stream (tenant, session) in one go."""
+    streams: dict[tuple[int, int | None], list[Experience]] = {}
+    for experience in rows:
+        streams.setdefault((experience.tenant_id, experience.source_session_id), []).append(experience)
+    for items in streams.values():
+        recorder.event_append_many(
+            tenant=items[0].tenant,
+            type="experience.embedded",
+            session=items[0].source_session,
+            payloads=[event_payload(e, model=model_name, dimensions=e.embedding_dimensions) for e in items],
         )
-        policies: dict[int, ExperiencePolicy] = {}
-        for experience in locked:
-            vector = vectors.get(experience.text_hash)
-            if vector is None:  # text changed since the read above (never in practice): next job
-                continue
-            experience.embedding = vector
-            experience.problem_embedding = vectors[text_hash(experience.problem_text)]
-            experience.embedding_model = model_name
-            experience.embedding_dimensions = len(vector)
-            experience.embedding_status = EmbeddingStatus.COMPLETED
-            experience.embedding_error = ""
-            experience.embedding_attempts += 1
-            experience.embedded_at = now
-            experience.save(update_fields=_EMBEDDED_FIELDS)
-            recorder.event_append(
-                tenant=experience.tenant,
-                type="experience.embedded",
-                session=experience.source_session,
-                payload=event_payload(experience, model=model_name, dimensions=len(vector)),
-            )
-            policy = policies.get(experience.tenant_id)
-            if policy is None:
-                policy = policies[experience.tenant_id] = ExperiencePolicy.for_tenant(experience.tenant)
-            reconcile(experience=experience, policy=policy)
-            done += 1
-    return done
+
+
+def _reconcile_batch(rows: list[Experience]) -> None:
+    """Merge / supersede each row against its neighbours, in order, as if embedded one by one.
+
+    A row sees the stored rows and the rows before it in this batch (never the later ones, not
+    yet reconciled). Its closest candidate is found for all rows at once (`nearest_similarities`);
+    a row whose closest is below RECONCILE_CANDIDATE_FLOOR cannot merge or supersede (and what
+    `reconcile` does only hides rows, never adds a candidate), so only the others run it.
+    """
+    closest = nearest_similarities(rows)
+    policies: dict[int, ExperiencePolicy] = {}
+    for position, experience in enumerate(rows):
+        if closest[position] < RECONCILE_CANDIDATE_FLOOR:
+            continue
+        policy = policies.get(experience.tenant_id)
+        if policy is None:
+            policy = policies[experience.tenant_id] = ExperiencePolicy.for_tenant(experience.tenant)
+        reconcile(experience=experience, policy=policy, exclude=[r.pk for r in rows[position + 1 :]])
 
 
 def experiences_mark_failed(*, experience_ids: list[int], reason: str) -> int:

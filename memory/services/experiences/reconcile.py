@@ -9,17 +9,19 @@ from __future__ import annotations
 import re
 
 import numpy as np
+from django.db import connection
 from django.utils import timezone
 from pgvector.django import CosineDistance
 
 from memory.exceptions import NotFound
 from memory.models import EmbeddingStatus, Experience, ExperienceKind, ExperiencePolicy, Tenant
 from memory.services import recorder
-from memory.services.embedding import text_hash, vectors_cached
+from memory.services.embedding import text_hash, vector_text, vectors_cached
 from memory.services.experiences.records import boosted_confidence, event_payload
 
 # A neighbour less similar than this is not even considered for merge / supersede.
 RECONCILE_CANDIDATE_FLOOR = 0.55
+_FLOAT_MARGIN = 1e-4  # float32 (numpy) vs pgvector cosine rounding: err toward reconciling
 _WORD = re.compile(r"\w+")
 
 
@@ -118,8 +120,9 @@ def merge_allowed(
     return token_overlap(duplicate.text, into.text) >= policy.merge_token_overlap
 
 
-def _nearest_neighbour(experience: Experience) -> Experience | None:
-    """The closest other completed, visible experience of the same kind, scope, user and agent."""
+def _nearest_neighbour(experience: Experience, exclude: list[int] | None = None) -> Experience | None:
+    """The closest other completed, visible experience of the same kind, scope, user and agent
+    (none of `exclude`: the rows of the same embedding batch not reconciled yet)."""
     neighbour_query = (
         Experience.objects.filter(
             tenant_id=experience.tenant_id,
@@ -132,6 +135,7 @@ def _nearest_neighbour(experience: Experience) -> Experience | None:
             superseded_by__isnull=True,
         )
         .exclude(pk=experience.pk)
+        .exclude(pk__in=exclude or [])
         .annotate(distance=CosineDistance("embedding", experience.embedding))
         .order_by("distance")
         .select_related("source_session")
@@ -177,11 +181,14 @@ def _supersede_if_contradicting(
     return True
 
 
-def reconcile(*, experience: Experience, policy: ExperiencePolicy) -> str | None:
-    """After `experience` got its vector: merge it into, or let it supersede, its nearest neighbour."""
+def reconcile(
+    *, experience: Experience, policy: ExperiencePolicy, exclude: list[int] | None = None
+) -> str | None:
+    """After `experience` got its vector: merge it into, or let it supersede, its nearest neighbour
+    (never one of `exclude`)."""
     if experience.kind != ExperienceKind.EXPERIENCE or experience.embedding is None:
         return None
-    neighbour = _nearest_neighbour(experience)
+    neighbour = _nearest_neighbour(experience, exclude)
     if neighbour is None:
         return None
     similarity = 1.0 - float(neighbour.distance)  # type: ignore[attr-defined]
@@ -198,3 +205,57 @@ def reconcile(*, experience: Experience, policy: ExperiencePolicy) -> str | None
         experience_merge(tenant=experience.tenant, duplicate=duplicate, into=into, similarity=similarity)
         return "merged"
     return None
+
+
+def nearest_similarities(rows: list[Experience]) -> list[float]:
+    """For each of `rows` (just embedded, in order): the cosine similarity of the closest
+    candidate `reconcile` could see — a stored completed, visible experience of the same kind,
+    scope, user and agent (one query for all rows), or an earlier row of `rows` of the same
+    (computed here). -1.0 for a row `reconcile` skips. An upper bound: it may count a candidate
+    that reconcile would not (an earlier row hidden meanwhile), never miss one, so a row below
+    RECONCILE_CANDIDATE_FLOOR may safely skip reconcile. Small margin for float rounding."""
+    closest = [-1.0] * len(rows)
+    eligible = [
+        i for i, r in enumerate(rows) if r.kind == ExperienceKind.EXPERIENCE and r.embedding is not None
+    ]
+    if not eligible:
+        return closest
+    table = Experience._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT b.ord, n.sim
+            FROM unnest(
+                %s::int[], %s::text[]::vector[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[]
+            ) AS b(ord, v, tenant, kind, scope, uid, agent)
+            CROSS JOIN LATERAL (
+                SELECT 1 - (e.embedding <=> b.v) AS sim FROM {table} e
+                WHERE e.tenant_id = b.tenant AND e.kind = b.kind AND e.scope = b.scope
+                  AND e.user_id = b.uid AND e.agent = b.agent AND e.embedding_status = %s
+                  AND e.merged_into_id IS NULL AND e.superseded_by_id IS NULL AND e.id <> ALL(%s::bigint[])
+                ORDER BY e.embedding <=> b.v LIMIT 1
+            ) n
+            """,
+            [
+                eligible, [vector_text(np.asarray(rows[i].embedding)) for i in eligible],
+                [rows[i].tenant_id for i in eligible], [rows[i].kind for i in eligible],
+                [rows[i].scope for i in eligible], [rows[i].user_id for i in eligible],
+                [rows[i].agent for i in eligible], EmbeddingStatus.COMPLETED, [r.pk for r in rows],
+            ],
+        )  # fmt: skip
+        for position, similarity in cursor.fetchall():
+            closest[position] = float(similarity) + _FLOAT_MARGIN
+    groups: dict[tuple[int, str, str, str, str], list[int]] = {}
+    for i in eligible:
+        r = rows[i]
+        groups.setdefault((r.tenant_id, r.kind, r.scope, r.user_id, r.agent), []).append(i)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        matrix = np.stack([np.asarray(rows[i].embedding, dtype=np.float32) for i in members])
+        matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+        similarity = matrix @ matrix.T
+        for k in range(1, len(members)):
+            earlier = float(similarity[k, :k].max()) + _FLOAT_MARGIN
+            closest[members[k]] = max(closest[members[k]], earlier)
+    return closest
