@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, transaction
 
 from memory.exceptions import Conflict, InvalidInput
 from memory.models import (
@@ -442,17 +442,37 @@ def distill_intents_merge(intent: JobIntent) -> list[JobIntent]:
 
 
 def tasks_distill_intents(intents: list[JobIntent]) -> dict[str, Any]:
-    """Run the full distillation of every intent's task (one job run); a purged task is skipped."""
+    """Run the full distillation of every intent's task (one job run); a purged task is skipped.
+
+    In a run of several, each task is distilled in a savepoint of its own: a task whose
+    distillation fails for good (any error but a lost or failing connection, which retries the
+    whole run) marks only its own intent failed, and the others are still distilled.
+    """
     pks = [int((intent.payload or {}).get("task") or 0) for intent in intents]
     tasks = Task.objects.filter(pk__in=pks).select_related("tenant", "session", "agent").in_bulk()
     distilled: list[str] = []
+    failed: list[str] = []
     count = 0
-    for pk in pks:
+    for intent, pk in zip(intents, pks, strict=True):
         task = tasks.get(pk)
         if task is None:  # purged meanwhile: nothing to learn from
             continue
-        count += len(task_distill_full(tenant=task.tenant, task=task))
+        if len(intents) == 1:  # its own run: a failure is the run's
+            count += len(task_distill_full(tenant=task.tenant, task=task))
+            distilled.append(task.public_id)
+            continue
+        try:
+            with transaction.atomic():
+                count += len(task_distill_full(tenant=task.tenant, task=task))
+        except OperationalError:
+            raise  # transient (the kind's retry): the whole run is retried
+        except Exception as exc:
+            logger.warning("distillation of task %s failed", task.public_id, exc_info=True)
+            jobs.job_intent_fail(intent_id=intent.pk, reason=f"{type(exc).__name__}: {exc}")
+            failed.append(task.public_id)
+            continue
         distilled.append(task.public_id)
     if len(intents) == 1:  # the result of a single run, as before
         return {"task": distilled[0], "experiences": count} if distilled else {"skipped": "task deleted"}
-    return {"tasks": distilled, "experiences": count, "skipped": len(pks) - len(distilled)}
+    skipped = len(pks) - len(distilled) - len(failed)
+    return {"tasks": distilled, "experiences": count, "skipped": skipped, "failed": failed}

@@ -16,10 +16,11 @@ intent is then `running` but unlocked, which is how the sweep knows the runner i
 timeout to tune. Jobs run inside that transaction, so they must not commit on their own.
 
 Kinds (KINDS): `experiences.embed` (coalesced: one run takes up to CTXAPP_EMBEDDING_BATCH_SIZE
-pending experiences from every pending embedding intent), `task.distill` (full distillation of a
-finished task), `session.summarise`, `session.digest` (the session digest). Each records its
-outcome on the intent row: `done` with a result, or `failed` with the reason; the dashboard's jobs
-page lists them.
+pending experiences from every pending embedding intent), `task.distill` (full distillation of
+finished tasks: a run takes up to distillation.DISTILL_BATCH waiting ones, each task in a
+savepoint), `session.summarise`, `session.digest` (the session digest). Each records its outcome
+on the intent row: `done` with a result, or `failed` with the reason (a run of several may fail
+one intent alone, `job_intent_fail`); the dashboard's jobs page lists them.
 
 This module is the facade services use to enqueue, and it imports no service and no task: what
 each kind runs is registered (HANDLERS, `job_kind_register`) by memory/tasks/jobs.py, the
@@ -233,7 +234,7 @@ def job_run(*, intent_id: int) -> str:
                     attempts=F("attempts") + 1, taken_at=timezone.now(), merged_into=intent.pk
                 )
             result = handler.run(intents)
-            JobIntent.objects.filter(pk__in=[i.pk for i in intents]).update(
+            JobIntent.objects.filter(pk__in=[i.pk for i in intents]).exclude(status=JobStatus.FAILED).update(
                 status=JobStatus.DONE, finished_at=timezone.now(), result=result, error="", run_after=None
             )
         return "done"
@@ -241,6 +242,14 @@ def job_run(*, intent_id: int) -> str:
         return _after_failure(
             intent_id=intent_id, attempts=attempts, handler=handler, intents=intents, exc=exc
         )
+
+
+def job_intent_fail(*, intent_id: int, reason: str) -> None:
+    """Inside a run of several intents: mark one of them failed for good (its own input could not
+    be processed) while the run goes on; the others end `done` with the run."""
+    JobIntent.objects.filter(pk=intent_id).update(
+        status=JobStatus.FAILED, error=reason[:2000], finished_at=timezone.now()
+    )
 
 
 def _after_failure(

@@ -52,3 +52,29 @@ def test_a_run_skips_a_task_purged_meanwhile_and_distils_the_others(tenant_a):
     assert job_run_task(first.pk) == "done"
     assert Experience.objects.filter(source_task=kept).count() == 1
     assert set(JobIntent.objects.filter(kind=jobs.DISTILL).values_list("status", flat=True)) == {"done"}
+
+
+def test_a_task_that_cannot_be_distilled_fails_alone_and_the_others_are_distilled(tenant_a, monkeypatch):
+    from memory.services import distillation
+
+    tasks = []
+    for problem, fix in FIXES:
+        task = task_create(tenant=tenant_a, input=problem)
+        task_update(tenant=tenant_a, task=task, status="succeeded", output=fix)
+        tasks.append(task)
+    poison = tasks[1]
+    real = distillation.task_distill_full
+
+    def distill(*, tenant, task):  # a bug met by one task's input only
+        if task.pk == poison.pk:
+            raise ValueError("cannot parse this transcript")
+        return real(tenant=tenant, task=task)
+
+    monkeypatch.setattr(distillation, "task_distill_full", distill)
+    first = JobIntent.objects.filter(kind=jobs.DISTILL).order_by("pk").first()
+    assert job_run_task(first.pk) == "done"
+    outcome = {i.payload["task"]: (i.status, i.error) for i in JobIntent.objects.filter(kind=jobs.DISTILL)}
+    assert outcome[poison.pk] == ("failed", "ValueError: cannot parse this transcript")
+    assert [outcome[t.pk][0] for t in (tasks[0], tasks[2])] == ["done", "done"]
+    assert Experience.objects.filter(source_task__in=[tasks[0], tasks[2]]).count() == 2
+    assert not Experience.objects.filter(source_task=poison).exists()  # its savepoint rolled back
