@@ -348,18 +348,13 @@ def rank(
     recency_part = _recency_part(query, candidates, plan, now)
     length_part = _length_part(candidates, plan)
 
+    names = ("dense", "lexical", "neighbour", "session", "recency", "length")
+    parts = (dense_part, lexical_part, neighbour_part, session_part, recency_part, length_part)
+    columns = [[round(v, 6) for v in part.tolist()] for part in parts]
     results: list[Ranked] = []
-    for i, c in enumerate(candidates):
-        contributions = {
-            "dense": round(float(dense_part[i]), 6),
-            "lexical": round(float(lexical_part[i]), 6),
-            "neighbour": round(float(neighbour_part[i]), 6),
-            "session": round(float(session_part[i]), 6),
-            "recency": round(float(recency_part[i]), 6),
-            "length": round(float(length_part[i]), 6),
-        }
-        score = round(sum(contributions.values()), 6)
-        results.append(Ranked(candidate=c, score=score, contributions=contributions))
+    for c, values in zip(candidates, zip(*columns, strict=True), strict=True):
+        contributions = dict(zip(names, values, strict=True))
+        results.append(Ranked(candidate=c, score=round(sum(values), 6), contributions=contributions))
     order = sorted(range(len(results)), key=lambda i: -results[i].score)
     return [results[i] for i in order]
 
@@ -399,14 +394,21 @@ def _neighbour_part(candidates: list[Candidate], fused: np.ndarray, plan: Plan) 
     for i, c in enumerate(candidates):
         if c.group is not None and c.position is not None:
             by_group.setdefault(c.group, []).append((c.position, i))
+    scores = fused.tolist()
+    radius, decay = plan.neighbour_radius, plan.neighbour_decay
     for members in by_group.values():
         members.sort()
         for j, (pos, i) in enumerate(members):
+            # Sorted by position: the turns within the radius are next to j on either side.
             best = 0.0
-            for k, (other, index) in enumerate(members):
-                distance = abs(other - pos)
-                if k != j and distance <= plan.neighbour_radius:
-                    best = max(best, fused[index] * plan.neighbour_decay ** (distance - 1))
+            k = j - 1
+            while k >= 0 and pos - members[k][0] <= radius:
+                best = max(best, scores[members[k][1]] * decay ** (pos - members[k][0] - 1))
+                k -= 1
+            k = j + 1
+            while k < len(members) and members[k][0] - pos <= radius:
+                best = max(best, scores[members[k][1]] * decay ** (members[k][0] - pos - 1))
+                k += 1
             part[i] = plan.neighbour_weight * best
     return part
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,8 @@ from memory.services.retrieval import _configure_hnsw
 VectorSource = Callable[[], np.ndarray | None]  # the query's embedding, when it is needed
 
 OTHER_KIND_POOL = 50  # summaries / facts / experiences per source
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 LEXICAL_ROWS_MAX = 500  # large scopes: the lexical pool visits about this many rows of its rarest terms
@@ -126,7 +128,10 @@ def _message_candidates(
         chosen_params += [radius, radius, LARGE_POOL_SEEDS, lexical_ids[:LARGE_POOL_SEEDS]]
     rows = fetch_rows(
         f"WITH dense AS MATERIALIZED ({dense}) "
-        f"SELECT m.id, s.public_id, m.seq, m.name, m.content, m.occurred_at, {cosine} "
+        # occurred_at as microseconds since the epoch: exact, and ~20x cheaper to load than a
+        # timestamptz in text format (2.7 ms of a whole-tenant search for ~270 rows).
+        f"SELECT m.id, s.public_id, m.seq, m.name, m.content, "
+        f"(extract(epoch FROM m.occurred_at) * 1000000)::bigint, {cosine} "
         f"FROM {table} m JOIN {sessions_table} s ON s.id = m.session_id "
         f"WHERE {where.where} AND m.id IN ({chosen})",
         [*dense_params, *cosine_params, *where.params, *chosen_params],
@@ -143,7 +148,8 @@ def _message_candidates(
             speaker=name,
             content=content,
         )
-        for pk, session_public_id, seq, name, content, occurred_at, cos in rows
+        for pk, session_public_id, seq, name, content, micros, cos in rows
+        for occurred_at in [_EPOCH + timedelta(microseconds=micros)]
     ]
 
 
