@@ -19,18 +19,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import connection
-from django.db.backends.postgresql.base import ServerBindingCursor
+from django.db.backends.postgresql import base as postgresql
 
 # Django's other cursors never ask for preparation; with this threshold psycopg never prepares a
 # statement of theirs on its own either (it would after this many runs of one text).
 _ONLY_WHEN_ASKED = 2**62
 
 
-class _PreparingCursor(ServerBindingCursor):
+# Django's cursor class over psycopg's server-binding `Cursor` (django-stubs do not type it).
+_ServerBindingCursor: Any = postgresql.ServerBindingCursor
+
+
+class _PreparingCursor(_ServerBindingCursor):
     """psycopg's server-binding cursor, preparing every statement it runs."""
 
     def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any) -> Any:
@@ -58,6 +62,6 @@ def prepared_cursor() -> Iterator[Any]:
         raw = _PreparingCursor(conn)
     # Django's own cursor factory step (thread check, debug logging, execute wrappers); it has no
     # public way to wrap a cursor it did not create.
-    cursor = connection._prepare_cursor(raw)
+    cursor = cast(Any, connection)._prepare_cursor(raw)
     with cursor:
         yield cursor
