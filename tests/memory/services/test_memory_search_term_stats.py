@@ -15,19 +15,12 @@ from django.utils import timezone
 from memory.models import SearchTermSnapshot, SearchTermStat
 from memory.services import memory_index
 from memory.services.memory_search import SearchScope, corpus, memory_search, term_stats
-from memory.services.sessions import MessageInput, messages_append, session_create, session_delete
+from memory.services.sessions import session_create, session_delete
+from tests.memory.services.test_context_recall import say
 
 pytestmark = pytest.mark.django_db
 
 TERMS = ["violin", "puppy", "biscuit", "the", "weather"]
-
-
-def say(tenant: Any, session: Any, *texts: str) -> None:
-    messages_append(
-        tenant=tenant,
-        session=session,
-        items=[MessageInput(role="user", content=t, name="Caroline") for t in texts],
-    )
 
 
 @pytest.fixture
