@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime
 
+from cachetools import TTLCache
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -40,8 +40,9 @@ SNAPSHOT_REFRESH_DRIFT = 0.02  # ... or the messages moved by this share
 _LOCK_NAMESPACE = 0x63747873  # pg_try_advisory_xact_lock(namespace, tenant id)
 
 REFRESH_ASK_SECONDS = 30.0  # a process asks for a tenant's refresh at most this often
-_asked: dict[int, float] = {}  # tenant → when this process last started its refresh (monotonic)
-_refreshing_lock = threading.Lock()
+# Tenants whose refresh this process started in the last REFRESH_ASK_SECONDS.
+_asked: TTLCache[int, bool] = TTLCache(maxsize=10_000, ttl=REFRESH_ASK_SECONDS)
+_asked_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -118,10 +119,10 @@ def refresh_ask(tenant_id: int) -> None:
     Not from inside a caller's transaction: the thread's connection would not see its writes."""
     if connection.in_atomic_block:
         return
-    with _refreshing_lock:
-        if time.monotonic() - _asked.get(tenant_id, -REFRESH_ASK_SECONDS) < REFRESH_ASK_SECONDS:
+    with _asked_lock:
+        if tenant_id in _asked:
             return
-        _asked[tenant_id] = time.monotonic()
+        _asked[tenant_id] = True
     threading.Thread(target=_refresh_run, args=(tenant_id,), name="term-stats", daemon=True).start()
 
 
