@@ -37,6 +37,32 @@ from channels_postgres import db as layer_db
 from channels_postgres.db import GROUP_CHANNEL_TABLE, MESSAGE_TABLE, DatabaseLayer, utc_now
 from psycopg import sql
 
+DEFAULT_GROUP_EXPIRY = 300
+# Joined into a statement run in autocommit: its own implicit transaction commits without waiting
+# for the WAL flush (the setting is local to that transaction).
+_ASYNCHRONOUS_COMMIT = ", (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode"
+
+
+def _group_send_sql(*, asynchronous: bool) -> str:
+    """A message to every live member of a group in ONE statement: a row per member (the table's
+    trigger NOTIFYs each), none when the group has no member."""
+    return (
+        sql.SQL(
+            "INSERT INTO {messages} (channel, message, expire) "
+            "SELECT DISTINCT channel, %s::bytea, %s::timestamptz FROM {groups}{asynchronous} "
+            "WHERE group_key = %s AND expire >= %s"
+        )
+        .format(
+            messages=sql.Identifier(MESSAGE_TABLE),
+            groups=sql.Identifier(GROUP_CHANNEL_TABLE),
+            asynchronous=sql.SQL(_ASYNCHRONOUS_COMMIT if asynchronous else ""),
+        )
+        .as_string()
+    )
+
+
+_GROUP_SEND = {asynchronous: _group_send_sql(asynchronous=asynchronous) for asynchronous in (False, True)}
+
 
 class _Database(DatabaseLayer):
     async def _execute(self, statement: Any, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
@@ -71,6 +97,18 @@ class _Database(DatabaseLayer):
             (now,),
         )
 
+    async def send_to_channel(
+        self, group_key: str, message: bytes, expire: int, channel: str | None = None
+    ) -> None:
+        """To one channel as channels_postgres does; to a group in one statement (channels_postgres
+        reads the members, then inserts, and logs a warning for a group without members: on the
+        server that was two round trips and a log line for every write with no dashboard open)."""
+        if channel is not None:
+            await super().send_to_channel(group_key, message, expire, channel)
+            return
+        now = utc_now()
+        await self._execute(_GROUP_SEND[True], (message, now + timedelta(seconds=expire), group_key, now))
+
     async def retrieve_group_channels(self, group_key: str) -> list[str]:
         rows = await self._execute(
             sql.SQL("SELECT DISTINCT channel FROM {table} WHERE group_key = %s AND expire >= %s").format(
@@ -79,12 +117,6 @@ class _Database(DatabaseLayer):
             (group_key, utc_now()),
         )
         return [row[0] for row in rows]
-
-
-DEFAULT_GROUP_EXPIRY = 300
-# Joined into a statement run in autocommit: its own implicit transaction commits without waiting
-# for the WAL flush (the setting is local to that transaction).
-_ASYNCHRONOUS_COMMIT = ", (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode"
 
 
 class PostgresChannelLayer(core.PostgresChannelLayer):
@@ -147,19 +179,9 @@ class PostgresChannelLayer(core.PostgresChannelLayer):
         """
         self.require_valid_group_name(group)
         now = utc_now()
-        asynchronous = "" if connection.in_atomic_block else _ASYNCHRONOUS_COMMIT
-        statement = sql.SQL(
-            "INSERT INTO {messages} (channel, message, expire) "
-            "SELECT DISTINCT channel, %s::bytea, %s::timestamptz FROM {groups}{asynchronous} "
-            "WHERE group_key = %s AND expire >= %s"
-        ).format(
-            messages=sql.Identifier(MESSAGE_TABLE),
-            groups=sql.Identifier(GROUP_CHANNEL_TABLE),
-            asynchronous=sql.SQL(asynchronous),
-        )
         params = (self.serialize(message), now + timedelta(seconds=self.expiry), self._group_key(group), now)
         with connection.cursor() as cursor:
-            cursor.execute(statement.as_string(cursor.cursor), params)
+            cursor.execute(_GROUP_SEND[not connection.in_atomic_block], params)
 
     async def group_discard(self, group: str, channel: str, expire: int | None = None) -> None:
         self.require_valid_group_name(group)

@@ -9,6 +9,7 @@ import importlib
 import time
 from typing import Any
 
+import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -116,3 +117,35 @@ def test_a_send_from_synchronous_code_reaches_the_live_pages_once_and_no_one_els
     run(scenario)
     assert written == [1]  # for the one live page of tenant.1; none for tenant.2's page
     assert received == [{"type": "ctx.events", "n": 1}]
+
+
+def test_a_group_send_is_one_statement_whether_or_not_pages_listen(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every committed write sends a live update: to a tenant with dashboards open (one row per
+    # page) or without (none). channels_postgres read the members, then inserted: two round trips.
+    statements: list[str] = []
+    execute = psycopg.AsyncCursor.execute
+
+    async def counting(self: psycopg.AsyncCursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        statements.append(str(query))
+        return await execute(self, query, *args, **kwargs)
+
+    received: list[dict[str, Any]] = []
+    written: list[int] = []
+    counted: list[int] = []
+
+    async def scenario(layer: PostgresChannelLayer) -> None:
+        live = await layer.new_channel()
+        await layer.group_add("tenant.1", live)
+        monkeypatch.setattr(psycopg.AsyncCursor, "execute", counting)
+        await layer.group_send("tenant.2", {"type": "ctx.events", "i": 0})  # nobody listens
+        counted.append(len(statements))
+        await layer.group_send("tenant.1", {"type": "ctx.events", "i": 1})
+        counted.append(len(statements))
+        monkeypatch.undo()
+        written.append(await asyncio.to_thread(rows_and_close, "channels_postgres_message"))
+        received.append(await asyncio.wait_for(layer.receive(live), 10))
+
+    run(scenario)
+    assert counted == [1, 2]
+    assert written == [1]  # the live page's row; none for the group without pages
+    assert received == [{"type": "ctx.events", "i": 1}]

@@ -105,3 +105,39 @@ def test_no_index_of_a_hot_table_is_a_prefix_of_another(model: Any) -> None:
         if other != name and len(longer) > len(columns) and longer[: len(columns)] == columns
     ]
     assert redundant == [], f"{table}: an index that another one already covers is written on every append"
+
+
+def test_every_field_of_a_batch_is_stored_as_given_whatever_its_characters(tenant_a: Tenant) -> None:
+    # The rows travel as one JSON document (jsonb_to_recordset): quotes, backslashes, characters
+    # outside the BMP, nested JSON, nulls and explicit times must come back exactly as sent.
+    session = svc.session_create(tenant=tenant_a, agent_external_id="storage")
+    said = timezone.now() - timedelta(days=400, microseconds=7)
+    odd = 'a "quoted" \\ back\\slash, tab\t, newline\n, 😀 emoji, ü, 中文, {"not": "json"}'
+    items = [
+        svc.MessageInput(role="user", content=odd, name='Dr. "O\'Brien"', occurred_at=said, turn_id="t-1"),
+        svc.MessageInput(
+            role="assistant",
+            content="",
+            tool_calls=[
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": '{"x": [1, 2.5, null]}'},
+                }
+            ],
+            parent_seq=1,
+            artifact_refs=[{"uri": "s3://b/k", "sha": "é"}],
+            metadata={"nested": {"list": [True, None, 3]}, "ünï": "😀"},
+            event_kind="tool_request",
+        ),
+        svc.MessageInput(role="tool", content="42", tool_call_id="c1"),
+    ]
+    written = svc.messages_append(tenant=tenant_a, session=session, items=items)
+    stored = list(Message.objects.filter(session=session).order_by("seq"))
+    assert [m.seq for m in stored] == [1, 2, 3] == [m.seq for m in written]
+    for given, row in zip(items, stored, strict=True):
+        for name in ("role", "content", "name", "turn_id", "tool_call_id", "tool_calls", "event_kind",
+                     "parent_seq", "artifact_refs", "metadata"):  # fmt: skip
+            assert getattr(row, name) == getattr(given, name), name
+    assert stored[0].occurred_at == said
+    assert stored[2].occurred_at == stored[2].created_at  # default: when it was appended
