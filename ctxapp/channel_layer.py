@@ -61,6 +61,11 @@ def _group_send_sql(*, asynchronous: bool) -> str:
     )
 
 
+_MEMBERS = (
+    sql.SQL("EXISTS (SELECT 1 FROM {groups} WHERE group_key = %(channel_group_key)s AND expire >= now())")
+    .format(groups=sql.Identifier(GROUP_CHANNEL_TABLE))
+    .as_string()
+)
 _GROUP_SEND = {asynchronous: _group_send_sql(asynchronous=asynchronous) for asynchronous in (False, True)}
 
 
@@ -167,6 +172,14 @@ class PostgresChannelLayer(core.PostgresChannelLayer):
         # create local queues, then sends by group key; send by group key alone.
         self.require_valid_group_name(group)
         await self.django_db.send_to_channel(self._group_key(group), self.serialize(message), self.expiry)
+
+    def members_sql(self, group: str) -> tuple[str, str]:
+        """Whether `group` has a live member now, as a boolean SQL expression over one named
+        parameter, `channel_group_key`, and that parameter's value. A write asks it inside its own
+        statement and skips its send when no page listens (the round trip of the send is most of
+        the live update's cost)."""
+        self.require_valid_group_name(group)
+        return _MEMBERS, self._group_key(group)
 
     def group_send_sync(self, connection: Any, group: str, message: dict[str, Any]) -> None:
         """`group_send` from synchronous code, in ONE statement on Django's `connection` (to the

@@ -11,10 +11,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from ctxapp.channel_layer import PostgresChannelLayer
+from memory import broadcast
+from memory.services import sessions as svc
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -149,3 +153,58 @@ def test_a_group_send_is_one_statement_whether_or_not_pages_listen(monkeypatch: 
     assert counted == [1, 2]
     assert written == [1]  # the live page's row; none for the group without pages
     assert received == [{"type": "ctx.events", "i": 1}]
+
+
+def test_an_append_sends_its_live_update_only_when_a_dashboard_listens(tenant_a: Any, settings: Any) -> None:
+    # The append's own statement asks whether a page of the tenant listens: with none, no
+    # statement follows the commit for the live update; with one, the page gets the event.
+    latest = importlib.import_module("channels_postgres.migrations.0004_notify_ensure_payload_not_too_big")
+    with connection.cursor() as cursor:
+        cursor.execute(latest.Migration.setup_database_sql)
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "ctxapp.channel_layer.PostgresChannelLayer",
+            "CONFIG": {
+                **connection.settings_dict,
+                "TIME_ZONE": None,
+                "prefix": f"{settings.QUEUE_PREFIX}_asgi",
+            },
+        }
+    }
+    session = svc.session_create(tenant=tenant_a, agent_external_id="live")
+    svc.messages_append(
+        tenant=tenant_a, session=session, items=[svc.MessageInput(role="user", content="warm")]
+    )
+
+    def appended_statements(text: str) -> list[str]:
+        with CaptureQueriesContext(connection) as queries:
+            svc.messages_append(
+                tenant=tenant_a, session=session, items=[svc.MessageInput(role="user", content=text)]
+            )
+        return [q["sql"] for q in queries.captured_queries if "channels_postgres_message" in q["sql"]]
+
+    assert appended_statements("nobody watches") == []
+    layer = get_channel_layer()
+    received: list[dict[str, Any]] = []
+
+    async def watch() -> None:
+        page = await layer.new_channel()
+        await layer.group_add(broadcast.tenant_group(tenant_a.pk), page)
+        sent = await asyncio.to_thread(appended_statements_closing, "someone watches")
+        assert len(sent) == 1
+        received.append(await asyncio.wait_for(layer.receive(page), 10))
+
+    def appended_statements_closing(text: str) -> list[str]:
+        try:
+            return appended_statements(text)
+        finally:
+            connection.close()
+
+    async def main() -> None:
+        try:
+            await watch()
+        finally:
+            await layer.close()
+
+    asyncio.run(main())
+    assert [e["type"] for e in received[0]["events"]] == ["message.added"]

@@ -9,6 +9,7 @@ PostgreSQL every round trip costs milliseconds (docs/benchmarks.md, "Against the
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -128,12 +129,13 @@ r AS (
 SELECT s.*, (SELECT array_agg(id ORDER BY seq) FROM m), (SELECT array_agg(id ORDER BY seq) FROM e),
     (SELECT min(seq) FROM e),
     COALESCE((SELECT rounds FROM r), (SELECT rounds FROM {rounds} WHERE session_id = s.id)),
-    EXISTS (SELECT 1 FROM {facts} WHERE session_id = s.id)
+    EXISTS (SELECT 1 FROM {facts} WHERE session_id = s.id), {listeners}
 FROM s
 """
 
 
-def _append_sql(match: str) -> str:
+@functools.cache
+def _append_sql(match: str, listeners: str = "true") -> str:
     returning = ", ".join(
         [f"s.{column}" for column in _SESSION_COLUMNS]
         + [f"a.{column} AS a_{column}" for column in _AGENT_COLUMNS]
@@ -147,13 +149,14 @@ def _append_sql(match: str) -> str:
         rounds=FactRoundCounter._meta.db_table,
         facts=TrackedFact._meta.db_table,
         match=match,
+        listeners=listeners,
         returning=returning,
         touch=f"s.last_accessed_at <= %(now)s - interval '{TOUCH_SECONDS} second'",
     )
 
 
-_APPEND_BY_PK = _append_sql("s.id = %(session)s")
-_APPEND_BY_PUBLIC_ID = _append_sql("s.public_id = %(session)s")
+_BY_PK = "s.id = %(session)s"
+_BY_PUBLIC_ID = "s.public_id = %(session)s"
 
 
 _new_event_id = Event._meta.get_field("public_id").get_default
@@ -216,6 +219,7 @@ class _Appended:
     first_event_seq: int
     rounds: int | None
     has_facts: bool
+    listened: bool  # a dashboard of the tenant listens (or the channel layer cannot tell)
 
 
 def _appended(row: tuple[Any, ...]) -> _Appended:
@@ -226,9 +230,15 @@ def _appended(row: tuple[Any, ...]) -> _Appended:
     session.agent = Agent.from_db(
         connection.alias, [f.attname for f in Agent._meta.concrete_fields], row[sessions : sessions + agents]
     )
-    message_ids, event_ids, first_event_seq, rounds, has_facts = row[sessions + agents + 2 :]
+    message_ids, event_ids, first_event_seq, rounds, has_facts, listened = row[sessions + agents + 2 :]
     return _Appended(
-        session, list(message_ids), list(event_ids), int(first_event_seq), rounds, bool(has_facts)
+        session,
+        list(message_ids),
+        list(event_ids),
+        int(first_event_seq),
+        rounds,
+        bool(has_facts),
+        bool(listened),
     )
 
 
@@ -260,19 +270,29 @@ def messages_append(
     params = _params(tenant=tenant, items=items, counts=counts, now=now)
     public_id = session.public_id if session is not None else str(session_id)
     params["session"] = session.pk if session is not None else session_id
+    match = _BY_PK if session is not None else _BY_PUBLIC_ID
+    # With no dashboard open, a live update's whole cost was its own round trip after the commit
+    # (a quarter of an in-process append): the statement asks whether a page listens.
+    listeners = broadcast.listeners_sql(tenant.pk)
+    if listeners is None:  # the channel layer cannot be asked in SQL: always send
+        statement = _append_sql(match)
+    else:
+        statement = _append_sql(match, listeners[0])
+        params["channel_group_key"] = listeners[1]
     # savepoint=False: no SAVEPOINT/RELEASE round trips inside the caller's transaction. Safe
     # because nothing here raises after a write except a database error, which aborts the
     # whole PostgreSQL transaction anyway; SessionEnded is raised after the block, unwritten.
     messages: list[Message] = []
     with transaction.atomic(savepoint=False):
         with prepared_cursor() as cursor:
-            cursor.execute(_APPEND_BY_PK if session is not None else _APPEND_BY_PUBLIC_ID, params)
+            cursor.execute(statement, params)
             row = cursor.fetchone()
         if row is not None:
             appended = _appended(row)
             current = _session_refreshed(session, appended.session)
             messages = _messages(tenant, current, items, counts, params, appended)
-            _events_broadcast(tenant, current, messages, params, appended)
+            if appended.listened:
+                _events_broadcast(tenant, current, messages, params, appended)
             decay.facts_observe_messages(
                 tenant=tenant,
                 session=current,
