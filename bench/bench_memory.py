@@ -98,6 +98,20 @@ def http_search_times(
     return out
 
 
+def backend_cpu_ms() -> float:
+    """CPU time of this connection's PostgreSQL backend so far (/proc; NaN where unreadable)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
 def explain_search(fn: Callable[[str], object], question: str) -> None:
     """EXPLAIN (ANALYZE, BUFFERS) of every SELECT one search runs (after one untimed run)."""
     from django.db import connection
@@ -335,7 +349,9 @@ def main() -> None:
         whole = lambda q: memory_search(tenant=big, query=q, kinds=["message"])  # noqa: E731
         explain_search(whole, questions[1])
         profile_search(whole, questions)
+    cpu_started = (time.process_time(), backend_cpu_ms())
     tenant_search = timed(lambda q: memory_search(tenant=big, query=q, kinds=["message"]))
+    tenant_cpu = ((time.process_time() - cpu_started[0]) * 1000, backend_cpu_ms() - cpu_started[1])
     for q in questions[:3]:
         context_build(tenant=big, session=target, next_input=q)
     big_build = timed(lambda q: context_build(tenant=big, session=target, next_input=q))
@@ -346,6 +362,10 @@ def main() -> None:
     print(f"\n{n} messages in the big tenant; {len(questions)} queries each; query embedding included")
     print(row("memory_search, scope one user (1,000 messages)", user_search))
     print(row(f"memory_search, scope whole tenant ({n} messages)", tenant_search))
+    print(
+        f"  CPU per whole-tenant search: this process {tenant_cpu[0] / len(questions):.1f} ms (query "
+        f"embedding included), its PostgreSQL backend {tenant_cpu[1] / len(questions):.1f} ms"
+    )
     print(row("context_build + recall, tenant of 100 messages", small_build))
     print(row(f"context_build + recall, user of the {n}-message tenant", big_build))
     print(f"ratio of build p50s: {statistics.median(big_build) / statistics.median(small_build):.2f}")

@@ -24,7 +24,7 @@ from memory.services.memory_search.scope import SearchScope
 from memory.services.memory_search.sql import (
     MessageCandidate,
     ScopeWhere,
-    fetch_rows,
+    fetch_prepared,
     terms_or_query,
     vector_literal,
 )
@@ -75,6 +75,30 @@ def _lexical_queries(counts: dict[str, int | None]) -> tuple[str, str]:
     return " | ".join(visit + pairs), rank_by
 
 
+# Both statements return a message's row in this shape (`_row_candidate`): occurred_at as
+# microseconds since the epoch, exact and ~20x cheaper to load than a timestamptz in text format
+# (2.7 ms of a whole-tenant search for ~270 rows).
+_ROW_COLUMNS = (
+    "m.id, s.public_id, m.seq, m.name, m.content, (extract(epoch FROM m.occurred_at) * 1000000)::bigint"
+)
+
+
+def _row_candidate(row: tuple[Any, ...], dense: float | None) -> MessageCandidate:
+    pk, session_public_id, seq, name, content, micros = row[:6]
+    occurred_at = _EPOCH + timedelta(microseconds=micros)
+    return MessageCandidate(
+        key=f"message:{pk}",
+        kind="message",
+        text=ranking.index_text(content=content, speaker=name or None, occurred_at=occurred_at),
+        group=session_public_id,
+        position=int(seq),
+        occurred_at=occurred_at,
+        dense=dense,
+        speaker=name,
+        content=content,
+    )
+
+
 def _message_candidates(
     *,
     where: ScopeWhere,
@@ -83,74 +107,91 @@ def _message_candidates(
     plan: ranking.Plan,
     counts: dict[str, int | None],
 ) -> list[ranking.Candidate]:
-    table = Message._meta.db_table
-    sessions_table = Session._meta.db_table
-    lexical_ids: list[int] = []
-    visit, rank_by = _lexical_queries(counts)
-    if visit:
-        lexical_ids = [
-            r[0]
-            for r in fetch_rows(
-                f"SELECT m.id FROM {table} m, to_tsquery(%s::regconfig, %s) v, "
-                f"to_tsquery(%s::regconfig, %s) q WHERE {where.where} AND m.search_vector @@ v "
-                f"ORDER BY ts_rank_cd(m.search_vector, q) DESC, m.id LIMIT %s",
-                [config, visit, config, rank_by, *where.params, LARGE_POOL_LEXICAL],
-            )
-        ]
-    # The query's vector is needed from here on: its thread has had the lexical pool's time.
-    vector = vector_source()
-    if vector is None and not lexical_ids:
-        return []
+    """The bounded pool of a large scope in two statements: the lexical pool with its neighbours'
+    rows, built and tokenised while the query's embedding is still being computed on its own
+    thread; then the dense pool with its neighbours' rows and every candidate's cosine."""
     radius = plan.neighbour_radius if plan.neighbour_weight > 0 else 0
-    # One statement: the dense pool (HNSW), the union with the lexical one, the neighbours of the
-    # best LARGE_POOL_SEEDS of each (by the (session, seq) index, one nested-loop probe per seed:
-    # an EXISTS in the WHERE clause would be evaluated for every row of the scope), their rows.
-    dense, dense_params = "SELECT NULL::bigint[] AS ids", []
-    cosine, cosine_params = "NULL::float8", []
+    found = _lexical_pool(where=where, config=config, counts=counts, radius=radius)
+    ranking.messages_prepare([candidate.text for candidate in found.values()])
+    vector = vector_source()
     if vector is not None:
-        _configure_hnsw()
-        literal = vector_literal(vector)
-        dense = (
-            "SELECT array_agg(d.id ORDER BY d.distance, d.id) AS ids FROM (SELECT m.id, "
-            f"m.embedding <=> %s::vector AS distance FROM {table} m WHERE {where.where} "
-            "AND m.embedding IS NOT NULL ORDER BY m.embedding <=> %s::vector LIMIT %s) d"
+        _dense_pool(where=where, vector=vector, radius=radius, found=found)
+    return list(found.values())
+
+
+def _lexical_pool(
+    *, where: ScopeWhere, config: str, counts: dict[str, int | None], radius: int
+) -> dict[int, MessageCandidate]:
+    """Message id → candidate (no cosine yet) of the best LARGE_POOL_LEXICAL rows by ts_rank_cd
+    and the turns within `radius` of the best LARGE_POOL_SEEDS of them (by the (session, seq)
+    index, one nested-loop probe per seed: an EXISTS in the WHERE clause would be evaluated for
+    every row of the scope)."""
+    visit, rank_by = _lexical_queries(counts)
+    if not visit:
+        return {}
+    table = Message._meta.db_table
+    chosen = "SELECT l.id FROM lexical l"
+    chosen_params: list[Any] = []
+    if radius:
+        chosen += (
+            f" UNION SELECT near.id FROM (SELECT l.session_id, l.seq FROM lexical l "
+            f"ORDER BY l.rank DESC, l.id LIMIT {LARGE_POOL_SEEDS:d}) seed JOIN {table} near "
+            "ON near.session_id = seed.session_id AND near.seq BETWEEN seed.seq - %s AND seed.seq + %s"
         )
-        dense_params = [literal, *where.params, literal, LARGE_POOL_DENSE]
-        cosine, cosine_params = "1 - (m.embedding <=> %s::vector)", [literal]
-    chosen = "SELECT unnest(coalesce(d.ids, '{}') || %s::bigint[]) FROM dense d"
-    chosen_params: list[Any] = [lexical_ids]
+        chosen_params += [radius, radius]
+    rows = fetch_prepared(
+        f"WITH lexical AS MATERIALIZED (SELECT m.id, m.session_id, m.seq, "
+        f"ts_rank_cd(m.search_vector, q) AS rank FROM {table} m, to_tsquery(%s::regconfig, %s) v, "
+        f"to_tsquery(%s::regconfig, %s) q WHERE {where.where} AND m.search_vector @@ v "
+        f"ORDER BY rank DESC, m.id LIMIT {LARGE_POOL_LEXICAL:d}) "
+        f"SELECT {_ROW_COLUMNS} FROM {table} m JOIN {Session._meta.db_table} s ON s.id = m.session_id "
+        f"WHERE {where.where} AND m.id IN ({chosen})",
+        [config, visit, config, rank_by, *where.params, *where.params, *chosen_params],
+    )
+    return {row[0]: _row_candidate(row, None) for row in rows}
+
+
+def _dense_pool(
+    *, where: ScopeWhere, vector: np.ndarray, radius: int, found: dict[int, MessageCandidate]
+) -> None:
+    """Add to `found` the best LARGE_POOL_DENSE rows by cosine (HNSW) and the turns within
+    `radius` of the best LARGE_POOL_SEEDS of them, and give every candidate its cosine. One
+    statement: the rows already in `found` come back as their cosine alone."""
+    table = Message._meta.db_table
+    _configure_hnsw()
+    literal = vector_literal(vector)
+    known = list(found)
+    chosen = "SELECT unnest(d.ids) FROM dense d"
+    chosen_params: list[Any] = []
     if radius:
         chosen += (
             f" UNION SELECT near.id FROM dense d, {table} seed JOIN {table} near "
             "ON near.session_id = seed.session_id AND near.seq BETWEEN seed.seq - %s AND seed.seq + %s "
-            "WHERE seed.id = ANY(coalesce(d.ids[1:%s], '{}') || %s::bigint[])"
+            f"WHERE seed.id = ANY(d.ids[1:{LARGE_POOL_SEEDS:d}])"
         )
-        chosen_params += [radius, radius, LARGE_POOL_SEEDS, lexical_ids[:LARGE_POOL_SEEDS]]
-    rows = fetch_rows(
-        f"WITH dense AS MATERIALIZED ({dense}) "
-        # occurred_at as microseconds since the epoch: exact, and ~20x cheaper to load than a
-        # timestamptz in text format (2.7 ms of a whole-tenant search for ~270 rows).
-        f"SELECT m.id, s.public_id, m.seq, m.name, m.content, "
-        f"(extract(epoch FROM m.occurred_at) * 1000000)::bigint, {cosine} "
-        f"FROM {table} m JOIN {sessions_table} s ON s.id = m.session_id "
-        f"WHERE {where.where} AND m.id IN ({chosen})",
-        [*dense_params, *cosine_params, *where.params, *chosen_params],
-    )
-    return [
-        MessageCandidate(
-            key=f"message:{pk}",
-            kind="message",
-            text=ranking.index_text(content=content, speaker=name or None, occurred_at=occurred_at),
-            group=session_public_id,
-            position=int(seq),
-            occurred_at=occurred_at,
-            dense=None if cos is None else float(cos),
-            speaker=name,
-            content=content,
-        )
-        for pk, session_public_id, seq, name, content, micros, cos in rows
-        for occurred_at in [_EPOCH + timedelta(microseconds=micros)]
-    ]
+        chosen_params += [radius, radius]
+    rows = fetch_prepared(
+        "WITH dense AS MATERIALIZED (SELECT coalesce(array_agg(d.id ORDER BY d.distance, d.id), '{}') "
+        f"AS ids FROM (SELECT m.id, m.embedding <=> %s::vector AS distance FROM {table} m "
+        f"WHERE {where.where} AND m.embedding IS NOT NULL ORDER BY m.embedding <=> %s::vector "
+        f"LIMIT {LARGE_POOL_DENSE:d}) d) "
+        f"SELECT {_ROW_COLUMNS}, 1 - (m.embedding <=> %s::vector) FROM {table} m "
+        f"JOIN {Session._meta.db_table} s ON s.id = m.session_id "
+        f"WHERE {where.where} AND m.id IN ({chosen}) AND m.id <> ALL(%s::bigint[]) "
+        "UNION ALL SELECT m.id, NULL, NULL, NULL, NULL, NULL, 1 - (m.embedding <=> %s::vector) "
+        f"FROM {table} m WHERE m.id = ANY(%s::bigint[])",
+        [
+            literal, *where.params, literal,
+            literal, *where.params, *chosen_params, known,
+            literal, known,
+        ],
+    )  # fmt: skip
+    for row in rows:
+        dense = None if row[6] is None else float(row[6])
+        if row[1] is None:
+            found[row[0]].dense = dense
+        else:
+            found[row[0]] = _row_candidate(row, dense)
 
 
 def _text_rows_matching(queryset: Any, *, text_sql: str, query: str, config: str, limit: int) -> Any:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from itertools import islice, zip_longest
 
@@ -85,31 +87,41 @@ def memory_search(
 class QueryVector:
     """The query's embedding, computed on a thread of its own from the start of a search: the
     model (onnxruntime) releases the GIL, so it overlaps the scope's SQL and the lexical pool.
-    `get()` waits for it: the unit vector, or None when the embedder is unavailable."""
+    `get()` waits for it: the unit vector, or None when the embedder is unavailable. The threads
+    are kept (starting one cost ~1 ms of a search's wall time on a busy machine)."""
 
     def __init__(self, query: str) -> None:
-        self._vector: np.ndarray | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(query,), name="query-embedding", daemon=True)
-        self._thread.start()
-
-    def _run(self, query: str) -> None:
-        try:
-            _, self._vector = embed_query(query)
-        except BaseException as exc:  # handed to the searching thread by get()
-            self._error = exc
+        self._future = _embedding_pool().submit(embed_query, query)
 
     def get(self) -> np.ndarray | None:
-        self._thread.join()
-        if self._error is not None and not isinstance(self._error, EmbedderError):
-            raise self._error
-        return self._vector
+        try:
+            return self._future.result()[1]
+        except EmbedderError:
+            return None
 
     def warnings(self) -> list[str]:
-        self.get()
-        if isinstance(self._error, EmbedderError):
-            return [f"The embedder is unavailable ({self._error}); results are ranked by words only."]
+        error = self._future.exception()
+        if isinstance(error, EmbedderError):
+            return [f"The embedder is unavailable ({error}); results are ranked by words only."]
         return []
+
+
+QUERY_EMBEDDING_THREADS = 4  # concurrent searches of one process embedding their queries at once
+_embedding_pools: dict[int, ThreadPoolExecutor] = {}
+_embedding_pools_lock = threading.Lock()
+
+
+def _embedding_pool() -> ThreadPoolExecutor:
+    # Threads do not survive a fork (Celery's prefork children): one pool per process.
+    with _embedding_pools_lock:
+        pool = _embedding_pools.get(os.getpid())
+        if pool is None:
+            pool = ThreadPoolExecutor(
+                max_workers=QUERY_EMBEDDING_THREADS, thread_name_prefix="query-embedding"
+            )
+            _embedding_pools.clear()
+            _embedding_pools[os.getpid()] = pool
+        return pool
 
 
 def _rank_by_kind(

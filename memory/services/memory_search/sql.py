@@ -10,7 +10,9 @@ import numpy as np
 from django.db import connection
 
 from memory.models import Tenant
+from memory.prepared import prepared_cursor
 from memory.services import ranking
+from memory.services.embedding import EMBEDDING_DIMENSIONS
 
 
 @dataclass
@@ -19,7 +21,13 @@ class MessageCandidate(ranking.Candidate):
     content: str = ""
 
 
+_VECTOR_LITERAL = "[" + ",".join(["%.7g"] * EMBEDDING_DIMENSIONS) + "]"
+
+
 def vector_literal(vector: np.ndarray) -> str:
+    """pgvector's text form of the query's vector (7 significant digits), formatted in one step."""
+    if vector.shape == (EMBEDDING_DIMENSIONS,):
+        return _VECTOR_LITERAL % tuple(vector.tolist())
     return "[" + ",".join(f"{x:.7g}" for x in vector.tolist()) + "]"
 
 
@@ -59,6 +67,14 @@ class ScopeWhere:
 
 def fetch_rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+
+
+def fetch_prepared(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """`fetch_rows` for a statement a search runs every time: prepared once per connection
+    (memory/prepared.py), so PostgreSQL does not parse and plan it again on every search."""
+    with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         return list(cursor.fetchall())
 
