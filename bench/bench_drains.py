@@ -16,7 +16,8 @@ database, polled under a deadline.
     task has its experience and every experience is embedded.
 
 For each: rows, seconds, rows/s, and the jobs the worker ran (job intents written, runs, rows per
-run). The texts are LoCoMo dev-set turns (real, varied sentences), so reconcile's neighbour
+run), and the CPU each process spent per row (worker, uvicorn, PostgreSQL, this client): on a
+shared machine the rows/s move with the load, CPU milliseconds per row much less. The texts are LoCoMo dev-set turns (real, varied sentences), so reconcile's neighbour
 merges happen as they would in use.
 """
 
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,55 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> tuple[int, float]:
+    """(parent pid, CPU seconds of `pid` and its reaped children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[1]), sum(int(x) for x in fields[11:15]) / _TICK
+
+
+def cpu_seconds(root: int) -> float:
+    """CPU seconds spent by process `root` and its descendants (live or reaped). Linux only."""
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stats[int(entry.name)] = _proc_stat(int(entry.name))
+    total, frontier = 0.0, [root]
+    while frontier:
+        pid = frontier.pop()
+        total += stats.get(pid, (0, 0.0))[1]
+        frontier.extend(child for child, (parent, _) in stats.items() if parent == pid)
+    return total
+
+
+class CpuMeter:
+    """CPU seconds per component between `start()` and `read()`: {name: seconds}."""
+
+    def __init__(self, roots: dict[str, int]) -> None:
+        self.roots = roots
+        self.started: dict[str, float] = {}
+
+    def start(self) -> None:
+        self.started = self._now()
+
+    def read(self) -> dict[str, float]:
+        now = self._now()
+        return {name: now[name] - self.started[name] for name in now}
+
+    def _now(self) -> dict[str, float]:
+        own = os.times()
+        return {
+            **{name: cpu_seconds(pid) for name, pid in self.roots.items()},
+            "client": own.user + own.system,
+        }
+
+
+METER: CpuMeter | None = None
+
+
 def wait_until(done: Any, deadline_s: float, what: str) -> float:
     """Poll `done()` every 50 ms until true; return the time it became true. Raise after the deadline."""
     deadline = time.perf_counter() + deadline_s
@@ -123,7 +174,7 @@ async def write_experiences(base: str, secret: str, pairs: list[tuple[str, str]]
 
         async def bulks() -> None:
             for start in range(0, len(bulk), 100):
-                items = [
+                items: list[Mapping[str, Any]] = [
                     {"problem": p, "solution": s, "confidence": 0.6} for p, s in bulk[start : start + 100]
                 ]
                 await api.experiences_create_bulk(items)
@@ -140,6 +191,8 @@ def part_experiences(base: str, secret: str, tenant_pk: int, n: int, deadline: f
 
     pairs = sentences(n, offset=0)
     mark = last_intent()
+    if METER:
+        METER.start()
     started = time.perf_counter()
     asyncio.run(write_experiences(base, secret, pairs))
     written = time.perf_counter()
@@ -155,6 +208,7 @@ def part_experiences(base: str, secret: str, tenant_pk: int, n: int, deadline: f
         "write_s": written - started,
         "total_s": finished - started,
         "jobs": job_counts("experiences.embed", mark),
+        "cpu": METER.read() if METER else {},
     }
 
 
@@ -184,6 +238,8 @@ def part_distill(base: str, secret: str, tenant_pk: int, n: int, deadline: float
     pairs = sentences(n, offset=4000)
     mark = last_intent()
     marks: dict[str, float] = {}
+    if METER:  # (includes the task creation before the PATCHes, a small share)
+        METER.start()
     asyncio.run(write_tasks(base, secret, pairs, marks))
     written = time.perf_counter()
     rows = Experience.objects.filter(tenant_id=tenant_pk, source_task__isnull=False)
@@ -201,6 +257,7 @@ def part_distill(base: str, secret: str, tenant_pk: int, n: int, deadline: float
         "write_s": written - marks["finish"],
         "total_s": finished - marks["finish"],
         "jobs": {"distill": job_counts("task.distill", mark), "embed": job_counts("experiences.embed", mark)},
+        "cpu": METER.read() if METER else {},
     }
 
 
@@ -217,6 +274,15 @@ def report(result: dict[str, Any]) -> None:
         ),
         flush=True,
     )
+    if result["cpu"]:
+        rows = max(1, result["rows"])
+        total = sum(result["cpu"].values())
+        print(
+            f"{'':<40} CPU ms per row: "
+            + ", ".join(f"{name} {seconds * 1000 / rows:.1f}" for name, seconds in result["cpu"].items())
+            + f"; total {total * 1000 / rows:.1f} ({total / result['total_s']:.2f} cores busy)",
+            flush=True,
+        )
 
 
 def main() -> int:
@@ -254,6 +320,9 @@ def main() -> int:
     server = start_server(port, 1, "ctxapp.settings")
     worker = start_worker(settings.CELERY_TASK_DEFAULT_QUEUE)
     base = f"http://127.0.0.1:{port}"
+    global METER
+    postmaster = int((data_dir / "pg" / "postmaster.pid").read_text().split()[0])
+    METER = CpuMeter({"worker": worker.pid, "uvicorn": server.pid, "postgres": postmaster})
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
         f"uvicorn (1 process) + ONE Celery worker (solo), broker {'Redis' if settings.REDIS_URL else 'PostgreSQL'}, "

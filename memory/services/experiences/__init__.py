@@ -26,7 +26,8 @@ The package, lowest layer first (each module imports only those above it, all at
   row, provenance, event payloads, the exact-duplicate merge (no writes);
 - `queue`: the coalesced embedding job intent of the current transaction;
 - `reconcile`: merge and supersede, and what an embedded row does with its nearest neighbour;
-- `create`: experience_create; `bulk`: experiences_create_bulk (check, duplicates, plan, write);
+- `create`: experience_create; `bulk`: experiences_create_bulk and experiences_create_sourced (a
+  distillation run's records: check, duplicates, plan, write);
 - `promotion`: experiences_promote (into experience_create);
 - `embed`: the embedding job body, failures, retries, lost jobs; `reembed`: re-embedding now;
 - `feedback`: use and outcome reports; `policy`: the tenant's policy; `retention`: delete, evict.
@@ -42,7 +43,7 @@ capabilities:
   or outside a transaction (it opens its own atomic block).
 """
 
-from memory.services.experiences.bulk import experiences_create_bulk
+from memory.services.experiences.bulk import Source, experiences_create_bulk, experiences_create_sourced
 from memory.services.experiences.create import experience_create
 from memory.services.experiences.embed import (
     experiences_embed,
@@ -91,6 +92,7 @@ __all__ = [
     "CreateResult",
     "DeleteResult",
     "ReembedResult",
+    "Source",
     "experience_create",
     "experience_delete",
     "experience_feedback",
@@ -101,6 +103,7 @@ __all__ = [
     "experience_policy_update",
     "experience_supersede",
     "experiences_create_bulk",
+    "experiences_create_sourced",
     "experiences_embed",
     "experiences_evict",
     "experiences_evict_all",

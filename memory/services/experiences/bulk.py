@@ -1,4 +1,6 @@
-"""Creating up to CTXAPP_EXPERIENCES_BULK_MAX experiences in one call, all or nothing."""
+"""Creating many experiences in one transaction: the API's bulk call (up to
+CTXAPP_EXPERIENCES_BULK_MAX, all or nothing) and a distillation run's records, each with its own
+source (`experiences_create_sourced`)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,17 @@ from memory.services.experiences.records import BulkItem, CreateResult, Draft
 Identity = tuple[str, str, str, str, str]
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where one experience comes from: how it was extracted, and from which task, session and
+    messages (its provenance entry; the session is its events' stream)."""
+
+    method: str = ExtractionMethod.MANUAL
+    task: Task | None = None
+    session: Session | None = None
+    message_seqs: list[int] | None = None
+
+
 @dataclass
 class _BulkPlan:
     """What a bulk create writes: new rows, existing rows that absorbed a duplicate, and events."""
@@ -26,7 +39,8 @@ class _BulkPlan:
     results: list[CreateResult] = field(default_factory=list)
     new_rows: list[Experience] = field(default_factory=list)
     touched: dict[int, Experience] = field(default_factory=dict)  # existing rows that absorbed one
-    merged_payloads: list[dict[str, Any]] = field(default_factory=list)
+    # The events in item order, as runs of one session (the stream): (session, [(type, payload)]).
+    events: list[tuple[Session | None, list[tuple[str, dict[str, Any]]]]] = field(default_factory=list)
 
 
 def experiences_create_bulk(
@@ -43,14 +57,30 @@ def experiences_create_bulk(
     Returns one result per item, in order.
     """
     _bulk_check(items)
-    source_session = source_task.session if source_task is not None and source_task.session_id else None
-    drafts = [records.draft_of(item) for item in items]
+    session = source_task.session if source_task is not None and source_task.session_id else None
+    source = Source(task=source_task, session=session)
+    return _create_many(tenant=tenant, items=[(item, source) for item in items], bulk=True)
+
+
+def experiences_create_sourced(*, tenant: Tenant, items: list[tuple[BulkItem, Source]]) -> list[CreateResult]:
+    """Create experiences of several sources (a distillation run's tasks) in one go.
+
+    The same outcome, per item and in order, as `experience_create` called once per item
+    (exact duplicates — stored or earlier in the list — merge; the same one from the same task
+    and method is "unchanged"), with the same `experience.created` / `experience.merged` events
+    on each source's session stream; written with one locked duplicate read, one multi-row
+    INSERT, one event INSERT per stream and coalesced embedding jobs. The items are not checked
+    (extractors produce valid ones). Call inside a transaction or not (it opens its own).
+    """
+    return _create_many(tenant=tenant, items=items, bulk=False) if items else []
+
+
+def _create_many(*, tenant: Tenant, items: list[tuple[BulkItem, Source]], bulk: bool) -> list[CreateResult]:
+    drafts = [(records.draft_of(item), source) for item, source in items]
     with transaction.atomic():
-        canonical = _stored_duplicates(tenant=tenant, drafts=drafts)
-        plan = _bulk_plan(
-            tenant=tenant, drafts=drafts, canonical=canonical, source_task=source_task, session=source_session
-        )
-        _bulk_write(tenant=tenant, plan=plan, session=source_session)
+        canonical = _stored_duplicates(tenant=tenant, drafts=[draft for draft, _ in drafts])
+        plan = _bulk_plan(tenant=tenant, drafts=drafts, canonical=canonical, bulk=bulk)
+        _bulk_write(tenant=tenant, plan=plan)
     return plan.results
 
 
@@ -95,25 +125,28 @@ def _stored_duplicates(*, tenant: Tenant, drafts: list[Draft]) -> dict[Identity,
 def _bulk_plan(
     *,
     tenant: Tenant,
-    drafts: list[Draft],
+    drafts: list[tuple[Draft, Source]],
     canonical: dict[Identity, Experience],
-    source_task: Task | None,
-    session: Session | None,
+    bulk: bool,
 ) -> _BulkPlan:
     """Decide each draft's outcome in order; a later duplicate within the call merges into an earlier one."""
     plan = _BulkPlan()
-    for draft in drafts:
-        entry = records.provenance_entry(method=ExtractionMethod.MANUAL, task=source_task, session=session)
+    events: list[tuple[Session | None, str, Experience | dict[str, Any]]] = []
+    for draft, source in drafts:
+        entry = records.provenance_entry(
+            method=source.method, task=source.task, session=source.session, message_seqs=source.message_seqs
+        )
         target = canonical.get(draft.identity) if draft.item.merge else None
         if target is None:
             row = records.row_new(
-                tenant=tenant, draft=draft, extraction_method=ExtractionMethod.MANUAL,
-                source_task=source_task, source_session=session, entry=entry,
+                tenant=tenant, draft=draft, extraction_method=source.method,
+                source_task=source.task, source_session=source.session, entry=entry,
             )  # fmt: skip
             plan.new_rows.append(row)
             if draft.item.merge:
                 canonical[draft.identity] = row  # a later duplicate in this call merges into it
             plan.results.append(CreateResult(row, "created"))
+            events.append((source.session, "experience.created", row))
         elif records.same_source(target, entry):
             plan.results.append(CreateResult(target, "unchanged"))
         else:
@@ -121,23 +154,26 @@ def _bulk_plan(
             if target.pk is not None:
                 plan.touched[target.pk] = target
             payload = records.event_payload(target, similarity=1.0, merged="exact duplicate")
-            plan.merged_payloads.append(payload)
+            events.append((source.session, "experience.merged", payload))
             plan.results.append(CreateResult(target, "merged"))
+    if bulk:  # one source: its `created` events first, then the `merged` ones (as always recorded)
+        events.sort(key=lambda event: event[1] != "experience.created")  # stable
+    extra = {"bulk": True} if bulk else {}
+    for session, kind, subject in events:
+        payload = records.created_payload(subject, **extra) if isinstance(subject, Experience) else subject
+        if plan.events and plan.events[-1][0] == session:
+            plan.events[-1][1].append((kind, payload))
+        else:  # the next run of events of one session: one statement, the item order kept
+            plan.events.append((session, [(kind, payload)]))
     return plan
 
 
-def _bulk_write(*, tenant: Tenant, plan: _BulkPlan, session: Session | None) -> None:
-    """One multi-row INSERT, the absorbing rows' updates, the events, and the embedding jobs."""
+def _bulk_write(*, tenant: Tenant, plan: _BulkPlan) -> None:
+    """One multi-row INSERT, the absorbing rows' updates, the events (one statement per run of one
+    session), and the embedding jobs."""
     Experience.objects.bulk_create(plan.new_rows)
     for row in plan.touched.values():
         row.save(update_fields=records.EXACT_MERGE_FIELDS)
-    recorder.event_append_many(
-        tenant=tenant,
-        type="experience.created",
-        session=session,
-        payloads=[records.created_payload(row, bulk=True) for row in plan.new_rows],
-    )
-    recorder.event_append_many(
-        tenant=tenant, type="experience.merged", session=session, payloads=plan.merged_payloads
-    )
+    for session, entries in plan.events:
+        recorder.events_append(tenant=tenant, entries=entries, session=session)
     embedding_enqueue([row.pk for row in plan.new_rows])

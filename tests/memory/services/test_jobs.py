@@ -185,3 +185,22 @@ def test_every_kind_runs_where_its_task_runs() -> None:
     # sends intents to its task by name.
     assert set(jobs.HANDLERS) == jobs.KINDS
     assert job_tasks.job_run_task.name == jobs.JOB_RUN_TASK
+
+
+def test_a_thread_sends_on_one_kept_broker_connection() -> None:
+    jobs._producer_drop()
+    assert jobs.tasks_send(jobs.JOB_RUN_TASK, [(0,), (0,)]) == 2  # (intent 0 does not exist)
+    kept = jobs._producers.entry
+    assert kept is not None
+    assert jobs.tasks_send(jobs.JOB_RUN_TASK, [(0,)]) == 1
+    assert jobs._producers.entry is kept  # no new connection, no new queue declaration
+    jobs._producer_drop()
+    assert jobs._producers.entry is None
+
+
+def test_a_broker_that_is_down_keeps_no_connection_and_answers_at_once(broker_down: None) -> None:
+    jobs._producer_drop()
+    started = timezone.now()
+    assert jobs.tasks_send(jobs.JOB_RUN_TASK, [(0,), (0,)]) == 0
+    assert jobs._producers.entry is None  # the next send tries a fresh connection
+    assert (timezone.now() - started).total_seconds() < 3  # not Kombu's ~6 s of retries
