@@ -173,13 +173,13 @@ class PostgresChannelLayer(core.PostgresChannelLayer):
         self.require_valid_group_name(group)
         await self.django_db.send_to_channel(self._group_key(group), self.serialize(message), self.expiry)
 
-    def members_sql(self, group: str) -> tuple[str, str]:
-        """Whether `group` has a live member now, as a boolean SQL expression over one named
-        parameter, `channel_group_key`, and that parameter's value. A write asks it inside its own
+    def members_sql(self, group: str, placeholder: str = "%s") -> tuple[str, str]:
+        """Whether `group` has a live member now: a boolean SQL expression with one parameter
+        (written as `placeholder`), and that parameter's value. A write asks it inside its own
         statement and skips its send when no page listens (the round trip of the send is most of
         the live update's cost)."""
         self.require_valid_group_name(group)
-        return _MEMBERS, self._group_key(group)
+        return _MEMBERS.replace("%(channel_group_key)s", placeholder), self._group_key(group)
 
     def group_send_sync(self, connection: Any, group: str, message: dict[str, Any]) -> None:
         """`group_send` from synchronous code, in ONE statement on Django's `connection` (to the

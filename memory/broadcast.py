@@ -50,10 +50,10 @@ def on_commit(tenant_id: int, item: dict[str, Any]) -> None:
     live_updates.add((tenant_id, item))
 
 
-def listeners_sql(tenant_id: int) -> tuple[str, str] | None:
+def listeners_sql(tenant_id: int, placeholder: str = "%s") -> tuple[str, str] | None:
     """Whether the tenant's dashboards listen, for a write to ask inside its own statement: a
-    boolean SQL expression over the named parameter `channel_group_key` and that parameter's value.
-    None when the channel layer cannot be asked in SQL (Redis, none): then the write sends.
+    boolean SQL expression with one parameter (written as `placeholder`) and that parameter's
+    value. None when the channel layer cannot be asked in SQL (Redis, none): then the write sends.
 
     A write that finds no listener skips its send. A page that joins between that statement and
     its commit misses this one update and catches up as after any missed update: the next event
@@ -61,7 +61,7 @@ def listeners_sql(tenant_id: int) -> tuple[str, str] | None:
     """
     layer = get_channel_layer()
     members_sql = getattr(layer, "members_sql", None)
-    return None if members_sql is None else members_sql(tenant_group(tenant_id))
+    return None if members_sql is None else members_sql(tenant_group(tenant_id), placeholder)
 
 
 def use_loop(loop: asyncio.AbstractEventLoop) -> None:

@@ -13,12 +13,14 @@ import psycopg
 import pytest
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from ctxapp.channel_layer import PostgresChannelLayer
 from memory import broadcast
+from memory.services import cognition, recorder
 from memory.services import sessions as svc
+from memory.services.sessions import agent_get_or_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -155,9 +157,9 @@ def test_a_group_send_is_one_statement_whether_or_not_pages_listen(monkeypatch: 
     assert received == [{"type": "ctx.events", "i": 1}]
 
 
-def test_an_append_sends_its_live_update_only_when_a_dashboard_listens(tenant_a: Any, settings: Any) -> None:
-    # The append's own statement asks whether a page of the tenant listens: with none, no
-    # statement follows the commit for the live update; with one, the page gets the event.
+@pytest.fixture
+def postgres_layer(settings: Any) -> None:
+    """The embedded mode's channel layer as the default layer (memory.broadcast sends through it)."""
     latest = importlib.import_module("channels_postgres.migrations.0004_notify_ensure_payload_not_too_big")
     with connection.cursor() as cursor:
         cursor.execute(latest.Migration.setup_database_sql)
@@ -171,40 +173,74 @@ def test_an_append_sends_its_live_update_only_when_a_dashboard_listens(tenant_a:
             },
         }
     }
-    session = svc.session_create(tenant=tenant_a, agent_external_id="live")
-    svc.messages_append(
-        tenant=tenant_a, session=session, items=[svc.MessageInput(role="user", content="warm")]
-    )
 
-    def appended_statements(text: str) -> list[str]:
+
+def live_sends(write: Any) -> list[str]:
+    """The statements `write()` sent to the channel layer's message table (this thread's connection)."""
+    try:
         with CaptureQueriesContext(connection) as queries:
-            svc.messages_append(
-                tenant=tenant_a, session=session, items=[svc.MessageInput(role="user", content=text)]
-            )
+            write()
         return [q["sql"] for q in queries.captured_queries if "channels_postgres_message" in q["sql"]]
+    finally:
+        connection.close()
 
-    assert appended_statements("nobody watches") == []
+
+def watched(tenant: Any, *writes: Any) -> list[tuple[int, list[str]]]:
+    """With a dashboard page of `tenant` listening, for each of `writes` in turn: (how many
+    statements it sent to the layer's message table, the event types the page got)."""
     layer = get_channel_layer()
-    received: list[dict[str, Any]] = []
-
-    async def watch() -> None:
-        page = await layer.new_channel()
-        await layer.group_add(broadcast.tenant_group(tenant_a.pk), page)
-        sent = await asyncio.to_thread(appended_statements_closing, "someone watches")
-        assert len(sent) == 1
-        received.append(await asyncio.wait_for(layer.receive(page), 10))
-
-    def appended_statements_closing(text: str) -> list[str]:
-        try:
-            return appended_statements(text)
-        finally:
-            connection.close()
+    seen: list[tuple[int, list[str]]] = []
 
     async def main() -> None:
         try:
-            await watch()
+            page = await layer.new_channel()
+            await layer.group_add(broadcast.tenant_group(tenant.pk), page)
+            for write in writes:
+                sent = await asyncio.to_thread(live_sends, write)
+                message = await asyncio.wait_for(layer.receive(page), 10)
+                seen.append((len(sent), [event["type"] for event in message["events"]]))
         finally:
             await layer.close()
 
     asyncio.run(main())
-    assert [e["type"] for e in received[0]["events"]] == ["message.added"]
+    return seen
+
+
+# A write's own statement asks whether a page of the tenant listens: with none, no statement
+# follows the commit for the live update; with one, the page gets the event.
+
+
+def test_an_append_sends_its_live_update_only_when_a_dashboard_listens(
+    tenant_a: Any, postgres_layer: None
+) -> None:
+    session = svc.session_create(tenant=tenant_a, agent_external_id="live")
+
+    def append(text: str) -> Any:
+        return lambda: svc.messages_append(
+            tenant=tenant_a, session=session, items=[svc.MessageInput(role="user", content=text)]
+        )
+
+    append("warm")()
+    assert live_sends(append("nobody watches")) == []
+    assert watched(tenant_a, append("someone watches")) == [(1, ["message.added"])]
+
+
+def test_an_event_and_a_checkpoint_send_only_when_a_dashboard_listens(
+    tenant_a: Any, postgres_layer: None
+) -> None:
+    def event() -> None:
+        with transaction.atomic():
+            recorder.event_append(tenant=tenant_a, type="agent.note", payload={"n": 1})
+
+    agent = agent_get_or_create(tenant=tenant_a, external_id="live")
+
+    def checkpoint(n: int) -> Any:
+        return lambda: cognition.checkpoint_create(tenant=tenant_a, agent=agent, reason="test", step=n)
+
+    checkpoint(0)()
+    assert live_sends(event) == []
+    assert live_sends(checkpoint(1)) == []
+    seen = watched(tenant_a, event, checkpoint(2))
+    assert seen[0] == (1, ["agent.note"])
+    assert seen[1][0] == 1
+    assert "checkpoint.created" in seen[1][1]

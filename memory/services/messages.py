@@ -273,7 +273,7 @@ def messages_append(
     match = _BY_PK if session is not None else _BY_PUBLIC_ID
     # With no dashboard open, a live update's whole cost was its own round trip after the commit
     # (a quarter of an in-process append): the statement asks whether a page listens.
-    listeners = broadcast.listeners_sql(tenant.pk)
+    listeners = broadcast.listeners_sql(tenant.pk, "%(channel_group_key)s")
     if listeners is None:  # the channel layer cannot be asked in SQL: always send
         statement = _append_sql(match)
     else:

@@ -67,13 +67,26 @@ def events_inserted(events: list[Event], rows: Iterable[tuple[str, int, int]]) -
     events.sort(key=lambda e: e.seq)
 
 
-def _insert_events(*, tenant: Tenant, key: str, events: list[Event]) -> None:
+def _insert_events(*, tenant: Tenant, key: str, events: list[Event]) -> bool:
     """Reserve consecutive seqs on stream `key` and insert `events` with them, in ONE statement
-    (events_insert_cte): one round trip instead of two (counter, then rows)."""
+    (events_insert_cte): one round trip instead of two (counter, then rows). Returns whether a
+    dashboard of the tenant listens (asked in the same statement)."""
     sql, params = events_insert_cte(tenant=tenant, key=key, events=events)
+    listening, listening_params = listeners_probe(tenant)
     with prepared_cursor() as cursor:
-        cursor.execute(f"WITH {sql} SELECT public_id, id, seq FROM e", params)
-        events_inserted(events, cursor.fetchall())
+        cursor.execute(
+            f"WITH {sql} SELECT public_id, id, seq, {listening} FROM e", [*params, *listening_params]
+        )
+        rows = cursor.fetchall()
+    events_inserted(events, (row[:3] for row in rows))
+    return bool(rows[0][3])
+
+
+def listeners_probe(tenant: Tenant) -> tuple[str, list[Any]]:
+    """Whether the tenant's dashboards listen, for a write's own statement to return (SQL and its
+    parameters, `%s` style): `true` when the channel layer cannot be asked (memory.broadcast)."""
+    probe = broadcast.listeners_sql(tenant.pk)
+    return ("true", []) if probe is None else (probe[0], [probe[1]])
 
 
 def _otel_fields(agent: Agent | None, session: Session | None) -> dict[str, Any]:
@@ -134,8 +147,8 @@ def events_append(
     events = events_build(tenant=tenant, entries=entries, agent=agent, session=session)
     if not events:
         return []
-    _insert_events(tenant=tenant, key=stream_key(agent), events=events)
-    events_broadcast(tenant, events)
+    if _insert_events(tenant=tenant, key=stream_key(agent), events=events):
+        events_broadcast(tenant, events)
     return events
 
 

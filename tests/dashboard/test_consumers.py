@@ -58,7 +58,10 @@ def channel_layer(request: pytest.FixtureRequest, settings: Any) -> Iterator[str
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
     """Run `scenario` in an event loop of its own; then close the PostgreSQL layer on that loop.
 
-    channels_postgres' listener task would otherwise keep the loop from ending.
+    channels_postgres' listener task would otherwise keep the loop from ending. A scenario must
+    disconnect every communicator it opened, refused ones included: a consumer still running
+    receives from the layer, which starts a new listener after close(), and cancelling that
+    listener at the loop's end could hang (seen when these tests ran after other files).
     """
 
     async def main() -> None:
@@ -121,6 +124,7 @@ def test_it_refuses_anonymous_users(tenant_a: Tenant) -> None:
         comm = communicator(AnonymousUser(), "tenant=alice&page=overview")
         connected, _ = await comm.connect()
         assert connected is False
+        await comm.disconnect()  # ends the consumer (and its channel-layer receive) before the loop
 
     run(scenario)
 
@@ -132,6 +136,7 @@ def test_it_refuses_a_non_member(tenant_a: Tenant, bob: Any) -> None:
         comm = communicator(bob, "tenant=alice&page=overview")
         connected, _ = await comm.connect()
         assert connected is False
+        await comm.disconnect()
 
     run(scenario)
 
@@ -141,8 +146,10 @@ def test_it_refuses_another_tenants_session_id(tenant_a: Tenant, bob: Any, sessi
         comm = communicator(bob, f"tenant=bob&page=session&session={session_a.public_id}")
         connected, _ = await comm.connect()
         assert connected is False
+        await comm.disconnect()
         unknown_page = communicator(bob, "tenant=bob&page=nonsense")
         assert (await unknown_page.connect())[0] is False
+        await unknown_page.disconnect()
 
     run(scenario)
 

@@ -153,7 +153,7 @@ def checkpoint_create(
         # Folds are a cache: keep them on the newest checkpoint and on full snapshots only, so a
         # fold that grows (an `append` reducer) is not stored once per checkpoint.
         clear = previous.pk if previous is not None and previous.storage == CheckpointStorage.DELTA else None
-        _checkpoint_insert(
+        listened = _checkpoint_insert(
             checkpoint=checkpoint,
             row=row,
             fields=[*written, "checkpoint_seq"],
@@ -161,7 +161,8 @@ def checkpoint_create(
             events=events,
             fold=continued,
         )
-        recorder.events_broadcast(tenant, events)
+        if listened:  # a dashboard of the tenant listens (asked in the same statement)
+            recorder.events_broadcast(tenant, events)
         if not checkpoint.fold_state:  # not continued: fold the stream (as recovery would)
             fold, checkpoint.reducers_sha256 = fold_through(
                 tenant=tenant, agent=agent, through_seq=checkpoint.covers_event_seq
@@ -210,11 +211,12 @@ def _checkpoint_insert(
     clear_fold_of: int | None,
     events: list[Event],
     fold: tuple[int, str, str] | None,
-) -> None:
+) -> bool:
     """Record `events`, insert `checkpoint` covering them, save `fields` of the state row pointing
     it at the checkpoint, and clear checkpoint `clear_fold_of`'s stored fold: one statement (was
     four round trips). With `fold` (see _fold_continued), the checkpoint stores that fold when its
-    events got the seqs it expects; otherwise none (the caller then folds the stream)."""
+    events got the seqs it expects; otherwise none (the caller then folds the stream). Returns
+    whether a dashboard of the tenant listens (recorder.listeners_probe)."""
     computed = {"covers_event_seq", "fold_state", "reducers_sha256"}
     inserted = [f for f in Checkpoint._meta.concrete_fields if not f.primary_key and f.name not in computed]
     saved: list[Any] = [CognitiveState._meta.get_field(name) for name in fields]
@@ -239,17 +241,20 @@ def _checkpoint_insert(
         params.append(clear_fold_of)
     assignments = "".join(f"{quote(field.column)} = %s, " for field in saved)
     sql += f" UPDATE {states} SET {assignments}checkpoint_id = (SELECT id FROM c) WHERE id = %s"
-    sql += " RETURNING checkpoint_id, (SELECT array_agg(ARRAY[public_id, id::text, seq::text]) FROM e)"
+    listening, listening_params = recorder.listeners_probe(checkpoint.tenant)
+    sql += " RETURNING checkpoint_id, (SELECT array_agg(ARRAY[public_id, id::text, seq::text]) FROM e), "
+    sql += listening
     params += [field.get_db_prep_save(getattr(row, field.attname), connection) for field in saved]
     with prepared_cursor() as cursor:
-        cursor.execute(sql, [*params, row.pk])
-        checkpoint.pk, inserted_events = cursor.fetchone()
+        cursor.execute(sql, [*params, row.pk, *listening_params])
+        checkpoint.pk, inserted_events, listened = cursor.fetchone()
     recorder.events_inserted(events, ((p, int(i), int(q)) for p, i, q in inserted_events))
     checkpoint.covers_event_seq = events[-1].seq
     if fold is not None and events[0].seq == first_seq:
         checkpoint.fold_state, checkpoint.reducers_sha256 = f"{fold_head}{events[-1].seq}}}", reducers_sha
     checkpoint._state.adding, checkpoint._state.db = False, connection.alias
     row.checkpoint = checkpoint
+    return bool(listened)
 
 
 def _checkpoint_newest(*, agent: Agent, row: CognitiveState) -> Checkpoint | None:
