@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +11,7 @@ import httpx
 from asgiref.sync import async_to_sync
 from django.core import signals
 from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 
 @contextlib.contextmanager
@@ -41,3 +42,22 @@ def body_of(response: Any) -> bytes:
 
         return async_to_sync(read)()
     return b"".join(response.streaming_content)
+
+
+def use_postgres_channel_layer(settings: Any) -> None:
+    """Make the embedded mode's channel layer (channels_postgres, on the test database) the default
+    layer for this test: its tables and trigger created, CHANNEL_LAYERS switched through pytest-django's
+    `settings` fixture (restored after the test)."""
+    latest = importlib.import_module("channels_postgres.migrations.0004_notify_ensure_payload_not_too_big")
+    with connection.cursor() as cursor:
+        cursor.execute(latest.Migration.setup_database_sql)
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "ctxapp.channel_layer.PostgresChannelLayer",
+            "CONFIG": {
+                **connection.settings_dict,
+                "TIME_ZONE": None,
+                "prefix": f"{settings.QUEUE_PREFIX}_asgi",
+            },
+        }
+    }

@@ -21,6 +21,7 @@ from memory import broadcast
 from memory.services import cognition, recorder
 from memory.services import sessions as svc
 from memory.services.sessions import agent_get_or_create
+from tests.helpers import use_postgres_channel_layer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -160,19 +161,7 @@ def test_a_group_send_is_one_statement_whether_or_not_pages_listen(monkeypatch: 
 @pytest.fixture
 def postgres_layer(settings: Any) -> None:
     """The embedded mode's channel layer as the default layer (memory.broadcast sends through it)."""
-    latest = importlib.import_module("channels_postgres.migrations.0004_notify_ensure_payload_not_too_big")
-    with connection.cursor() as cursor:
-        cursor.execute(latest.Migration.setup_database_sql)
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "ctxapp.channel_layer.PostgresChannelLayer",
-            "CONFIG": {
-                **connection.settings_dict,
-                "TIME_ZONE": None,
-                "prefix": f"{settings.QUEUE_PREFIX}_asgi",
-            },
-        }
-    }
+    use_postgres_channel_layer(settings)
 
 
 def live_sends(write: Any) -> list[str]:

@@ -6,7 +6,6 @@ Needs committed data (the consumer reads from other threads), hence transactiona
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ from ctxapp.channel_layer import PostgresChannelLayer
 from dashboard.routing import websocket_urlpatterns
 from memory.models import Tenant
 from memory.services import sessions as sessions_service
+from tests.helpers import use_postgres_channel_layer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,21 +37,7 @@ application = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
 def channel_layer(request: pytest.FixtureRequest, settings: Any) -> Iterator[str]:
     """Every test runs on the Redis layer and on the embedded mode's PostgreSQL layer."""
     if request.param == "postgres":
-        latest = importlib.import_module(
-            "channels_postgres.migrations.0004_notify_ensure_payload_not_too_big"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(latest.Migration.setup_database_sql)
-        settings.CHANNEL_LAYERS = {
-            "default": {
-                "BACKEND": "ctxapp.channel_layer.PostgresChannelLayer",
-                "CONFIG": {
-                    **connection.settings_dict,
-                    "TIME_ZONE": None,
-                    "prefix": f"{settings.QUEUE_PREFIX}_asgi",
-                },
-            }
-        }
+        use_postgres_channel_layer(settings)
     yield request.param
 
 
