@@ -61,10 +61,12 @@ def _group_send_sql(*, asynchronous: bool) -> str:
     )
 
 
+# Whether a group has a live member; `{placeholder}` is the caller's parameter style.
 _MEMBERS = (
-    sql.SQL("EXISTS (SELECT 1 FROM {groups} WHERE group_key = %(channel_group_key)s AND expire >= now())")
+    sql.SQL("EXISTS (SELECT 1 FROM {groups} WHERE group_key = ")
     .format(groups=sql.Identifier(GROUP_CHANNEL_TABLE))
     .as_string()
+    + "{placeholder} AND expire >= now())"
 )
 _GROUP_SEND = {asynchronous: _group_send_sql(asynchronous=asynchronous) for asynchronous in (False, True)}
 
@@ -179,7 +181,7 @@ class PostgresChannelLayer(core.PostgresChannelLayer):
         statement and skips its send when no page listens (the round trip of the send is most of
         the live update's cost)."""
         self.require_valid_group_name(group)
-        return _MEMBERS.replace("%(channel_group_key)s", placeholder), self._group_key(group)
+        return _MEMBERS.format(placeholder=placeholder), self._group_key(group)
 
     def group_send_sync(self, connection: Any, group: str, message: dict[str, Any]) -> None:
         """`group_send` from synchronous code, in ONE statement on Django's `connection` (to the

@@ -27,7 +27,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from django.conf import settings
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.db import transaction
@@ -44,6 +43,7 @@ from memory.models import (
     Tenant,
 )
 from memory.services import jobs, recorder
+from memory.services.chat_endpoint import chat_parsed
 from memory.services.summarise import MAX_SENTENCE_CHARS, _message_sentences
 
 logger = logging.getLogger(__name__)
@@ -252,7 +252,6 @@ def llm_digest(
 
     Raises DigestModelFailed after 1 + CTXAPP_SUMMARISER_RETRIES unusable answers.
     """
-    conf = settings.CTXAPP
     transcript = "\n".join(
         f"[#{r['seq']} {r['role']}] " + " ".join(_message_sentences(r))
         for r in rows
@@ -265,34 +264,9 @@ def llm_digest(
         {"role": "system", "content": SYSTEM_PROMPT.replace("{max_items}", str(max_items))},
         {"role": "user", "content": f"Previous digest:\n{previous_json}\n\nNew messages:\n{transcript}"},
     ]
-    headers = {"Authorization": f"Bearer {conf.summariser_api_key}"} if conf.summariser_api_key else {}
-    url = conf.summariser_url.rstrip("/") + "/chat/completions"
-    errors: list[str] = []
-    for _ in range(1 + max(0, conf.summariser_retries)):
-        try:
-            response = httpx.post(
-                url,
-                json={"model": conf.summariser_model, "messages": chat, "temperature": 0},
-                headers=headers,
-                timeout=conf.summariser_timeout,
-            )
-            response.raise_for_status()
-            reply = response.json()["choices"][0]["message"]["content"] or ""
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-            errors.append(f"request: {type(exc).__name__}: {str(exc)[:200]}")
-            continue
-        try:
-            return parse_digest_output(str(reply), max_items=max_items), errors
-        except ValueError as exc:
-            errors.append(f"malformed output: {exc}")
-            chat = [
-                *chat,
-                {"role": "assistant", "content": str(reply)[:2000]},
-                {
-                    "role": "user",
-                    "content": f"That reply was not valid ({exc}). Reply with the JSON object only.",
-                },
-            ]
+    content, errors = chat_parsed(chat, lambda reply: parse_digest_output(reply, max_items=max_items))
+    if content is not None:
+        return content, errors
     logger.warning("session digest: the chat endpoint failed, offline extractor used: %s", errors)
     raise DigestModelFailed("; ".join(errors)[:500])
 

@@ -14,10 +14,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from django.conf import settings
 
 from memory.models import ExtractionMethod, Message, MessageRole, Task, TaskStatus, ValueTier
+from memory.services.chat_endpoint import chat_parsed
 
 logger = logging.getLogger(__name__)
 
@@ -218,34 +218,8 @@ def extract_summary(task: Task, messages: list[Message]) -> tuple[list[Candidate
         {"role": "system", "content": SUMMARY_SYSTEM_PROMPT},
         {"role": "user", "content": _transcript(task, messages)},
     ]
-    headers = {"Authorization": f"Bearer {conf.summariser_api_key}"} if conf.summariser_api_key else {}
-    errors: list[str] = []
-    for _attempt in range(attempts):
-        try:
-            response = httpx.post(
-                f"{url.rstrip('/')}/chat/completions",
-                json={"model": conf.summariser_model, "messages": chat, "temperature": 0},
-                headers=headers,
-                timeout=conf.summariser_timeout,
-            )
-            response.raise_for_status()
-            reply = response.json()["choices"][0]["message"]["content"] or ""
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-            errors.append(f"request: {type(exc).__name__}: {str(exc)[:200]}")
-            continue
-        try:
-            candidates = parse_summary_output(reply)
-        except MalformedModelOutput as exc:
-            errors.append(f"malformed output: {exc}")
-            chat = [
-                *chat,
-                {"role": "assistant", "content": reply[:2000]},
-                {
-                    "role": "user",
-                    "content": f"That reply was not valid ({exc}). Reply with the JSON object only.",
-                },
-            ]
-            continue
+    candidates, errors = chat_parsed(chat, parse_summary_output)
+    if candidates is not None:
         return candidates, {"status": "ok", "attempts": len(errors) + 1, "errors": errors}
     logger.warning("LLM-summary extraction of %s fell back to offline extractors: %s", task.public_id, errors)
     return [], {"status": "fallback", "attempts": attempts, "errors": errors}
