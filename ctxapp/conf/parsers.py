@@ -105,6 +105,14 @@ def parse_positive_int(raw: str) -> int:
     return value
 
 
+@parser("int >= 0")
+def parse_non_negative_int(raw: str) -> int:
+    value = parse_int(raw)
+    if value < 0:
+        raise ValueError("expected 0 or a positive integer")
+    return value
+
+
 @parser("comma-separated CIDR list")
 def parse_networks(raw: str) -> list[str]:
     """Comma-separated IP networks (CIDR, or single addresses), each checked."""

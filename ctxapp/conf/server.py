@@ -16,6 +16,7 @@ from ctxapp.conf.parsers import (
     parse_float,
     parse_int,
     parse_list,
+    parse_non_negative_int,
     parse_port,
     parse_positive_float,
     parse_positive_int,
@@ -97,6 +98,14 @@ class ServerSettings:
         parse_positive_int,
         2,
         "Celery worker processes started by `ctxapp up`.",
+    )
+    embedded_shared_buffers_mb: int = setting(
+        "CTXAPP_EMBEDDED_SHARED_BUFFERS_MB",
+        parse_non_negative_int,
+        0,
+        "Without DATABASE_URL: the embedded PostgreSQL's shared_buffers, in MB (0 = a quarter of "
+        "this machine's memory, between 128 and 2048). Applied when the server starts. A server of "
+        "your own is configured in its own postgresql.conf.",
     )
     log_level: str = setting(
         "CTXAPP_LOG_LEVEL",

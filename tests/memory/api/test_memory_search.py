@@ -296,6 +296,38 @@ def test_a_large_scope_takes_frequent_words_from_its_sample_and_bounds_its_lexic
     assert {hit["session"] for hit in other["results"]} <= {history["other_user"]}
 
 
+def test_a_query_of_common_words_only_ranks_a_bounded_lexical_pool(history, tenant_a, monkeypatch):
+    # Ranking every row of a word that is in thousands of rows (a name, say) cost 30-70 ms at
+    # 100,000 messages; such a query now visits at most LEXICAL_ROWS_MAX of them, and the dense
+    # pool still brings the rest.
+    from dataclasses import replace
+
+    from memory.services import memory_search, ranking
+    from memory.services.memory_search import candidates, large_stats
+
+    monkeypatch.setattr(memory_search.corpus, "SCOPE_CORPUS_MAX", 0)  # every scope counts as large
+    memory_search.corpus._large_scopes.clear()
+    monkeypatch.setattr(large_stats, "LARGE_TERM_CAP", 1)  # a word of two rows or more is common
+    large_stats._large_term_counts.clear()
+    monkeypatch.setattr(candidates, "LEXICAL_ROWS_MAX", 1)
+    pools: list[list[str]] = []  # the lexical pool's texts, as it returns them (the dense pool adds to it)
+    real_pool = candidates._lexical_pool
+
+    def lexical_pool(**kwargs: Any) -> dict[int, Any]:
+        found = real_pool(**kwargs)
+        pools.append([candidate.content for candidate in found.values()])
+        return found
+
+    monkeypatch.setattr(candidates, "_lexical_pool", lexical_pool)
+    plan = replace(ranking.DEFAULT_PLAN, neighbour_weight=0.0)  # the lexical pool alone, no neighbours
+
+    found = memory_search.memory_search(tenant=tenant_a, query="Biscuit", kinds=["message"], plan=plan)
+
+    assert len(pools) == 1 and len(pools[0]) == 1  # three messages say Biscuit: one was ranked by words
+    assert "Biscuit" in pools[0][0]
+    assert sum("Biscuit" in hit.text for hit in found.results) == 3  # all three are found
+
+
 def test_a_bound_key_cannot_read_another_agents_session_as_the_current_one(
     api_a: Any, history: dict[str, str], tenant_a: Any
 ) -> None:
