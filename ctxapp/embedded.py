@@ -95,7 +95,27 @@ def shared_buffers_mb(configured: int = 0) -> int:
     if configured > 0:
         return configured
     low, high = SHARED_BUFFERS_MB_RANGE
-    return max(low, min(high, psutil.virtual_memory().total // 2**20 // 4))
+    return max(low, min(high, _memory_bytes() // 2**20 // 4))
+
+
+# A container's memory limit (cgroup v2, then v1): psutil reports the host's memory.
+CGROUP_MEMORY_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
+
+
+def _memory_bytes() -> int:
+    """This machine's memory, or the container's limit when that is lower."""
+    total = int(psutil.virtual_memory().total)
+    for path in CGROUP_MEMORY_LIMITS:
+        try:
+            limit = path.read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit():  # "max" (v2) means no limit; v1 writes a huge number instead
+            total = min(total, int(limit))
+    return total
 
 
 def write_server_settings(pgdata: Path, *, shared_buffers: int) -> None:
@@ -104,17 +124,21 @@ def write_server_settings(pgdata: Path, *, shared_buffers: int) -> None:
     for another process, keeps its settings until then."""
     conf = pgdata / "postgresql.conf"
     include = f"include_if_exists = '{SETTINGS_FILE}'"
-    text = conf.read_text()
-    if include not in text.splitlines():
-        conf.write_text(f"{text.rstrip()}\n\n# Written by ctxapp (ctxapp/embedded.py).\n{include}\n")
     path = pgdata / SETTINGS_FILE
-    path.write_text(
-        f"# Written by ctxapp at every start; edits are overwritten.\nshared_buffers = '{shared_buffers}MB'\n"
-    )
-    owner = pgdata.stat()
-    if os.name == "posix" and os.geteuid() == 0:  # the server runs as pgserver's own user
-        os.chown(path, owner.st_uid, owner.st_gid)
-    path.chmod(0o600)
+    try:
+        text = conf.read_text()
+        if include not in text.splitlines():
+            conf.write_text(f"{text.rstrip()}\n\n# Written by ctxapp (ctxapp/embedded.py).\n{include}\n")
+        path.write_text(
+            "# Written by ctxapp at every start; edits are overwritten.\n"
+            f"shared_buffers = '{shared_buffers}MB'\n"
+        )
+        owner = pgdata.stat()
+        if os.name == "posix" and os.geteuid() == 0:  # the server runs as pgserver's own user
+            os.chown(path, owner.st_uid, owner.st_gid)
+        path.chmod(0o600)
+    except OSError as exc:  # the server still starts, on its own settings
+        logger.warning("could not write the embedded PostgreSQL's settings in %s: %s", pgdata, exc)
 
 
 def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop", shared_buffers: int = 0) -> Any:

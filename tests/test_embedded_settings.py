@@ -70,4 +70,21 @@ def test_shared_buffers_default_to_a_quarter_of_memory_within_bounds(
 ) -> None:
     real = psutil.virtual_memory()
     monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(total=memory_mb * 2**20))
+    monkeypatch.setattr(embedded, "CGROUP_MEMORY_LIMITS", ())  # not this machine's container
     assert embedded.shared_buffers_mb(configured) == expected
+
+
+def test_a_containers_memory_limit_bounds_the_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # psutil reports the host's memory; inside a container of 1 GB, a quarter of the host would
+    # give PostgreSQL more buffers than the container may hold.
+    real = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(total=64 * 2**30))
+    limit, unlimited = tmp_path / "memory.max", tmp_path / "unlimited"
+    limit.write_text(f"{2**30}\n")
+    unlimited.write_text("max\n")
+    monkeypatch.setattr(embedded, "CGROUP_MEMORY_LIMITS", (unlimited, tmp_path / "absent", limit))
+    assert embedded.shared_buffers_mb() == 256
+    monkeypatch.setattr(embedded, "CGROUP_MEMORY_LIMITS", (unlimited,))
+    assert embedded.shared_buffers_mb() == 2048
