@@ -170,7 +170,7 @@ def _dense_pool(
     table = Message._meta.db_table
     _configure_hnsw()
     literal = vector_literal(vector)
-    known = list(found)
+    known = "{" + ",".join(map(str, found)) + "}"  # bigint[] as text: ~10x cheaper than a list's dumper
     chosen = "SELECT unnest(d.ids) FROM dense d"
     chosen_params: list[Any] = []
     if radius:
