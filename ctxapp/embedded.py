@@ -90,8 +90,9 @@ def shared_buffers_mb(configured: int = 0) -> int:
     this machine's memory within SHARED_BUFFERS_MB_RANGE (PostgreSQL's own default is 128 MB).
 
     A whole-tenant search walks the messages' heap and HNSW index: ~420 MB at 100,000 messages.
-    With 128 MB about a fifth of the pages each search touches came from the operating system,
-    and its p95 was 1.6x what it is when they fit (docs/benchmarks.md, "Stop 20")."""
+    With 128 MB about a fifth of the pages each search touches came from the operating system:
+    its p95 was 1.2-1.35x, and its backend's CPU 1.4x, what they are when the pages fit
+    (docs/benchmarks.md, "Stop 20")."""
     if configured > 0:
         return configured
     low, high = SHARED_BUFFERS_MB_RANGE
