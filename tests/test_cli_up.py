@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import psycopg
 import pytest
 
 pytestmark = pytest.mark.cli_up
@@ -287,10 +288,12 @@ def test_ctxapp_up_end_to_end(workdir: Path) -> None:
     assert_nothing_left(processes, pgids)
     assert postmaster_pid(data_dir) is None  # PostgreSQL shut down cleanly (no stale pid file)
 
-    # --- second run: the same data directory --------------------------------------------------
-    rerun = start_up(env, workdir)
+    # --- second run: the same data directory, the embedded server's buffers set -----------------
+    rerun = start_up({**env, "CTXAPP_EMBEDDED_SHARED_BUFFERS_MB": "160"}, workdir)
     try:
         rerun.wait_for("Ctrl-C stops everything.", READY_TIMEOUT)
+        with psycopg.connect(f"postgresql://postgres:@/ctxapp?host={data_dir / 'pg'}") as conn:
+            assert conn.execute("SHOW shared_buffers").fetchone() == ("160MB",)
         out = rerun.output()
         assert "First run" not in out
         assert password not in out  # no new password
