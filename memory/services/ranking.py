@@ -392,7 +392,12 @@ def rank(
     columns = [_rounded(part) for part in parts]  # in PART_NAMES order
     # A part that is zero throughout (a signal the plan leaves out) adds nothing to any sum.
     summed = [column for column in columns if any(column)] or [[0.0] * len(candidates)]
-    scores = [round(sum(values), 6) for values in zip(*summed, strict=True)]
+    # sum() per candidate, column by column: the same additions in the same order (0 + a + b + …,
+    # Python 3.11's sum), ~20x faster than a sum() of each candidate's values.
+    total = np.zeros(len(candidates))
+    for column in summed:
+        total += column
+    scores = [round(value, 6) for value in total.tolist()]
     order = sorted(range(len(candidates)), key=lambda i: -scores[i])
     return [Ranked(candidate=candidates[i], score=scores[i], columns=columns, index=i) for i in order]
 
@@ -441,19 +446,27 @@ def _neighbour_part(candidates: list[Candidate], fused: np.ndarray, plan: Plan) 
         if c.group is not None and c.position is not None:
             by_group.setdefault(c.group, []).append((c.position, i))
     scores = fused.tolist()
-    radius, decay = plan.neighbour_radius, plan.neighbour_decay
+    radius = plan.neighbour_radius
+    # A neighbour `distance` positions away (1..radius: positions are unique within a group)
+    # counts decay ** (distance - 1): steps[distance - 1].
+    steps = [plan.neighbour_decay**step for step in range(radius)]
     for members in by_group.values():
         members.sort()
+        count = len(members)
         for j, (pos, i) in enumerate(members):
             # Sorted by position: the turns within the radius are next to j on either side.
             best = 0.0
             k = j - 1
             while k >= 0 and pos - members[k][0] <= radius:
-                best = max(best, scores[members[k][1]] * decay ** (pos - members[k][0] - 1))
+                value = scores[members[k][1]] * steps[pos - members[k][0] - 1]
+                if value > best:
+                    best = value
                 k -= 1
             k = j + 1
-            while k < len(members) and members[k][0] - pos <= radius:
-                best = max(best, scores[members[k][1]] * decay ** (members[k][0] - pos - 1))
+            while k < count and members[k][0] - pos <= radius:
+                value = scores[members[k][1]] * steps[members[k][0] - pos - 1]
+                if value > best:
+                    best = value
                 k += 1
             part[i] = plan.neighbour_weight * best
     return part
