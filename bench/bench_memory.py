@@ -12,7 +12,9 @@ per-process query cache is cleared before every call):
   (timed after a warm-up pass of 200 whole-tenant searches of other texts, printed too: the
   database's buffers as a running server has them, not as just after the tenant was built);
 - context_build with recall on, for a session of that user, vs the same in a tenant holding only
-  100 messages (one session).
+  100 messages (one session);
+- turn recall of the dev questions over the whole tenant (a guard for changes to the large-scope
+  path: compare runs; see `tenant_recall`).
 
 `--http` also times POST /api/v1/memory/search through a real uvicorn (one process, on the same
 database) from a keep-alive client, for both scopes. Every timed question is asked once, so the
@@ -225,6 +227,34 @@ def copy_messages(big, sessions, *, turns, base, model: str, per_session: int) -
     return n
 
 
+def tenant_recall(tenant, samples: list[dict]) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """Turn recall (%) at 5 and 10 of the dev questions over the whole synthetic tenant: an evidence
+    turn counts as found when a hit's content is its text (without the row number). Every turn is
+    in the tenant ~100 times, so the top 10 hold few distinct turns: a guard for changes to the
+    large-scope path (compare runs), not a figure to compare with `ctxapp eval recall`."""
+    import re
+
+    from memory.services.memory_search import memory_search
+
+    at5, at10 = [], []
+    for sample in samples:
+        texts = {
+            turn["dia_id"]: turn["text"]
+            for key, value in sample["conversation"].items()
+            if key.startswith("session_") and isinstance(value, list)
+            for turn in value
+        }
+        for qa in sample["qa"]:
+            evidence = {texts[dia_id] for dia_id in qa.get("evidence", []) if dia_id in texts}
+            if not evidence:
+                continue
+            hits = memory_search(tenant=tenant, query=qa["question"], kinds=["message"], limit=10).results
+            found = [re.sub(r" #\d+$", "", hit.text) for hit in hits]
+            at5.append(len(evidence & set(found[:5])) / len(evidence))
+            at10.append(len(evidence & set(found)) / len(evidence))
+    return 100 * statistics.mean(at5), 100 * statistics.mean(at10)
+
+
 def small_tenant(turns: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
     """The tenant of 100 messages in one session (the kept one, if there is one)."""
     from memory.models import Message, Session, Tenant
@@ -379,6 +409,8 @@ def main() -> None:
         f"  CPU per whole-tenant search: this process {tenant_cpu[0] / len(questions):.1f} ms (query "
         f"embedding included), its PostgreSQL backend {tenant_cpu[1] / len(questions):.1f} ms"
     )
+    recall_5, recall_10 = tenant_recall(big, samples)
+    print(f"  turn recall over the whole tenant (each turn ~100x): R@5 {recall_5:.1f}, R@10 {recall_10:.1f}")
     print(row("context_build + recall, tenant of 100 messages", small_build))
     print(row(f"context_build + recall, user of the {n}-message tenant", big_build))
     print(f"ratio of build p50s: {statistics.median(big_build) / statistics.median(small_build):.2f}")
