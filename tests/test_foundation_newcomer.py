@@ -37,6 +37,8 @@ def test_the_compose_stack_has_every_service_configured_by_environment() -> None
     services = compose["services"]
     assert {"web", "worker", "beat", "postgres", "redis"} <= set(services)
     assert services["postgres"]["image"].startswith("pgvector/pgvector:")
+    # PostgreSQL's default 128 MB of buffers is far below what a whole-tenant search walks.
+    assert "shared_buffers=${POSTGRES_SHARED_BUFFERS:-1GB}" in services["postgres"]["command"]
     for name in ("web", "worker", "beat"):
         env = services[name]["environment"]
         assert env["DATABASE_URL"].startswith("postgresql://")
