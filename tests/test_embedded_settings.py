@@ -45,6 +45,7 @@ def start_and_show(pgdata: Path, shared_buffers: int) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.cli_up
 def test_the_embedded_server_starts_with_ctxapps_shared_buffers(tmp_path: Path) -> None:
     pgdata = tmp_path / "pg"
     assert start_and_show(pgdata, 160) == "160MB"  # first start: initdb, then ctxapp's settings
@@ -70,21 +71,53 @@ def test_shared_buffers_default_to_a_quarter_of_memory_within_bounds(
 ) -> None:
     real = psutil.virtual_memory()
     monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(total=memory_mb * 2**20))
-    monkeypatch.setattr(embedded, "CGROUP_MEMORY_LIMITS", ())  # not this machine's container
+    monkeypatch.setattr(embedded, "CGROUP_MEMBERSHIP", Path("/nonexistent/cgroup"))  # no container
     assert embedded.shared_buffers_mb(configured) == expected
 
 
 def test_a_containers_memory_limit_bounds_the_default(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # psutil reports the host's memory; inside a container of 1 GB, a quarter of the host would
-    # give PostgreSQL more buffers than the container may hold.
+    # psutil reports the host's memory; inside a container or a systemd unit of 1 GB, a quarter
+    # of the host would give PostgreSQL more buffers than it may hold.
     real = psutil.virtual_memory()
     monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(total=64 * 2**30))
-    limit, unlimited = tmp_path / "memory.max", tmp_path / "unlimited"
-    limit.write_text(f"{2**30}\n")
-    unlimited.write_text("max\n")
-    monkeypatch.setattr(embedded, "CGROUP_MEMORY_LIMITS", (unlimited, tmp_path / "absent", limit))
+    root, membership = tmp_path / "cgroup", tmp_path / "self-cgroup"
+    unit = root / "system.slice" / "ctxapp.service"
+    unit.mkdir(parents=True)
+    (root / "memory.max").write_text("max\n")  # the root: no limit
+    (unit / "memory.max").write_text(f"{2**30}\n")
+    membership.write_text("0::/system.slice/ctxapp.service\n")
+    monkeypatch.setattr(embedded, "CGROUP_ROOT", root)
+    monkeypatch.setattr(embedded, "CGROUP_MEMBERSHIP", membership)
     assert embedded.shared_buffers_mb() == 256
-    monkeypatch.setattr(embedded, "CGROUP_MEMORY_LIMITS", (unlimited,))
+    (unit / "memory.max").write_text("max\n")
     assert embedded.shared_buffers_mb() == 2048
+
+
+def test_cgroup_limits_are_read_for_the_process_and_its_ancestors() -> None:
+    root = Path("/sys/fs/cgroup")
+    v2 = embedded.cgroup_memory_limit_files("0::/a/b\n", root)
+    assert v2 == [root / "a/b/memory.max", root / "a/memory.max", root / "memory.max"]
+    v1 = embedded.cgroup_memory_limit_files("5:cpu,cpuacct:/x\n4:memory:/docker/abc\n", root)
+    assert v1 == [
+        root / "memory/docker/abc/memory.limit_in_bytes",
+        root / "memory/docker/memory.limit_in_bytes",
+        root / "memory/memory.limit_in_bytes",
+    ]
+    assert embedded.cgroup_memory_limit_files("garbage\n", root) == []
+
+
+def test_a_settings_file_that_cannot_be_written_does_not_stop_the_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pgdata = tmp_path / "pg"
+    pgdata.mkdir()
+    (pgdata / "postgresql.conf").write_text("shared_buffers = 128MB\n")
+    (pgdata / embedded.SETTINGS_FILE).mkdir()  # a directory where the file should be
+    embedded.write_server_settings(pgdata, shared_buffers=300)
+    assert "could not write the embedded PostgreSQL's settings" in caplog.text
+    conf = (pgdata / "postgresql.conf").read_text()
+    assert conf.startswith("shared_buffers = 128MB\n")  # initdb's settings kept, the include added
+    assert conf.count(f"include_if_exists = '{embedded.SETTINGS_FILE}'") == 1
+    assert [p.name for p in pgdata.iterdir() if p.name.endswith(".tmp")] == []  # nothing left behind

@@ -392,12 +392,7 @@ def rank(
     columns = [_rounded(part) for part in parts]  # in PART_NAMES order
     # A part that is zero throughout (a signal the plan leaves out) adds nothing to any sum.
     summed = [column for column in columns if any(column)] or [[0.0] * len(candidates)]
-    # sum() per candidate, column by column: the same additions in the same order (0 + a + b + …,
-    # Python 3.11's sum), ~20x faster than a sum() of each candidate's values.
-    total = np.zeros(len(candidates))
-    for column in summed:
-        total += column
-    scores = [round(value, 6) for value in total.tolist()]
+    scores = [round(sum(values), 6) for values in zip(*summed, strict=True)]
     order = sorted(range(len(candidates)), key=lambda i: -scores[i])
     return [Ranked(candidate=candidates[i], score=scores[i], columns=columns, index=i) for i in order]
 

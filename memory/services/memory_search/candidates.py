@@ -46,9 +46,9 @@ LARGE_POOL_LEXICAL = 50
 LARGE_POOL_SEEDS = 15
 
 
-def _lexical_queries(counts: dict[str, int | None]) -> tuple[str, str, bool]:
-    """The lexical pool's tsqueries: which rows to visit, what to rank them by (ts_rank_cd), and
-    whether the visit must be capped at LEXICAL_ROWS_MAX rows.
+def _lexical_queries(counts: dict[str, int | None]) -> tuple[str, str]:
+    """The lexical pool's tsqueries: which rows to visit, and what to rank them by (ts_rank_cd);
+    empty when no term is rarer than LARGE_TERM_CAP.
 
     Only rows matching the rarer terms are ranked: an OR of common words would make PostgreSQL rank
     most of a large scope. Each row ranked is a heap visit, so the rows visited are those of the
@@ -57,14 +57,14 @@ def _lexical_queries(counts: dict[str, int | None]) -> tuple[str, str, bool]:
     without visiting rows). All are ranked by every rarer term. A scope whose rarer terms match
     LEXICAL_ROWS_MAX rows or fewer in all visits them all.
 
-    A query whose every term is common (each in more than LARGE_TERM_CAP rows, or absent) visits
-    the rows matching all of them, but at most LEXICAL_ROWS_MAX: ranking every row of one common
-    word (a name, say: 12,600 rows of 100,000) cost 30-70 ms for a signal that hardly tells those
-    rows apart; the dense pool, and BM25 within the pool, rank such a query."""
+    A query whose every term is common (each in more than LARGE_TERM_CAP rows) or absent has no
+    lexical pool: ranking every row of one common word (a name in 12 % of 100,000 messages: 12,600
+    rows) cost 28-52 ms for a signal that hardly tells those rows apart, and any subset of them
+    would be arbitrary (and a LIMIT invites a plan that scans until it has enough). The dense pool,
+    and BM25 within the pool, rank such a query."""
     rare = [term for term, count in counts.items() if count]
     if not rare:
-        every = " & ".join(term for term, count in counts.items() if count is None)
-        return every, every, True
+        return "", ""
     by_rows = sorted(rare, key=lambda term: counts[term] or 0)
     visit, rows = [by_rows[0]], counts[by_rows[0]] or 0
     for term in by_rows[1:]:
@@ -74,10 +74,10 @@ def _lexical_queries(counts: dict[str, int | None]) -> tuple[str, str, bool]:
         visit.append(term)
     rank_by = " | ".join(rare)
     if len(visit) == len(rare):
-        return rank_by, rank_by, False
+        return rank_by, rank_by
     left = by_rows[len(visit) :][:LEXICAL_PAIRS_TERMS]
     pairs = [f"({a} & {b})" for i, a in enumerate(left) for b in left[i + 1 :]]
-    return " | ".join(visit + pairs), rank_by, False
+    return " | ".join(visit + pairs), rank_by
 
 
 # Both statements return a message's row in this shape (`_row_candidate`): occurred_at as
@@ -131,7 +131,7 @@ def _lexical_pool(
     and the turns within `radius` of the best LARGE_POOL_SEEDS of them (by the (session, seq)
     index, one nested-loop probe per seed: an EXISTS in the WHERE clause would be evaluated for
     every row of the scope)."""
-    visit, rank_by, capped = _lexical_queries(counts)
+    visit, rank_by = _lexical_queries(counts)
     if not visit:
         return {}
     table = Message._meta.db_table
@@ -144,19 +144,14 @@ def _lexical_pool(
             "ON near.session_id = seed.session_id AND near.seq BETWEEN seed.seq - %s AND seed.seq + %s"
         )
         chosen_params += [radius, radius]
-    visited = (
-        f"SELECT m.id, m.session_id, m.seq, m.search_vector FROM {table} m, to_tsquery(%s::regconfig, %s) v "
-        f"WHERE {where.where} AND m.search_vector @@ v"
-    )
-    if capped:
-        visited += f" LIMIT {LEXICAL_ROWS_MAX:d}"
     rows = fetch_prepared(
         f"WITH lexical AS MATERIALIZED (SELECT m.id, m.session_id, m.seq, "
-        f"ts_rank_cd(m.search_vector, q) AS rank FROM ({visited}) m, to_tsquery(%s::regconfig, %s) q "
+        f"ts_rank_cd(m.search_vector, q) AS rank FROM {table} m, to_tsquery(%s::regconfig, %s) v, "
+        f"to_tsquery(%s::regconfig, %s) q WHERE {where.where} AND m.search_vector @@ v "
         f"ORDER BY rank DESC, m.id LIMIT {LARGE_POOL_LEXICAL:d}) "
         f"SELECT {_ROW_COLUMNS} FROM {table} m JOIN {Session._meta.db_table} s ON s.id = m.session_id "
         f"WHERE {where.where} AND m.id IN ({chosen})",
-        [config, visit, *where.params, config, rank_by, *where.params, *chosen_params],
+        [config, visit, config, rank_by, *where.params, *where.params, *chosen_params],
     )
     return {row[0]: _row_candidate(row, None) for row in rows}
 
