@@ -39,11 +39,13 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 LEXICAL_ROWS_MAX = 500  # large scopes: the lexical pool visits about this many rows of its rarest terms
 LEXICAL_PAIRS_TERMS = 8  # ... and those matching two of its next most selective terms
-# Large scopes: a bounded pool, half of ranking.py's 100 / 100 / 30 (on the dev set pools of 20 to
-# 100 per list gave the same recall): ~270 candidates to rank in Python instead of ~550 (~14 ms).
+# Large scopes: a bounded pool, half of ranking.py's 100 / 100 and a third of its 30 seeds (on the
+# dev set pools of 20 to 100 per list gave the same recall; 10 seeds instead of 15: R@5 70.8 → 70.5,
+# R@10 80.8 → 80.8 through this path, `bench/bench_recall_large_path.py`): ~210 candidates to rank
+# in Python instead of ~550 (~14 ms) or ~270 with 15 seeds (1-2 ms more per whole-tenant search).
 LARGE_POOL_DENSE = 50
 LARGE_POOL_LEXICAL = 50
-LARGE_POOL_SEEDS = 15
+LARGE_POOL_SEEDS = 10
 
 
 def _lexical_queries(counts: dict[str, int | None]) -> tuple[str, str]:
