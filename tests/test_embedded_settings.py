@@ -8,6 +8,7 @@ test suite's database.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
@@ -109,8 +110,11 @@ def test_cgroup_limits_are_read_for_the_process_and_its_ancestors() -> None:
 
 
 def test_a_settings_file_that_cannot_be_written_does_not_stop_the_start(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Django's logging configuration, applied by other tests, may have disabled existing loggers.
+    monkeypatch.setattr(embedded.logger, "disabled", False)
+    caplog.set_level(logging.WARNING, logger=embedded.logger.name)
     pgdata = tmp_path / "pg"
     pgdata.mkdir()
     (pgdata / "postgresql.conf").write_text("shared_buffers = 128MB\n")

@@ -441,27 +441,19 @@ def _neighbour_part(candidates: list[Candidate], fused: np.ndarray, plan: Plan) 
         if c.group is not None and c.position is not None:
             by_group.setdefault(c.group, []).append((c.position, i))
     scores = fused.tolist()
-    radius = plan.neighbour_radius
-    # A neighbour `distance` positions away (1..radius: positions are unique within a group)
-    # counts decay ** (distance - 1): steps[distance - 1].
-    steps = [plan.neighbour_decay**step for step in range(radius)]
+    radius, decay = plan.neighbour_radius, plan.neighbour_decay
     for members in by_group.values():
         members.sort()
-        count = len(members)
         for j, (pos, i) in enumerate(members):
             # Sorted by position: the turns within the radius are next to j on either side.
             best = 0.0
             k = j - 1
             while k >= 0 and pos - members[k][0] <= radius:
-                value = scores[members[k][1]] * steps[pos - members[k][0] - 1]
-                if value > best:
-                    best = value
+                best = max(best, scores[members[k][1]] * decay ** (pos - members[k][0] - 1))
                 k -= 1
             k = j + 1
-            while k < count and members[k][0] - pos <= radius:
-                value = scores[members[k][1]] * steps[members[k][0] - pos - 1]
-                if value > best:
-                    best = value
+            while k < len(members) and members[k][0] - pos <= radius:
+                best = max(best, scores[members[k][1]] * decay ** (members[k][0] - pos - 1))
                 k += 1
             part[i] = plan.neighbour_weight * best
     return part
