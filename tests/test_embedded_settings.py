@@ -109,18 +109,30 @@ def test_cgroup_limits_are_read_for_the_process_and_its_ancestors() -> None:
     assert embedded.cgroup_memory_limit_files("garbage\n", root) == []
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def test_a_settings_file_that_cannot_be_written_does_not_stop_the_start(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Django's logging configuration, applied by other tests, may have disabled existing loggers.
+    # On the module's own logger: another test's logging configuration may have disabled it or
+    # stopped its propagation to the root logger that caplog listens on.
+    records = _Records()
     monkeypatch.setattr(embedded.logger, "disabled", False)
-    caplog.set_level(logging.WARNING, logger=embedded.logger.name)
+    monkeypatch.setattr(embedded.logger, "level", logging.WARNING)
+    monkeypatch.setattr(embedded.logger, "handlers", [records])
     pgdata = tmp_path / "pg"
     pgdata.mkdir()
     (pgdata / "postgresql.conf").write_text("shared_buffers = 128MB\n")
     (pgdata / embedded.SETTINGS_FILE).mkdir()  # a directory where the file should be
     embedded.write_server_settings(pgdata, shared_buffers=300)
-    assert "could not write the embedded PostgreSQL's settings" in caplog.text
+    assert any("could not write the embedded PostgreSQL's settings" in m for m in records.messages)
     conf = (pgdata / "postgresql.conf").read_text()
     assert conf.startswith("shared_buffers = 128MB\n")  # initdb's settings kept, the include added
     assert conf.count(f"include_if_exists = '{embedded.SETTINGS_FILE}'") == 1
