@@ -15,7 +15,6 @@ large-scope path with the only ground truth we have.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     setup_django()
 
-    from ctxapp.evaluation import parse_date
+    from ctxapp.evaluation import load
     from memory.models import Message, Tenant
     from memory.services import memory_index
     from memory.services.memory_search import SearchScope, candidates, corpus, memory_search
@@ -41,13 +40,10 @@ def main() -> None:
 
     if args.seeds:
         candidates.LARGE_POOL_SEEDS = args.seeds
-    samples = json.loads(Path(args.data).read_text())
+    conversations = load(args.data)  # the harness's own reading of a LoCoMo-format file
     tenant = Tenant.objects.create(name="dev", slug="dev")
-    for number, sample in enumerate(samples):
-        conversation = sample["conversation"]
-        session_number = 1
-        while f"session_{session_number}" in conversation:
-            occurred_at = parse_date(conversation.get(f"session_{session_number}_date_time"))
+    for number, conversation in enumerate(conversations):
+        for _, occurred_at, turns in conversation.sessions:
             session = session_create(tenant=tenant, agent_external_id="bot", user_id=f"c{number}")
             items = [
                 MessageInput(
@@ -57,10 +53,9 @@ def main() -> None:
                     occurred_at=occurred_at,
                     metadata={"dia_id": turn["dia_id"]},
                 )
-                for turn in conversation[f"session_{session_number}"]
+                for turn in turns
             ]
             messages_append(tenant=tenant, items=items, session=session)
-            session_number += 1
     while Message.objects.filter(tenant=tenant, embedding__isnull=True).exists():
         memory_index.memory_index_drain(time_budget=60)
     dia_ids = {
@@ -70,8 +65,8 @@ def main() -> None:
 
     def recall() -> tuple[float, float]:
         at5, at10 = [], []
-        for number, sample in enumerate(samples):
-            for qa in sample["qa"]:
+        for number, conversation in enumerate(conversations):
+            for qa in conversation.questions:
                 evidence = set(qa.get("evidence", []))
                 if not evidence:
                     continue
@@ -88,7 +83,7 @@ def main() -> None:
     corpus.SCOPE_CORPUS_MAX = 0  # every scope counts as large
     corpus._large_scopes.clear()
     large = recall()
-    questions = sum(len(sample["qa"]) for sample in samples)
+    questions = sum(len(conversation.questions) for conversation in conversations)
     print(f"{len(dia_ids)} turns, {questions} questions, one user scope per conversation")
     print(f"cached corpus (exact)     R@5 {exact[0]:.1f}  R@10 {exact[1]:.1f}")
     print(
