@@ -121,6 +121,7 @@ def _bulk_item(*, task: Task, candidate: Candidate) -> BulkItem:
         solution=candidate.solution,
         confidence=candidate.confidence,
         user_id=task.user_id,
+        agent=task.agent.external_id,
     )
 
 
@@ -146,6 +147,7 @@ def _store(*, tenant: Tenant, task: Task, candidates: list[Candidate]) -> list[C
             source_task=task,
             source_session=task.session,
             message_seqs=c.message_seqs,
+            agent=task.agent.external_id,
         )
         for c in candidates
     ]
