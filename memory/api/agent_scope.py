@@ -83,3 +83,23 @@ class AgentScopedView(TenantApiView):
                 details={"fields": {"If-Match": ["Not a version."]}},
             )
         return int(raw)
+
+
+def bound_agent(view: TenantApiView) -> str | None:
+    """The agent the caller's key is bound to (None for an unbound key): the scope of every read."""
+    return view.request.auth.agent_external_id or None  # type: ignore[union-attr]
+
+
+def agent_filter_for_read(view: TenantApiView, requested: str | None) -> str | None:
+    """The `agent` filter of a list or search: a bound key reads only its own agent's rows.
+
+    Naming another agent is refused (403 agent_mismatch) rather than silently answered empty, the
+    same as a bound key acting as another agent.
+    """
+    bound = bound_agent(view)
+    if bound and requested and requested != bound:
+        raise AgentMismatch(
+            f"This API key is bound to agent {bound!r}; it cannot read agent {requested!r}'s rows.",
+            details={"bound_agent": bound, "requested_agent": requested},
+        )
+    return bound or requested

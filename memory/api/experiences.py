@@ -25,6 +25,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from memory.api.agent_scope import agent_filter_for_read, bound_agent
 from memory.api.base import CursorSerializer, KeysetPagination, TenantApiView
 from memory.api.experience_serializers import (
     ExperienceDetailSerializer,
@@ -96,7 +97,8 @@ class ExperienceListApi(TenantApiView):
             extraction_method=data.get("extraction_method"),
             include_superseded=data["include_superseded"],
             as_of=data.get("as_of"),
-            agent=data.get("agent"),
+            agent=agent_filter_for_read(self, data.get("agent")),
+            bound_agent=bound_agent(self),
         )
         pages = KeysetPagination()
         rows = pages.paginate_queryset(queryset, self.request, self)
@@ -135,7 +137,9 @@ class ExperienceListApi(TenantApiView):
 class ExperienceDetailApi(TenantApiView):
     @extend_schema(responses=ExperienceDetailSerializer, summary="Read one experience with its links")
     def get(self, request: Request, experience_id: str) -> Response:
-        experience = experiences.experience_get(tenant=self.tenant, experience_id=experience_id)
+        experience = experiences.experience_get(
+            tenant=self.tenant, experience_id=experience_id, bound_agent=bound_agent(self)
+        )
         return Response(ExperienceDetailSerializer(experience).data)
 
     @extend_schema(
@@ -144,7 +148,9 @@ class ExperienceDetailApi(TenantApiView):
         summary="Delete an experience (its hidden merged duplicates too; what it superseded comes back)",
     )
     def delete(self, request: Request, experience_id: str) -> Response:
-        experience = experiences.experience_get(tenant=self.tenant, experience_id=experience_id)
+        experience = experiences.experience_get(
+            tenant=self.tenant, experience_id=experience_id, bound_agent=bound_agent(self)
+        )
         experiences.experience_delete(tenant=self.tenant, experience=experience)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -298,6 +304,7 @@ class ExperienceSearchApi(TenantApiView):
     )
     def post(self, request: Request) -> Response:
         data = self.validate(self.InputSerializer)
+        data["agent"] = agent_filter_for_read(self, data.get("agent"))
         result = retrieval.experiences_search(tenant=self.tenant, **data)
         return Response(
             {
@@ -320,7 +327,9 @@ class ExperienceFeedbackApi(TenantApiView):
     @extend_schema(request=InputSerializer, responses=ExperienceDetailSerializer, summary="Report an outcome")
     def post(self, request: Request, experience_id: str) -> Response:
         data = self.validate(self.InputSerializer)
-        experience = experiences.experience_get(tenant=self.tenant, experience_id=experience_id)
+        experience = experiences.experience_get(
+            tenant=self.tenant, experience_id=experience_id, bound_agent=bound_agent(self)
+        )
         session = (
             session_access(tenant=self.tenant, session_id=data["session"]) if data.get("session") else None
         )

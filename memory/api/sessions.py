@@ -23,6 +23,7 @@ from drf_spectacular.utils import (
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from memory.api.agent_scope import agent_filter_for_read
 from memory.api.base import (
     MAX_BIGINT,
     CursorSerializer,
@@ -139,6 +140,7 @@ class SessionListCreateApi(TenantApiView):
     )
     def get(self, request: Any) -> Response:
         filters = list_filters(self.validate_query(self.FilterSerializer))
+        filters["agent_external_id"] = agent_filter_for_read(self, filters.get("agent_external_id"))
         queryset = selectors.sessions_list(tenant=self.tenant, **filters)
         return keyset_response(self, queryset, SessionOutputSerializer)
 
@@ -263,6 +265,7 @@ class TaskCreateApi(TenantApiView):
     )
     def get(self, request: Any) -> Response:
         filters = list_filters(self.validate_query(self.FilterSerializer))
+        filters["agent_external_id"] = agent_filter_for_read(self, filters.get("agent_external_id"))
         queryset = selectors.tasks_list(tenant=self.tenant, **filters)
         return keyset_response(self, queryset, TaskOutputSerializer)
 

@@ -10,7 +10,13 @@ from typing import Any
 from memory.models import MessageRole, Session, Summary, Tenant
 from memory.services import decay, retrieval, tokens
 from memory.services.context_history import history_groups, history_message, window_rows
-from memory.services.context_items import BuildRequest, Candidates, ContextItem, SystemPart
+from memory.services.context_items import (
+    BuildRequest,
+    Candidates,
+    ContextItem,
+    SystemPart,
+    carried_over_message,
+)
 from memory.services.context_policy import EffectivePolicy
 from memory.services.digest import context_digest_for_session
 from memory.services.recall import RecallPolicy, context_recall, recall_policy_effective
@@ -39,13 +45,14 @@ def candidates_collect(
     items += _memory_items(tenant=tenant, session=session, policy=policy, query=window.query)
     if summary is not None:
         items.append(_summary_item(summary))
-    previous_digest = _previous_digest_item(tenant=tenant, session=session)
+    recall_policy = recall_policy_effective(tenant=tenant, overrides=request.recall)
+    # The previous session's digest is carried over like recall: `recall.enabled = false` drops it.
+    previous_digest = _previous_digest_item(tenant=tenant, session=session) if recall_policy.enabled else None
     if previous_digest is not None:
         items.append(previous_digest)
     history = _history_collect(session=session, covered=covered, window=window, policy=policy)
     items += history.items
 
-    recall_policy = recall_policy_effective(tenant=tenant, overrides=request.recall)
     items += _recall_step(
         tenant=tenant,
         session=session,
@@ -232,7 +239,7 @@ def _memory_items(
             "memory",
             "memories",
             memory.experience_id,
-            [{"role": "system", "content": f"Relevant past experience: {memory.text}"}],
+            [carried_over_message(f"Relevant past experience: {memory.text}", source="experience")],
             score=round(memory.score, 4),
         )
         if rank >= policy.memory_limit or used_chars + len(memory.text) > policy.memory_max_chars:
@@ -270,13 +277,14 @@ def _previous_digest_item(*, tenant: Tenant, session: Session) -> ContextItem | 
         "summary",
         f"digest:{offered.session_id}:v{offered.digest.version}",
         [
-            {
-                "role": "system",
-                "content": f"Digest of this user's previous session ({offered.session_id}):\n"
-                f"{offered.digest.text}",
-            }
+            carried_over_message(
+                f"Digest of this user's previous session ({offered.session_id}):\n{offered.digest.text}",
+                source="previous_session_digest",
+                agent=offered.agent,
+                session=offered.session_id,
+            )
         ],
-        extra={"source": "previous_session_digest", "session": offered.session_id},
+        extra={"source": "previous_session_digest", "session": offered.session_id, "agent": offered.agent},
     )
 
 
@@ -352,7 +360,7 @@ def _recall_step(
             "recall",
             "recall",
             f"recall:{item.kind}:{item.id}",
-            [{"role": "system", "content": item.text}],
+            [carried_over_message(item.text, source=item.kind, session=item.session or "")],
             score=round(item.score, 4),
             reason=item.reason,
             extra={

@@ -387,14 +387,18 @@ def session_digests_list(*, tenant: Tenant, session: Session) -> QuerySet[Sessio
 class OfferedDigest:
     digest: SessionDigest
     session_id: str  # public id of the session it summarises
+    agent: str = ""  # external id of that session's agent (the manifest says where it came from)
 
 
 def context_digest_for_session(*, tenant: Tenant, session: Session) -> OfferedDigest | None:
     """The digest a context build of `session` is offered: the latest digest of the same user's
-    most recent OTHER session, when `session` has no digest of its own yet. Read-only.
+    most recent OTHER session of the same agent, when `session` has no digest of its own yet.
+    Read-only.
 
     None when the session has no user id (nothing says whose memory it is), already has a digest,
-    or the user has no earlier digest. Never another user's, never another tenant's.
+    or the user has no earlier digest with this agent. Never another user's, never another
+    tenant's, never another agent's: a digest holds text the user wrote to that agent, and one
+    agent's conversation must not steer another (docs/reliability.md).
     """
     if not session.user_id:
         return None
@@ -402,16 +406,21 @@ def context_digest_for_session(*, tenant: Tenant, session: Session) -> OfferedDi
         return None
     digest = (
         SessionDigest.objects.filter(
-            tenant=tenant, user_id=session.user_id, session__created_at__lte=session.created_at
+            tenant=tenant,
+            user_id=session.user_id,
+            session__agent_id=session.agent_id,
+            session__created_at__lte=session.created_at,
         )
         .exclude(session=session)
-        .select_related("session")
+        .select_related("session__agent")
         .order_by("-session__created_at", "-version")
         .first()
     )
     if digest is None:
         return None
-    return OfferedDigest(digest=digest, session_id=digest.session.public_id)
+    return OfferedDigest(
+        digest=digest, session_id=digest.session.public_id, agent=digest.session.agent.external_id
+    )
 
 
 def digests_search_candidates(

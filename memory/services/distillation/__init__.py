@@ -113,6 +113,11 @@ class DistillResult:
 # --- paths -------------------------------------------------------------------------------------
 
 
+def _agent_of(task: Task) -> str:
+    """The external id recorded on the task's experiences: bound keys see only their agent's."""
+    return task.agent.external_id if task.agent is not None else ""
+
+
 def _bulk_item(*, task: Task, candidate: Candidate) -> BulkItem:
     """A candidate as experience_create stores it for `task` (its user, scope from the user)."""
     return BulkItem(
@@ -121,6 +126,7 @@ def _bulk_item(*, task: Task, candidate: Candidate) -> BulkItem:
         solution=candidate.solution,
         confidence=candidate.confidence,
         user_id=task.user_id,
+        agent=_agent_of(task),
     )
 
 
@@ -146,6 +152,7 @@ def _store(*, tenant: Tenant, task: Task, candidates: list[Candidate]) -> list[C
             source_task=task,
             source_session=task.session,
             message_seqs=c.message_seqs,
+            agent=_agent_of(task),
         )
         for c in candidates
     ]

@@ -54,7 +54,13 @@ from memory.services.experiences.embed import (
 from memory.services.experiences.feedback import experience_feedback, experiences_touch
 from memory.services.experiences.policy import POLICY_FIELDS, experience_policy_get, experience_policy_update
 from memory.services.experiences.promotion import experiences_promote
-from memory.services.experiences.reads import experience_get, experiences_list, scope_filter, visible_filter
+from memory.services.experiences.reads import (
+    agent_visibility,
+    experience_get,
+    experiences_list,
+    scope_filter,
+    visible_filter,
+)
 from memory.services.experiences.reconcile import (
     RECONCILE_CANDIDATE_FLOOR,
     experience_merge,
@@ -93,6 +99,7 @@ __all__ = [
     "DeleteResult",
     "ReembedResult",
     "Source",
+    "agent_visibility",
     "experience_create",
     "experience_delete",
     "experience_feedback",

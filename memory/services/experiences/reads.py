@@ -10,10 +10,28 @@ from memory.exceptions import NotFound
 from memory.models import Experience, ExperienceScope, Tenant
 
 
-def experience_get(*, tenant: Tenant, experience_id: str) -> Experience:
-    """One experience of `tenant`. Read-only. Raises NotFound for a missing or foreign id."""
+def agent_visibility(*, bound_agent: str | None) -> Q:
+    """Which experiences a caller may see and change: a key bound to an agent only that agent's.
+
+    The one rule every read path applies (list, detail, feedback, delete and the search engine),
+    so a bound key never reads another agent's text. An unbound key is the tenant's administrator
+    and sees every row. Rows with an empty `agent` (recorded by an unbound key) are not the bound
+    agent's either: sharing them is an explicit tenant decision, not a default.
+    """
+    if not bound_agent:
+        return Q()
+    return Q(agent=bound_agent)
+
+
+def experience_get(*, tenant: Tenant, experience_id: str, bound_agent: str | None = None) -> Experience:
+    """One experience of `tenant` the caller may see. Read-only.
+
+    Raises NotFound for a missing or foreign id, and for another agent's experience when
+    `bound_agent` is set (404, not 403: a bound key must not learn which ids exist).
+    """
     experience = (
         Experience.objects.filter(tenant=tenant, public_id=experience_id)
+        .filter(agent_visibility(bound_agent=bound_agent))
         .select_related("merged_into", "superseded_by", "source_task", "source_session")
         .first()
     )
@@ -52,10 +70,15 @@ def experiences_list(
     include_superseded: bool = False,
     as_of: datetime | None = None,
     agent: str | None = None,
+    bound_agent: str | None = None,
 ) -> QuerySet[Experience]:
-    """The tenant's visible experiences, filtered (`agent`: recorded by that agent). Read-only."""
-    queryset = Experience.objects.filter(tenant=tenant).filter(
-        visible_filter(include_superseded=include_superseded, as_of=as_of)
+    """The tenant's visible experiences, filtered (`agent`: recorded by that agent). Read-only.
+
+    `bound_agent`: the caller's key binding; only that agent's rows (agent_visibility)."""
+    queryset = (
+        Experience.objects.filter(tenant=tenant)
+        .filter(visible_filter(include_superseded=include_superseded, as_of=as_of))
+        .filter(agent_visibility(bound_agent=bound_agent))
     )
     if user_id is not None:
         queryset = queryset.filter(scope_filter(user_id=user_id))

@@ -19,7 +19,8 @@ import pytest
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
-from memory.models import Session, Task, Tenant
+from memory.models import Experience, Session, Task, Tenant
+from memory.services.experiences import experience_create
 from memory.services.sessions import session_create, task_create
 from memory.services.tenancy import api_key_create
 
@@ -28,7 +29,8 @@ BINDING_FIELDS = ("agent", "session", "task")  # query parameters and body field
 
 # Operations that name no agent, session or task: what they touch is the tenant's, not an agent's.
 AGENT_INDEPENDENT = {
-    "v1_experiences_retrieve": "experiences are the tenant's shared long-term memory",
+    "v1_experiences_retrieve": "names only the experience; a bound key reads only its own agent's "
+    "(test_a_bound_key_cannot_read_or_change_another_agents_experience)",
     "v1_experiences_embeddings_retry_create": "re-queues the tenant's experience embeddings",
     "v1_models_list": "the model profile table is global",
     "v1_models_retrieve": "the model profile table is global",
@@ -37,7 +39,8 @@ AGENT_INDEPENDENT = {
     "v1_tenant_api_keys_retrieve": "key management (admin scope), not an agent's data",
     "v1_tenant_api_keys_destroy": "key management (admin scope), not an agent's data",
     "v1_tokens_count_create": "pure computation, touches nothing stored",
-    "v1_experiences_destroy": "experiences are the tenant's shared long-term memory",
+    "v1_experiences_destroy": "names only the experience; a bound key deletes only its own agent's "
+    "(test_a_bound_key_cannot_read_or_change_another_agents_experience)",
     "v1_memory_index_retrieve": "the indexing progress of the tenant's memory, no agent's data",
     "v1_memory_search_create": "names agents only inside `scope`; the view confines a bound key's search "
     "to its own agent (test_memory_search.py)",
@@ -226,3 +229,57 @@ def test_another_tenants_session_is_404_not_403_for_a_bound_key(world: World) ->
         f"/api/v1/sessions/{session.public_id}/messages", {"role": "user", "content": "x"}, format="json"
     )
     assert response.status_code == 404, response.content
+
+
+# --- lists and experiences: what a bound key sees without naming any agent ------------------
+
+
+def _experience(agent: str, text: str) -> str:
+    tenant = Tenant.objects.get(slug="alice")
+    return experience_create(tenant=tenant, problem=text, solution="fix", agent=agent).experience.public_id
+
+
+@pytest.mark.parametrize("path", ["/api/v1/sessions", "/api/v1/tasks", "/api/v1/experiences"])
+def test_a_bound_keys_unfiltered_list_holds_only_its_own_agents_rows(world: World, path: str) -> None:
+    own, other = _experience("agent-b", "b's own lesson"), _experience("agent-a", "a's secret lesson")
+    response = world.keys["agent-b"].get(path)
+    assert response.status_code == 200, response.content
+    ids = {item["id"] for item in response.json()["items"]}
+    b, a = world.objects["agent-b"], world.objects["agent-a"]
+    expected = {"/api/v1/sessions": (b["session"], a["session"]), "/api/v1/tasks": (b["task"], a["task"])}
+    mine, theirs = expected.get(path, (own, other))
+    assert mine in ids and theirs not in ids, ids
+    assert "secret" not in response.content.decode()
+
+
+def test_a_bound_key_cannot_read_or_change_another_agents_experience(world: World) -> None:
+    other = _experience("agent-a", "a's secret lesson")
+    client = world.keys["agent-b"]
+    calls = {
+        "get": client.get(f"/api/v1/experiences/{other}"),
+        "feedback": client.post(f"/api/v1/experiences/{other}/feedback", {"helpful": False}, format="json"),
+        "delete": client.delete(f"/api/v1/experiences/{other}"),
+    }
+    for name, response in calls.items():
+        assert response.status_code == 404, (name, response.content)
+        assert response.json()["error"]["code"] == "not_found"
+    # Nothing changed: A still reads its experience, with no feedback recorded.
+    own = world.keys["agent-a"].get(f"/api/v1/experiences/{other}")
+    assert own.status_code == 200, own.content
+    assert Experience.objects.get(public_id=other).feedback.count() == 0
+    assert world.keys["agent-a"].delete(f"/api/v1/experiences/{other}").status_code == 204
+
+
+def test_a_bound_keys_experience_search_finds_only_its_own_agents(world: World) -> None:
+    _experience("agent-a", "deploy fails with a secret database password leak")
+    _experience("agent-b", "deploy fails when the cache is cold")
+    response = world.keys["agent-b"].post(
+        "/api/v1/experiences/search", {"query": "deploy fails"}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    texts = " ".join(str(hit) for hit in response.json()["results"])
+    assert "cache is cold" in texts and "secret" not in texts
+    named = world.keys["agent-b"].post(
+        "/api/v1/experiences/search", {"query": "deploy", "agent": "agent-a"}, format="json"
+    )
+    assert _is_mismatch(named), named.content

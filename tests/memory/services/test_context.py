@@ -195,7 +195,10 @@ def test_pinned_facts_and_memories_from_the_contracts(tenant_a, monkeypatch):
     contents = [m["content"] for m in built.messages]
     assert contents[0].startswith("Pinned fact — budget: Monthly budget is $500.")
     assert "restated" in contents[1]
-    assert contents[2] == "Relevant past experience: Timeouts: add the composite index."
+    # A recalled experience is data in a delimited user-role block, never a system instruction.
+    assert built.messages[2]["role"] == "user"
+    expected = "Relevant past experience: Timeouts: add the composite index."
+    assert f'<recalled_memory source="experience">\n{expected}\n' in contents[2]
     assert calls["retrieve"]["query"] == "why is the query slow?"
     assert calls["retrieve"]["limit"] == 5 and calls["retrieve"]["max_chars"] == 2000
     assert calls["used"] == {"tenant": tenant_a, "experience_ids": ["exp_1"]}

@@ -93,7 +93,7 @@ def test_position_end_budget_share_and_disabling_per_request(tenant_a, months_ag
     placed = end.messages[-1 - count : -1]  # right before the input, best first
     assert (
         count
-        and all(m["content"].startswith("Recalled") for m in placed)
+        and all(m["role"] == "user" and "Recalled" in m["content"] for m in placed)
         and "Biscuit" in placed[0]["content"]
     )
     assert (

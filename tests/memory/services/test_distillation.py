@@ -66,6 +66,7 @@ def test_a_low_value_task_takes_the_light_path_when_it_finishes(tenant_a):
     assert experience.problem == "Deploy fails with CrashLoopBackOff"
     assert experience.cause == "missing DATABASE_URL" and experience.confidence == 0.7
     assert experience.user_id == "u1" and experience.scope == "user"
+    assert experience.agent == "agent-1"  # the agent whose task it was: bound keys are scoped by it
     [event] = distilled(tenant_a)
     assert event.payload["path"] == "light" and event.payload["experiences"] == [experience.public_id]
 
@@ -89,6 +90,7 @@ def test_full_path_extracts_direct_and_pattern_with_message_provenance(tenant_a)
     results = task_distill_full(tenant=tenant_a, task=task)
     by_method = {r.experience.extraction_method: r.experience for r in results}
     assert set(by_method) == {"direct", "pattern"}
+    assert {e.agent for e in by_method.values()} == {"agent-1"}
     pattern = by_method["pattern"]
     assert pattern.problem.startswith("The nightly export job fails")
     assert pattern.cause.startswith("the missing index on exports")
