@@ -226,7 +226,9 @@ def _checkpoint_insert(
         tenant=checkpoint.tenant, key=events[0].stream, events=events
     )
     first_seq, fold_head, reducers_sha = fold if fold is not None else (0, "", "")
-    expected = f"s.last_seq - {len(events) - 1} = %s AND %s <> ''"
+    # Whether the events got the seqs the continued fold expects; every value is a parameter.
+    expected = "s.last_seq - %s = %s AND %s <> ''"
+    expected_params = [len(events) - 1, first_seq, fold_head]
     columns = [*(str(f.column) for f in inserted), "covers_event_seq", "fold_state", "reducers_sha256"]
     sql = (
         f"WITH {events_sql}, c AS (INSERT INTO {checkpoints} ({', '.join(quote(c) for c in columns)}) "
@@ -235,7 +237,7 @@ def _checkpoint_insert(
         f"CASE WHEN {expected} THEN %s ELSE '' END FROM s RETURNING id)"
     )
     params += [field.get_db_prep_save(getattr(checkpoint, field.attname), connection) for field in inserted]
-    params += [first_seq, fold_head, fold_head, first_seq, fold_head, reducers_sha]
+    params += [*expected_params, fold_head, *expected_params, reducers_sha]
     if clear_fold_of is not None:
         sql += f", cleared AS (UPDATE {checkpoints} SET fold_state = '', reducers_sha256 = '' WHERE id = %s)"
         params.append(clear_fold_of)
@@ -252,7 +254,6 @@ def _checkpoint_insert(
     checkpoint.covers_event_seq = events[-1].seq
     if fold is not None and events[0].seq == first_seq:
         checkpoint.fold_state, checkpoint.reducers_sha256 = f"{fold_head}{events[-1].seq}}}", reducers_sha
-    checkpoint._state.adding, checkpoint._state.db = False, connection.alias
     row.checkpoint = checkpoint
     return bool(listened)
 
