@@ -4,7 +4,7 @@ Django's PostgreSQL backend sends every query with its parameters merged into th
 (client-side binding) and never prepares one. For the statements an agent runs every turn (the
 append CTE, the checkpoint write, the one-row lookups) PostgreSQL then plans the same text again
 on every call: 1.1 ms of planning for the 1.6 ms append statement on the embedded server (EXPLAIN
-ANALYZE, docs/benchmarks.md, "Fourth pass"). `prepared_cursor()` gives a Django cursor (so query
+ANALYZE). `prepared_cursor()` gives a Django cursor (so query
 logging, `execute_wrapper` and the tests' statement counts see it as any other) over a psycopg
 cursor that binds parameters on the server and prepares each statement text the first time it
 runs on a connection; psycopg keeps the prepared statements per connection (at most 100, least
@@ -19,32 +19,39 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
 from django.db.backends.postgresql import base as postgresql
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 # Django's other cursors never ask for preparation; with this threshold psycopg never prepares a
 # statement of theirs on its own either (it would after this many runs of one text).
-_ONLY_WHEN_ASKED = 2**62
+ONLY_WHEN_ASKED = 2**62
 
 
 # Django's cursor class over psycopg's server-binding `Cursor` (django-stubs do not type it).
-_ServerBindingCursor: Any = postgresql.ServerBindingCursor
+ServerBindingCursor: Any = postgresql.ServerBindingCursor
 
 
-class _PreparingCursor(_ServerBindingCursor):
-    """psycopg's server-binding cursor, preparing every statement it runs."""
+class PreparingCursor(ServerBindingCursor):
+    """Django's server-binding psycopg cursor, asking psycopg to prepare every statement it runs."""
 
     def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any) -> Any:
         return super().execute(query, params, prepare=True, **kwargs)
 
-    def _send_query_prepared(self, name: bytes, pgq: Any, **kwargs: Any) -> None:
-        # psycopg records the query it ran only when it did not prepare it; Django's query log
-        # (connection.queries, CaptureQueriesContext) reads it from there.
-        self._query = pgq
-        super()._send_query_prepared(name, pgq, **kwargs)
+
+class LoggedPreparedCursor(CursorDebugWrapper):
+    """Django's debug cursor, logging the statement with its parameters composed client-side.
+
+    Django's log asks psycopg for the text it sent, which psycopg keeps only for statements it did
+    not prepare; composing it from the statement and its parameters gives the same text.
+    """
+
+    def execute(self, sql: Any, params: Any = None) -> Any:
+        with self.debug_sql(self.db.ops.compose_sql(sql, params), use_last_executed_query=False):
+            return CursorWrapper.execute(self, sql, params)
 
 
 @contextmanager
@@ -57,11 +64,13 @@ def prepared_cursor() -> Iterator[Any]:
     connection.ensure_connection()
     conn = connection.connection
     if conn.prepare_threshold is None:  # Django's default: psycopg then prepares nothing at all
-        conn.prepare_threshold = _ONLY_WHEN_ASKED
+        conn.prepare_threshold = ONLY_WHEN_ASKED
     with connection.wrap_database_errors:
-        raw = _PreparingCursor(conn)
-    # Django's own cursor factory step (thread check, debug logging, execute wrappers); it has no
-    # public way to wrap a cursor it did not create.
-    cursor = cast(Any, connection)._prepare_cursor(raw)
+        raw = PreparingCursor(conn)
+    # What Django's cursor factory does with a cursor it makes (thread check, query log, execute
+    # wrappers), through its public methods.
+    connection.validate_thread_sharing()
+    logged = connection.queries_logged
+    cursor = LoggedPreparedCursor(raw, connection) if logged else connection.make_cursor(raw)
     with cursor:
         yield cursor

@@ -27,7 +27,6 @@ from memory.models import (
 )
 from memory.prepared import prepared_cursor
 from memory.services import recorder
-from memory.services.cognition.compiled import first_compiled
 from memory.services.cognition.jsondiff import json_diff, json_pointer, json_sha256, json_text
 from memory.services.cognition.schema import STATE_FIELDS, state_normalize, state_patched
 from memory.services.cognition.state import (
@@ -281,7 +280,7 @@ def checkpoint_get(*, tenant: Tenant, agent: Agent, ref: str | int) -> Checkpoin
 
 def checkpoint_latest(*, tenant: Tenant, agent: Agent) -> Checkpoint | None:
     """The agent's newest checkpoint (without its stored fold, loaded on access). Read-only."""
-    return first_compiled("checkpoint_latest", _checkpoint_latest, tenant.pk, agent.pk)
+    return _checkpoint_latest(tenant.pk, agent.pk).first()
 
 
 def _checkpoint_latest(tenant_id: int, agent_id: int) -> QuerySet[Checkpoint]:

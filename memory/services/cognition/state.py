@@ -29,7 +29,6 @@ from memory.models import (
     empty_state,
 )
 from memory.services import recorder
-from memory.services.cognition.compiled import first_compiled
 from memory.services.cognition.jsondiff import json_same, json_text
 from memory.services.cognition.schema import (
     STATE_FIELDS,
@@ -159,7 +158,7 @@ def state_get(*, tenant: Tenant, agent: Agent) -> StateView:
 
     Read-only; returns fresh copies.
     """
-    return _view(agent, first_compiled("state_get", _state_read, tenant.pk, agent.pk))
+    return _view(agent, _state_read(tenant.pk, agent.pk).first())
 
 
 def _state_read(tenant_id: int, agent_id: int) -> QuerySet[CognitiveState]:
@@ -177,7 +176,7 @@ def state_row_for_update(*, tenant: Tenant, agent: Agent, checkpoint_fold: bool 
     `checkpoint_fold`: load its checkpoint's stored fold too (checkpoint_create continues it).
     """
     build = _state_locked_with_fold if checkpoint_fold else _state_locked
-    row = first_compiled(build.__name__, build, agent.pk)  # one round trip once the row exists
+    row = build(agent.pk).first()  # one round trip once the row exists
     if row is not None:
         return row
     CognitiveState.objects.get_or_create(
