@@ -81,7 +81,7 @@ def window_counts(
     """Count one hit of each (key, window seconds) in its current fixed window.
 
     Returns (hits in this window, seconds until it ends) per key, in order. Through Django's
-    cache API only (`add` then `incr` per key), so any configured backend works and none is
+    cache API only (`incr`, and `add` to open a window), so any configured backend works and none is
     reached into: atomic on Redis; on the database cache `incr` is a read then a write, so
     concurrent requests may undercount a little, which a fallback rate limit can afford.
 
@@ -104,13 +104,15 @@ def window_counts(
 
 
 def _hit(cache: BaseCache, key: str, timeout: int) -> int:
-    """One more hit of `key`, created at 0 with `timeout` seconds to live when it is new."""
-    for _ in range(2):  # a window key can expire between `add` and `incr`: add it once more
-        cache.add(key, 0, timeout)
+    """One more hit of `key`; a new key starts at 1 with `timeout` seconds to live.
+
+    `incr` first: every hit but a window's first then costs no `add`."""
+    for _ in range(2):  # a key can appear (another request) or expire between the two calls
         try:
             return int(cache.incr(key))
-        except ValueError:
-            continue
+        except ValueError:  # not there yet: this hit opens the window
+            if cache.add(key, 1, timeout):
+                return 1
     return 1
 
 
