@@ -1,5 +1,8 @@
 """API rate limits, counted on the shared cache (Redis with REDIS_URL, else the database cache).
 
+Counted through Django's cache API only (`add`, `incr`, `get`), never the backend's client or
+the cache table, so the limits work on whichever cache backend is configured.
+
 Three limits, each a setting (`CTXAPP_THROTTLE_*`), each answering 429 `rate_limited` with a
 `Retry-After` header:
 - per API key (`ApiKeyRateThrottle`), so one agent cannot starve the others;
@@ -18,16 +21,13 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from abc import ABC, abstractmethod
-from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.core.cache import caches
-from django.core.cache.backends.redis import RedisCache
-from django.db import connection
+from django.core.cache.backends.base import BaseCache
 from django.http import HttpRequest
 from rest_framework import exceptions
 from rest_framework.request import Request
@@ -61,16 +61,8 @@ def parse_rate(rate: str | None) -> tuple[int, int] | None:
     return int(count), DURATIONS[unit[0]]
 
 
-DB_CACHE_TABLE = "ctxapp_cache"  # the database cache's table (memory/migrations/0005_harden.py)
-DB_CLEANUP_EVERY = 500  # about one request in this many deletes the database's expired windows
-
-
-def _redis_client() -> Any | None:
-    """The raw client of the Redis cache, or None when the cache is the database's."""
-    backend = caches["default"]
-    if isinstance(backend, RedisCache):
-        return backend._cache.get_client(write=True)  # one pipelined round trip, not add + incr
-    return None
+def _cache() -> BaseCache:
+    return caches["default"]
 
 
 def window_count(key: str, duration: int) -> tuple[int, float]:
@@ -86,80 +78,46 @@ def window_count(key: str, duration: int) -> tuple[int, float]:
 def window_counts(
     keys: list[tuple[str, int]], *, unless_over: tuple[str, int] | None = None
 ) -> list[tuple[int, float]] | None:
-    """Count one hit of each (key, window seconds) in its current fixed window, all in one round trip.
+    """Count one hit of each (key, window seconds) in its current fixed window.
 
-    Returns (hits in this window, seconds until it ends) per key, in order. One round trip and
-    O(1) per key: a pipelined INCR + EXPIRE per key on Redis, or one multi-row upsert on the
-    database cache's table (one statement and one asynchronous commit for every limit of a
-    request; Django's cache API would cost an add, a get and a set per key, each several
-    statements there).
+    Returns (hits in this window, seconds until it ends) per key, in order. Through Django's
+    cache API only (`incr`, and `add` to open a window), so any configured backend works and none is
+    reached into: atomic on Redis; on the database cache `incr` is a read then a write, so
+    concurrent requests may undercount a little, which a fallback rate limit can afford.
 
-    `unless_over` = (counter key, limit), database cache only: in the same statement, count
-    nothing and return None when that counter (the failed authentications of this address) has
-    reached the limit, so its read costs no round trip of its own.
+    `unless_over` = (counter key, limit): count nothing and return None when that counter (the
+    failed authentications of this address) has reached the limit.
     """
     now = time.time()
     windows = [(_window_key(key, duration, now), int(now // duration), duration) for key, duration in keys]
     remaining = [(window + 1) * duration - now for _, window, duration in windows]
-    client = _redis_client()
-    if client is not None:
-        make_key = caches["default"].make_key
-        pipe = client.pipeline(transaction=False)
-        for full_key, _, duration in windows:
-            pipe.incr(make_key(full_key))
-            pipe.expire(make_key(full_key), duration + 1)
-        replies = pipe.execute()
-        return [(int(count), left) for count, left in zip(replies[::2], remaining, strict=True)]
-    counts = _database_counts(
-        {full_key: (window + 1) * duration + 1 for full_key, window, duration in windows}, unless_over
-    )
-    if counts is None:
-        return None
-    return [(counts[full_key], left) for (full_key, _, _), left in zip(windows, remaining, strict=True)]
+    cache = _cache()
+    if unless_over is not None:
+        guard_key, limit = unless_over
+        if int(cache.get(guard_key) or 0) >= limit:
+            return None
+    counts = [
+        _hit(cache, full_key, math.ceil(left) + 1)
+        for (full_key, _, _), left in zip(windows, remaining, strict=True)
+    ]
+    return list(zip(counts, remaining, strict=True))
+
+
+def _hit(cache: BaseCache, key: str, timeout: int) -> int:
+    """One more hit of `key`; a new key starts at 1 with `timeout` seconds to live.
+
+    `incr` first: every hit but a window's first then costs no `add`."""
+    for _ in range(2):  # a key can appear (another request) or expire between the two calls
+        try:
+            return int(cache.incr(key))
+        except ValueError:  # not there yet: this hit opens the window
+            if cache.add(key, 1, timeout):
+                return 1
+    return 1
 
 
 def _window_key(key: str, duration: int, now: float) -> str:
     return f"throttle:{key}:{int(now // duration)}"
-
-
-def _database_counts(expiries: dict[str, int], unless_over: tuple[str, int] | None) -> dict[str, int] | None:
-    """One upsert of every key (in key order, so concurrent requests lock rows in one order).
-
-    Committed asynchronously (`synchronous_commit` off for this statement's own transaction
-    only; never inside a caller's transaction, where it would hold for the caller's writes too):
-    the request does not wait for a WAL flush (≈ 1 ms → 0.3 ms here). A crash may lose the last
-    fraction of a second of counts, which a rate limit can afford; the table stays crash-safe.
-    With `unless_over` (key, limit) nothing is counted, and None returned, while that key's
-    counter is at the limit or above (see `window_counts`).
-    """
-    keys = sorted(expiries)
-    values = ", ".join(["(%s, %s::timestamptz)"] * len(keys))
-    asynchronous = "CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode "
-    params: list[Any] = []
-    guard = ""
-    if unless_over is not None:
-        guard = "WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE cache_key = %s AND value::bigint >= %s) "
-        guard = guard.format(table=DB_CACHE_TABLE)
-    for key in keys:
-        params += [key, datetime.fromtimestamp(expiries[key], tz=UTC)]
-    if unless_over is not None:
-        params += list(unless_over)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {DB_CACHE_TABLE} (cache_key, value, expires) SELECT v.key, '1', v.expires "
-            f"FROM (VALUES {values}) AS v(key, expires) "
-            f"{'' if connection.in_atomic_block else asynchronous}{guard}"
-            f"ON CONFLICT (cache_key) DO UPDATE SET value = ({DB_CACHE_TABLE}.value::bigint + 1)::text "
-            "RETURNING cache_key, value::bigint",
-            params,
-        )
-        counts = {key: int(count) for key, count in cursor.fetchall()}
-        if random.randrange(DB_CLEANUP_EVERY) == 0:
-            cursor.execute(
-                f"DELETE FROM {DB_CACHE_TABLE} WHERE cache_key LIKE 'throttle:%%' AND expires < %s",
-                [datetime.now(tz=UTC)],
-            )
-    return counts if counts or not keys else None
 
 
 def window_peek(key: str, duration: int) -> tuple[int, float]:
@@ -167,13 +125,7 @@ def window_peek(key: str, duration: int) -> tuple[int, float]:
     now = time.time()
     full_key = _window_key(key, duration, now)
     remaining = (int(now // duration) + 1) * duration - now
-    client = _redis_client()
-    if client is not None:
-        return int(client.get(caches["default"].make_key(full_key)) or 0), remaining
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT value::bigint FROM {DB_CACHE_TABLE} WHERE cache_key = %s", [full_key])
-        row = cursor.fetchone()
-    return (int(row[0]) if row else 0), remaining
+    return int(_cache().get(full_key) or 0), remaining
 
 
 class _SettingRateThrottle(BaseThrottle, ABC):
@@ -217,9 +169,9 @@ def throttles_exceeded(request: Request, view: Any, throttles: list[Any]) -> lis
         for t in throttles
         if isinstance(t, _SettingRateThrottle) and (window := t.window(request))
     ]
-    # The failed-authentication check put off by `auth_failures_defer`: in the same statement as
-    # the counts on the database cache, else on its own first.
-    failures = _auth_failures_take(request) if counted and _redis_client() is None else None
+    # The failed-authentication check put off by `auth_failures_defer`: with the counts when some
+    # limit counts this request, else on its own first.
+    failures = _auth_failures_take(request) if counted else None
     if failures is None:
         auth_failures_settle(request)
     if not counted:
