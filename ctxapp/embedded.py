@@ -172,8 +172,9 @@ def started_servers() -> list[Any]:
 
 
 def forget_server(server: Any) -> None:
-    if STARTED.get(server.pgdata) is server:
-        del STARTED[server.pgdata]
+    pgdata = server.pgdata
+    if STARTED.get(pgdata) is server:
+        del STARTED[pgdata]
 
 
 def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop", shared_buffers: int = 0) -> Any:
