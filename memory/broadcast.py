@@ -98,7 +98,7 @@ def send(tenant_id: int, items: list[dict[str, Any]]) -> None:
     Outside a transaction (after a commit, where the batch is flushed) the PostgreSQL layer sends
     in one statement on this thread's database connection (`group_send_sync`); otherwise it goes
     through `async_to_sync`, which starts a thread and an event loop per call (2-3 ms of an
-    in-process append, docs/benchmarks.md, "Fourth pass") but can never abort the caller's
+    in-process append, docs/benchmarks.md, bench_peers.py) but can never abort the caller's
     transaction.
     """
     layer = get_channel_layer()

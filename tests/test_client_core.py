@@ -76,7 +76,7 @@ def test_a_listing_follows_its_cursor_until_the_last_page() -> None:
 
 
 def test_what_goes_on_the_wire_keeps_the_timeout_the_key_and_the_query_over_retries() -> None:
-    # The request is built once, outside httpx.Client.request (issue 15): it must still carry the
+    # The request is built once, outside httpx.Client.request: it must still carry the
     # client's timeout, and every retry resends the same Idempotency-Key and body.
     sent: list[httpx.Request] = []
 

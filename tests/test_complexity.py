@@ -1,4 +1,4 @@
-"""Issue 13's bar, for the whole tree: no function outside migrations above cyclomatic complexity 25
+"""The complexity bar, for the whole tree: no function outside migrations above cyclomatic complexity 25
 (radon), and no production module over ~500 lines unless docs/architecture.md says why.
 
 A module may only be longer if the section "Modules over 500 lines" of docs/architecture.md names

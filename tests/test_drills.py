@@ -1,4 +1,4 @@
-"""Fault drills: jobs survive a broker outage and a killed worker (issue 12 item 1).
+"""Fault drills: jobs survive a broker outage and a killed worker.
 
 Redis drill: our own `redis-server` on a spare port (no persistence, so a restart also loses every
 queued message), a real Celery worker with beat (`-B`) on it, and writes through the API before,

@@ -58,7 +58,7 @@ class SessionStatus(models.TextChoices):
 class Session(models.Model):
     # No index of their own on tenant, agent and public_id's LIKE patterns: the composite indexes
     # below lead with tenant and agent, and public ids are looked up by equality only. Every index
-    # is written on each append (docs/benchmarks.md, "Fourth pass").
+    # is written on each append (docs/benchmarks.md, bench_peers.py).
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sessions", db_index=False)
     public_id = models.CharField(max_length=32, default=new_sess_id, editable=False)
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="sessions", db_index=False)

@@ -4,7 +4,7 @@
 `message.added` events and advances decay's round counter in ONE statement (a CTE), inside the
 caller's transaction. Before, the same work took six round trips (session read, seq reservation,
 message insert, event insert, round counter, and the API's idempotency record on top); on a busy
-PostgreSQL every round trip costs milliseconds (docs/benchmarks.md, "Against the libraries").
+PostgreSQL every round trip costs milliseconds (docs/benchmarks.md, bench_peers.py).
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def _rows_json(
 ) -> str:
     """The rows as one JSON parameter (jsonb_to_recordset): one json.dumps in C instead of
     thirteen arrays adapted element by element in Python (a third of a 100-message batch's
-    CPU, docs/benchmarks.md "Stop 19")."""
+    CPU, docs/benchmarks.md, bench_peers.py)."""
     rows = [
         {
             "role": item.role,

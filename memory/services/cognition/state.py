@@ -73,7 +73,7 @@ def _checkpoint_ref(checkpoint: Checkpoint | None) -> dict[str, Any] | None:
 # A checkpoint taken with its state (`checkpoint_create(state=…)` or `patch=…`) stores the state
 # once, in the checkpoint, and leaves the state row's `document` empty: the current state is then
 # that of `row.checkpoint`. Rewriting a large, growing document on the state row at every step
-# left a dead copy per step that a plain VACUUM cannot give back (issue 15: 50-67 MB of bloat for
+# left a dead copy per step that a plain VACUUM cannot give back (50-67 MB of bloat for
 # a 500-turn history). Reading such a state rebuilds it from the checkpoint (verified by its
 # SHA-256), or takes it from a small per-process cache of recent states keyed by that hash.
 

@@ -34,7 +34,7 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
     event, and is then merged / superseded against its neighbours. Raises EmbedderUnavailable
     (transient, the job retries) or EmbedderError (permanent).
 
-    Batch-shaped (issue 15's drain): the whole texts and the problems are embedded in one model
+    Batch-shaped: the whole texts and the problems are embedded in one model
     call, every vector is written by one `UPDATE … FROM unnest`, the events by one INSERT per
     stream, and one query finds every row's nearest stored neighbour; only a row with a neighbour
     close enough to merge or supersede (`reconcile.RECONCILE_CANDIDATE_FLOOR`) runs `reconcile`.

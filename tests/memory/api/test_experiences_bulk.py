@@ -1,4 +1,4 @@
-"""Experiences stop hiding information (issue 11 item 6), through real HTTP and the real model:
+"""Experiences stop hiding information, through real HTTP and the real model:
 bulk create, delete, merge: false, agent filter, capacity through the API, and the merge rule
 (only near-identical texts merge, and the merged text stays findable). Bob never sees Alice's."""
 

@@ -1,5 +1,5 @@
 """The hot paths stay cheap and keep their guarantees: API-key cache with revocation honoured at
-once, one-statement idempotency records, pinned statement counts (issue 15, bench/bench_peers.py)."""
+once, one-statement idempotency records, pinned statement counts (bench/bench_peers.py)."""
 
 from __future__ import annotations
 

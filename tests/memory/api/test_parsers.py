@@ -49,7 +49,7 @@ def test_ordinary_unicode_passes(api_a):
 
 def test_what_only_looks_like_an_escape_is_stored_and_a_nul_in_a_key_is_refused(api_a):
     # The parser walks a body value by value only when its text holds a \u0000 or surrogate
-    # escape (issue 15); an escaped backslash before "u0000" is plain text, a key is checked too.
+    # escape; an escaped backslash before "u0000" is plain text, a key is checked too.
     session = api_a.post("/api/v1/sessions", {"agent": "a1"}, format="json").json()["id"]
     path = f"/api/v1/sessions/{session}/messages"
     response = post_raw(api_a, path, '{"role": "user", "content": "a \\\\u0000 b"}')

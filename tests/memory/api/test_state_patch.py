@@ -1,4 +1,4 @@
-"""JSON Patch (RFC 6902) writes of an agent's cognitive state and checkpoints (issue 15)."""
+"""JSON Patch (RFC 6902) writes of an agent's cognitive state and checkpoints."""
 
 from __future__ import annotations
 

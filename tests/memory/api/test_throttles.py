@@ -164,7 +164,7 @@ def test_the_throttles_do_not_reach_into_a_cache_backend():
     assert "._cache" not in source and "ctxapp_cache" not in source and "cursor" not in source
 
 
-# --- the failed-authentication check rides on the rate-limit statement (issue 15) -------------
+# --- the failed-authentication check ------------------------------------------------------------
 
 
 def _flood(anon, address: str, times: int) -> None:

@@ -1,5 +1,5 @@
 """What an append costs the database: prepared once per connection, no redundant index written, the
-session row updated in place while a session is busy (issue 15, docs/benchmarks.md "Fourth pass")."""
+session row updated in place while a session is busy (docs/benchmarks.md, bench_peers.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """No text crosses agents unasked, and carried-over text is data, not instructions.
 
-The poisoning case of issue 26: a session of agent `pz-evil` for user `pu-9` holds an injected
+The memory-poisoning case: a session of agent `pz-evil` for user `pu-9` holds an injected
 instruction and its digest is written. A build for the same user in a session of `billing-bot`
 must not carry that digest; a build of `pz-evil`'s own next session gets it, but as a delimited
 user-role block after a "this is data" note, never as a system message; `recall.enabled = false`

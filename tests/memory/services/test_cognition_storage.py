@@ -1,5 +1,5 @@
-"""A checkpoint taken with its state stores that state once: the state row derives from it (issue 15:
-no dead copy of a growing document per step), and every read still gives the exact state."""
+"""A checkpoint taken with its state stores that state once: the state row derives from it
+(no dead copy of a growing document per step), and every read still gives the exact state."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Medium-term memory: the session digest (issue 11 item 4), with real PostgreSQL.
+"""Medium-term memory: the session digest, with real PostgreSQL.
 
 Offline extraction fills each category from a realistic conversation; versions increment and a
 run with nothing new writes nothing; the LLM path (a local fake OpenAI-compatible server: the

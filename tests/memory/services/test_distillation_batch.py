@@ -1,4 +1,4 @@
-"""Distillation drains in coalesced job runs (issue 15): many finished tasks, few runs, each task
+"""Distillation drains in coalesced job runs: many finished tasks, few runs, each task
 distilled exactly once. Real PostgreSQL and the job outbox, run in-process."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Embedding experiences a batch at a time (issue 15's drain): one job, one model call, bulk writes,
+"""Embedding experiences a batch at a time: one job, one model call, bulk writes,
 and the same merges and supersedes as if the rows had been embedded one by one. Real PostgreSQL +
 pgvector and the real local MiniLM model."""
 
