@@ -18,6 +18,8 @@ from memory.models import Session, SessionContextPolicy
 from memory.services import context, jobs, model_profiles, summarise, tokens
 from memory.services.sessions import session_access
 
+MAX_TOKENS = 2**31 - 1  # the usage columns are PostgreSQL integers: larger answered 500
+
 # --- tokens -----------------------------------------------------------------------------------------
 
 
@@ -305,13 +307,17 @@ class SessionUsageApi(TenantApiView):
 
         def get_fields(self) -> dict[str, Any]:
             fields = super().get_fields()
-            fields["gen_ai.usage.input_tokens"] = serializers.IntegerField(min_value=0, required=False)
-            fields["gen_ai.usage.output_tokens"] = serializers.IntegerField(min_value=0, required=False)
+            fields["gen_ai.usage.input_tokens"] = serializers.IntegerField(
+                min_value=0, max_value=MAX_TOKENS, required=False
+            )
+            fields["gen_ai.usage.output_tokens"] = serializers.IntegerField(
+                min_value=0, max_value=MAX_TOKENS, required=False
+            )
             fields["gen_ai.usage.cache_read.input_tokens"] = serializers.IntegerField(
-                min_value=0, required=False
+                min_value=0, max_value=MAX_TOKENS, required=False
             )
             fields["gen_ai.usage.reasoning.output_tokens"] = serializers.IntegerField(
-                min_value=0, required=False
+                min_value=0, max_value=MAX_TOKENS, required=False
             )
             return fields
 

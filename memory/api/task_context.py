@@ -200,7 +200,7 @@ class TaskMessagesApi(TaskScopedView):
         return Response({"items": items, "next": next_cursor, "next_cursor": next_cursor})
 
     @extend_schema(
-        responses=FREE_JSON,
+        responses={201: FREE_JSON},
         request=InputSerializer,
         parameters=[AGENT_HEADER_PARAM, AS_AGENT_PARAM],
         summary="Send a message on the task",

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 CHROMIUM = "/usr/bin/chromium"
@@ -49,11 +49,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def uvicorn_server(env: dict[str, str], *, timeout: float = 60.0) -> Iterator[str]:
-    """Run `ctxapp.asgi` under uvicorn on a free port; yield its base URL; stop it afterwards."""
+def uvicorn_server(
+    env: dict[str, str], *, timeout: float = 60.0, argv: Callable[[int], list[str]] | None = None
+) -> Iterator[str]:
+    """Run `ctxapp.asgi` under uvicorn on a free port; yield its base URL; stop it afterwards.
+    `argv(port)` replaces the command line (e.g. the one `ctxapp web` runs)."""
     port = free_port()
     proc = subprocess.Popen(
-        [
+        argv(port)
+        if argv
+        else [
             sys.executable,
             "-m",
             "uvicorn",

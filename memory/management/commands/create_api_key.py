@@ -26,6 +26,11 @@ class Command(BaseCommand):
             raise CommandError(f"No tenant with slug {options['tenant']!r}.")
         scopes = [s.strip() for s in options["scopes"].split(",") if s.strip()]
         expires = options["expires_in_days"]
+        if expires is not None and expires < 1:
+            # 0 used to read as "no expiry": a key meant to be short-lived would live forever.
+            raise CommandError(
+                "--expires-in-days must be 1 or more (leave it out for no expiry).", returncode=2
+            )
         try:
             _, secret = api_key_create(
                 tenant=tenant,
