@@ -37,7 +37,7 @@ from kombu.transport import sqlalchemy as kombu_sqlalchemy
 from kombu.transport.sqlalchemy.models import metadata
 from kombu.utils.encoding import bytes_to_str
 from sqlalchemy import delete, or_, select, text, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, PendingRollbackError
 from sqlalchemy.orm import sessionmaker
 
 ALIAS = "ctxsqla"
@@ -174,6 +174,11 @@ def create_tables(engine: Any) -> None:
 
 class Transport(kombu_sqlalchemy.Transport):
     Channel = Channel
+    # Kombu counts only OperationalError as a lost connection. A session whose connection died
+    # mid-transaction raises PendingRollbackError on its next use, and a closed one
+    # InterfaceError: counted here too, Celery (worker and beat) reconnects instead of failing
+    # every send after a PostgreSQL restart.
+    connection_errors = (OperationalError, InterfaceError, PendingRollbackError)
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)

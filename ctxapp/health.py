@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -12,10 +13,11 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
 from django.http import HttpRequest, JsonResponse
 
 from ctxapp.celery import app
+from memory.services.job_health import jobs_health
 from memory.services.jobs import jobs_waiting
 
 logger = logging.getLogger(__name__)
@@ -37,14 +39,14 @@ def check_database() -> dict[str, Any]:
 def check_broker() -> dict[str, Any]:
     """Connect to the broker and declare the default queue (a real round trip, for every transport)."""
     with app.connection_for_write() as conn:
-        conn.ensure_connection(max_retries=1, timeout=3)
+        conn.ensure_connection(max_retries=0, timeout=CHECK_TIMEOUT_SECONDS)
         with conn.channel() as channel:
             declared = channel.queue_declare(queue=settings.CELERY_TASK_DEFAULT_QUEUE, passive=False)
         transport = conn.transport.driver_type
     return {"ok": True, "transport": str(transport), "queued": declared.message_count}
 
 
-CHANNEL_LAYER_TIMEOUT_SECONDS = 5.0
+CHANNEL_LAYER_TIMEOUT_SECONDS = 1.5
 # One probe channel per layer and process. channels_postgres keeps an advisory lock for every
 # channel it has received on, for the life of the process: a new channel per check would leak one
 # lock per /readyz call.
@@ -70,7 +72,7 @@ async def _channel_layer_roundtrip(layer: Any) -> None:
             if message.get("token") == token:
                 return
 
-    await asyncio.wait_for(wait_for_token(), CHANNEL_LAYER_TIMEOUT_SECONDS)
+    await wait_for_token()
 
 
 def check_channel_layer() -> dict[str, Any]:
@@ -78,7 +80,9 @@ def check_channel_layer() -> dict[str, Any]:
     if layer is None:
         return {"ok": False, "error": "no channel layer configured"}
     try:
-        async_to_sync(_channel_layer_roundtrip)(layer)
+        # The whole round trip is bounded, the send too: a layer on a database that is down can
+        # wait in its connect.
+        async_to_sync(asyncio.wait_for)(_channel_layer_roundtrip(layer), CHANNEL_LAYER_TIMEOUT_SECONDS)
     except TimeoutError:
         return {"ok": False, "error": f"no message came back within {CHANNEL_LAYER_TIMEOUT_SECONDS:.0f} s"}
     return {"ok": True, "backend": type(layer).__name__}
@@ -88,29 +92,72 @@ CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
     "database": check_database,
     "broker": check_broker,
     "channel_layer": check_channel_layer,
+    "jobs": jobs_health,
 }
+# Every check gets this long, all at once: /readyz answers within about this time even while a
+# dependency hangs (a stopping PostgreSQL accepts connections it never answers).
+CHECK_TIMEOUT_SECONDS = 1.8
+# Parts that may fail with the API still taking writes: without a broker the jobs a write implies
+# wait in the outbox (memory.services.jobs) and are dispatched once it is back; a stalled worker
+# delays them the same way. Degraded, not down.
+DEGRADABLE = {"broker", "jobs"}
+
+
+def _run_check_inline(check: Callable[[], dict[str, Any]], into: dict[str, Any]) -> None:
+    started = time.perf_counter()
+    try:
+        result = check()
+    except Exception as exc:  # a failed dependency is reported, never raised
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    result["ms"] = round((time.perf_counter() - started) * 1000, 1)
+    into.update(result)
+
+
+def _run_check(check: Callable[[], dict[str, Any]], into: dict[str, Any]) -> None:
+    try:
+        _run_check_inline(check, into)
+    finally:
+        connections.close_all()  # this thread's own; it ends here
+
+
+# Runs in the request's own thread: a channel layer is bound to the event loop it was first used
+# on (the server's, reached through async_to_sync), and it bounds its own wait.
+INLINE = "channel_layer"
+
+
+def _run_checks() -> dict[str, Any]:
+    """Run every check but INLINE in its own thread; one that has not answered by the deadline is
+    reported as such and left to finish on its own (a daemon thread never holds the process up)."""
+    results: dict[str, dict[str, Any]] = {name: {} for name in CHECKS}
+    threads = {
+        name: threading.Thread(
+            target=_run_check, args=(check, results[name]), daemon=True, name=f"readyz-{name}"
+        )
+        for name, check in CHECKS.items()
+        if name != INLINE
+    }
+    for thread in threads.values():
+        thread.start()
+    deadline = time.monotonic() + CHECK_TIMEOUT_SECONDS
+    _run_check_inline(CHECKS[INLINE], results[INLINE])
+    for name, thread in threads.items():
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive() or not results[name]:
+            results[name] = {"ok": False, "error": f"no answer within {CHECK_TIMEOUT_SECONDS} s"}
+    return {name: dict(results[name]) for name in CHECKS}
 
 
 def readyz(request: HttpRequest) -> JsonResponse:
-    report: dict[str, Any] = {}
-    for name, check in CHECKS.items():
-        started = time.perf_counter()
-        try:
-            result = check()
-        except Exception as exc:  # a failed dependency is reported, never raised
-            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        result["ms"] = round((time.perf_counter() - started) * 1000, 1)
-        report[name] = result
+    report = _run_checks()
     ok = all(part["ok"] for part in report.values())
-    # Without a broker the API still accepts every write: the jobs it implies wait in the outbox
-    # (memory.services.jobs) and are dispatched once the broker is back. Degraded, not down.
-    degraded = not ok and all(part["ok"] for name, part in report.items() if name != "broker")
+    degraded = not ok and all(part["ok"] for name, part in report.items() if name not in DEGRADABLE)
     if not report["broker"]["ok"]:
         report["broker"]["degraded"] = True
-        try:
-            report["broker"]["jobs_waiting"] = jobs_waiting()
-        except Exception as exc:  # the database check above reports the cause
-            logger.debug("jobs_waiting: %s", exc)
+        if report["database"]["ok"]:
+            try:
+                report["broker"]["jobs_waiting"] = jobs_waiting()
+            except Exception as exc:  # the database check above reports the cause
+                logger.debug("jobs_waiting: %s", exc)
     status = "ok" if ok else "degraded" if degraded else "unavailable"
     response = JsonResponse({"status": status, "checks": report}, status=200 if ok or degraded else 503)
     _log_change(ok, report)

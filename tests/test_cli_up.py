@@ -166,6 +166,7 @@ def check_ready_without_redis(base: str, api_key: str) -> None:
         "database": True,
         "broker": True,
         "channel_layer": True,
+        "jobs": True,
     }
     assert checks["broker"]["transport"] == "sql"  # Kombu's SQLAlchemy transport, no Redis
     assert checks["channel_layer"]["backend"] == "PostgresChannelLayer"

@@ -355,11 +355,21 @@ def test_readyz_reports_each_dependency(anon: Any) -> None:
         body = response.json()
         assert response.status_code == 200, body
         assert body["status"] == "ok"
-        assert set(body["checks"]) == {"database", "broker", "channel_layer"}
+        assert set(body["checks"]) == {"database", "broker", "channel_layer", "jobs"}
         assert all(check["ok"] for check in body["checks"].values())
         assert body["checks"]["database"]["pgvector"]
         assert body["checks"]["broker"]["transport"] == "redis"
         assert body["checks"]["channel_layer"]["backend"] == "RedisChannelLayer"
+        # No worker ran here: no heartbeat, nothing queued, nothing finished, and not stalled.
+        assert body["checks"]["jobs"] == {
+            "ok": True,
+            "oldest_queued_age_s": None,
+            "last_finished_at": None,
+            "heartbeat_age_s": None,
+            "deadline_s": 60.0,
+            "stalled": False,
+            "ms": body["checks"]["jobs"]["ms"],
+        }
 
 
 def test_readyz_reports_a_broker_outage_as_degraded(anon: Any, monkeypatch: Any) -> None:

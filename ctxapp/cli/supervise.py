@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import signal
@@ -170,6 +171,84 @@ def stop_children(
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+# A child that dies is started again after a pause that doubles with each quick death (capped),
+# so a crash loop costs little and logs one line per attempt; a child that stayed up for
+# STABLE_SECONDS starts again from the first pause.
+RESTART_BACKOFF_SECONDS = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+STABLE_SECONDS = 60.0
+
+
+@dataclasses.dataclass
+class Restarts:
+    """What `up` needs to start a dead child again, and when it may."""
+
+    argvs: dict[str, list[str]]
+    env: dict[str, str]
+    readyz_url: str = ""
+    started: dict[str, float] = dataclasses.field(default_factory=dict)
+    failures: dict[str, int] = dataclasses.field(default_factory=dict)
+    due: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def note_started(self, name: str) -> None:
+        self.started[name] = time.monotonic()
+
+    def schedule(self, name: str, code: int | None) -> None:
+        """Note that `name` died with `code`; it is started again by `restart_due`."""
+        if name in self.due:
+            return
+        now = time.monotonic()
+        if now - self.started.get(name, now) >= STABLE_SECONDS:
+            self.failures[name] = 0
+        failures = self.failures.get(name, 0)
+        pause = RESTART_BACKOFF_SECONDS[min(failures, len(RESTART_BACKOFF_SECONDS) - 1)]
+        self.failures[name] = failures + 1
+        self.due[name] = now + pause
+        print(
+            f"ctxapp: the {name} process exited (code {code}); starting it again in {pause:.0f} s.",
+            flush=True,
+        )
+
+    def restart_due(self, children: dict[str, subprocess.Popen[bytes]]) -> list[str]:
+        now = time.monotonic()
+        restarted = [name for name, when in self.due.items() if when <= now]
+        for name in restarted:
+            del self.due[name]
+            old = children[name]
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # its pool, uvicorn workers
+                os.killpg(old.pid, signal.SIGKILL)
+            children[name] = spawn(self.argvs[name], self.env)
+            self.note_started(name)
+            print(f"ctxapp: started the {name} process again (pid {children[name].pid}).", flush=True)
+        return restarted
+
+
+def stop_child(name: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Stop one child (SIGTERM, then SIGKILL of its group after `timeout`), e.g. a wedged worker."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        print(f"ctxapp: the {name} process did not stop within {timeout:.0f} s; killing it.", flush=True)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+def readyz_fetch(url: str, timeout: float) -> dict[str, Any] | None:
+    """One /readyz answer (200 or 503), or None when the web server does not answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return dict(json.loads(response.read()))
+    except urllib.error.HTTPError as exc:
+        with contextlib.suppress(ValueError):
+            return dict(json.loads(exc.read()))
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def local_url(host: str, port: int) -> str:
     reachable = "127.0.0.1" if host in {"0.0.0.0", "::", ""} else host
     if ":" in reachable:
@@ -195,7 +274,7 @@ def wait_ready(
         try:
             with urllib.request.urlopen(url, timeout=10) as response:
                 answer = dict(json.loads(response.read()))
-            if answer.get("status") == "ok":
+            if answer.get("status") == "ok" or _ready_but_jobs(answer):
                 return answer
             last = answer.get("checks", answer)  # degraded: the broker is not ready yet
         except urllib.error.HTTPError as exc:  # 503: a dependency is not ready yet
@@ -205,6 +284,13 @@ def wait_ready(
             last = exc
         time.sleep(0.3)
     raise CliError(f"ctxapp did not become ready within {timeout:.0f} s (last /readyz answer: {last}).")
+
+
+def _ready_but_jobs(answer: dict[str, Any]) -> bool:
+    """Every dependency is ok and only the job queue lags: the worker is up, so `up` is ready
+    (a queue left by an earlier run is worked off after start-up)."""
+    checks = answer.get("checks", {})
+    return bool(checks) and all(part.get("ok") for name, part in checks.items() if name != "jobs")
 
 
 def server_file_write(data_dir: Path, url: str) -> None:

@@ -162,16 +162,44 @@ def _prepare(cfg: CtxappSettings, host: str, port: int, data_dir: Path) -> Any:
     return _migrate_and_bootstrap()
 
 
-def _watch(children: dict[str, subprocess.Popen[bytes]], stop: dict[str, Any]) -> int:
-    """Until a stop is requested or a child exits: 0, or 1 when a child exited on its own."""
+WEDGE_POLL_SECONDS = 5.0
+WEDGED_STOP_SECONDS = 10.0
+
+
+def _watch(
+    children: dict[str, subprocess.Popen[bytes]],
+    restarts: supervise.Restarts,
+    stop: dict[str, Any],
+    data_dir: Path,
+) -> int:
+    """Until a stop is requested: start a child that died again (with backoff), and restart a
+    worker that /readyz reports stalled (its heartbeat is overdue while jobs wait)."""
+    next_poll = time.monotonic() + WEDGE_POLL_SECONDS
     while stop["signal"] is None:
         for name, proc in children.items():
             if proc.poll() is not None:
-                print(f"ctxapp: the {name} process exited (code {proc.returncode}); stopping.", flush=True)
-                stop["signal"] = "child"
-                return 1
+                restarts.schedule(name, proc.returncode)
+        if restarts.restart_due(children):
+            supervise.up_file_write(data_dir, children)  # so a later `up` finds the new pids
+        if time.monotonic() >= next_poll:
+            next_poll = time.monotonic() + WEDGE_POLL_SECONDS
+            _restart_if_wedged(children, restarts)
         time.sleep(0.3)
     return 0
+
+
+def _restart_if_wedged(children: dict[str, subprocess.Popen[bytes]], restarts: supervise.Restarts) -> None:
+    worker = children["worker"]
+    if worker.poll() is not None or "worker" in restarts.due:
+        return
+    answer = supervise.readyz_fetch(restarts.readyz_url, timeout=3.0) if restarts.readyz_url else None
+    jobs = (answer or {}).get("checks", {}).get("jobs", {})
+    started = restarts.started.get("worker", time.monotonic())
+    if not jobs.get("stalled") or time.monotonic() - started < jobs.get("deadline_s", 60.0):
+        return
+    print(f"ctxapp: the worker runs no jobs ({jobs.get('error')}); restarting it.", flush=True)
+    supervise.stop_child("worker", worker, WEDGED_STOP_SECONDS)
+    restarts.schedule("worker", worker.returncode)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -200,9 +228,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     exit_code = 0
     try:
         print("ctxapp: starting the web server, the Celery worker and the scheduler …", flush=True)
-        children["web"] = supervise.spawn(web_argv(cfg, host, port), env)
-        children["worker"] = supervise.spawn(worker_argv(cfg), env)
-        children["beat"] = supervise.spawn(beat_argv(cfg), env)
+        restarts = supervise.Restarts(
+            argvs={"web": web_argv(cfg, host, port), "worker": worker_argv(cfg), "beat": beat_argv(cfg)},
+            env=env,
+        )
+        for name, argv in restarts.argvs.items():
+            children[name] = supervise.spawn(argv, env)
+            restarts.note_started(name)
         supervise.up_file_write(data_dir, children)
         local = supervise.local_url(host, port)
         report = supervise.wait_ready(
@@ -210,7 +242,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         )
         _print_banner(local, report, first_run, data_dir, dataclasses.replace(cfg, host=host))
         supervise.server_file_write(data_dir, local)
-        exit_code = _watch(children, stop)
+        restarts.readyz_url = f"{local}/readyz"
+        exit_code = _watch(children, restarts, stop, data_dir)
     except Interrupted:
         pass
     finally:
@@ -243,7 +276,8 @@ def _print_banner(
             or check.get("backend")
             or (f"pgvector {check['pgvector']}" if check.get("pgvector") else "")
         )
-        parts.append(f"{name.replace('_', ' ')} ok ({detail})" if check.get("ok") else f"{name} FAILING")
+        detail = f" ({detail})" if detail else ""
+        parts.append(f"{name.replace('_', ' ')} ok{detail}" if check.get("ok") else f"{name} FAILING")
     same_dir = "" if data_dir == data_dir_of(CtxappSettings()) else f"CTXAPP_DATA_DIR={data_dir} "
     ctxapp = command_name()
     line = "=" * BANNER_WIDTH

@@ -12,11 +12,12 @@ from typing import Any
 
 from celery import shared_task
 from celery.schedules import crontab
+from celery.signals import worker_ready
 from django.conf import settings
 from django.db import OperationalError
 
 from memory.models import JobIntent, Session
-from memory.services import jobs
+from memory.services import job_health, jobs
 from memory.services.digest import session_digest_update
 from memory.services.distillation import distill_intents_merge, tasks_distill_intents
 from memory.services.embedding import EmbedderUnavailable
@@ -31,9 +32,24 @@ def job_run_task(intent_id: int) -> str:
 
 
 @shared_task(acks_late=True, name="memory.jobs.sweep")
-def jobs_sweep_task() -> int:
+def jobs_sweep_task(redispatch_after: float | None = None) -> int:
     """Dispatch again the intents a lost message or a dead worker left behind. Safe to overlap."""
-    return jobs.jobs_sweep()
+    return jobs.jobs_sweep(redispatch_after=redispatch_after)
+
+
+@shared_task(name="memory.jobs.heartbeat", ignore_result=True)
+def jobs_heartbeat_task() -> None:
+    """Prove that a worker runs tasks (memory/services/job_health.py)."""
+    job_health.heartbeat_record()
+
+
+@worker_ready.connect
+def _pick_up_at_start(sender: Any = None, **kwargs: Any) -> None:
+    # A worker that starts (again) takes over at once what its predecessor left pending, instead
+    # of after the next sweep: the messages a killed worker held are lost or come back only after
+    # the broker's visibility timeout. A duplicate delivery is harmless (job_run is idempotent).
+    jobs_sweep_task.apply_async(kwargs={"redispatch_after": 0.0})
+    jobs_heartbeat_task.apply_async()
 
 
 @shared_task(acks_late=True, name="memory.jobs.purge")
@@ -48,6 +64,13 @@ SCHEDULE: dict = {
         "schedule": settings.CTXAPP.job_sweep_seconds,
     },
     "jobs-purge": {"task": "memory.jobs.purge", "schedule": crontab(minute=17)},
+    "jobs-heartbeat": {
+        "task": "memory.jobs.heartbeat",
+        "schedule": job_health.HEARTBEAT_SECONDS,
+        # A heartbeat older than the deadline proves nothing: a wedged worker that comes back
+        # must not stamp a fresh heartbeat from a backlog of old ones.
+        "options": {"expires": job_health.HEARTBEAT_DEADLINE_SECONDS},
+    },
 }
 
 
