@@ -173,7 +173,7 @@ def context_recall(
             break
         # Relevance, without the length prior (ranking.py): a long but unrelated turn must not
         # clear the threshold on its length alone.
-        relevance = hit.score - hit.contributions.get("length", 0.0)
+        relevance = hit.relevance - hit.contributions.get("length", 0.0)
         relevant = relevance >= policy.min_score or (
             hit.similarity is not None and hit.similarity >= policy.min_similarity
         )
@@ -191,7 +191,7 @@ def context_recall(
                 kind=hit.kind,
                 id=hit.id,
                 text=text,
-                score=hit.score,
+                score=hit.relevance,
                 reason=_why(hit, session.public_id),
                 session=hit.session,
                 seq=hit.seq,

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.db import connection
-from django.db.models import F, Subquery
+from django.db.models import F, QuerySet, Subquery
 from pgvector.django import CosineDistance
 
 from memory.exceptions import InvalidInput
@@ -112,7 +112,7 @@ class AnyLexemeQuery(SearchQuery):
 _hnsw_configured: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _configure_hnsw() -> None:
+def configure_hnsw() -> None:
     """Once per database connection: HNSW search settings for filtered top-k queries.
 
     Filters (tenant, scope, visibility) apply after the index scan; iterative scans keep walking
@@ -127,6 +127,33 @@ def _configure_hnsw() -> None:
     with connection.cursor() as cursor:
         cursor.execute(f"SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = {HNSW_EF_SEARCH}")
     _hnsw_configured.add(raw)
+
+
+def experiences_visible(
+    *,
+    tenant: Tenant,
+    user_id: str | None = None,
+    include_superseded: bool = False,
+    as_of: datetime | None = None,
+    kind: str | None = None,
+    agent: str | None = None,
+    shared_only: bool = False,
+) -> QuerySet[Experience]:
+    """The experiences a search sees, by the one visibility rule of experiences/reads.py (active
+    rows; tenant-wide ones plus `user_id`'s own), narrowed to `kind`, to `agent`'s records, or
+    (`shared_only`: a search not on behalf of a user) to the tenant-wide ones. Read-only."""
+    base = (
+        Experience.objects.filter(tenant=tenant)
+        .filter(visible_filter(include_superseded=include_superseded, as_of=as_of))
+        .filter(scope_filter(user_id=user_id))
+    )
+    if shared_only:
+        base = base.filter(scope=ExperienceScope.TENANT)
+    if kind:
+        base = base.filter(kind=kind)
+    if agent:
+        base = base.filter(agent=agent)
+    return base
 
 
 def search_plan(
@@ -181,15 +208,14 @@ def experiences_search(
     policy = ExperiencePolicy.for_tenant(tenant)
     plan = search_plan(policy=policy, sources=sources, weights=weights, fusion=fusion)
     warnings: list[str] = []
-    base = (
-        Experience.objects.filter(tenant=tenant)
-        .filter(visible_filter(include_superseded=include_superseded, as_of=as_of))
-        .filter(scope_filter(user_id=user_id))
+    base = experiences_visible(
+        tenant=tenant,
+        user_id=user_id,
+        include_superseded=include_superseded,
+        as_of=as_of,
+        kind=kind,
+        agent=agent,
     )
-    if kind:
-        base = base.filter(kind=kind)
-    if agent:
-        base = base.filter(agent=agent)
     vector = None
     if "vector" in plan["sources"]:
         try:
@@ -199,7 +225,7 @@ def experiences_search(
             logger.warning("vector search skipped: %s", exc)
     tsquery = AnyLexemeQuery(query) if "text" in plan["sources"] else None
     per_source = max(CANDIDATES_PER_SOURCE, limit * 2)
-    vector_ranks, text_ranks, signals = _search_candidates(
+    vector_ranks, text_ranks, signals = search_candidates(
         base=base, vector=vector, tsquery=tsquery, per_source=per_source
     )
     if not signals:
@@ -289,16 +315,17 @@ def experiences_mark_used(*, tenant: Any, experience_ids: list[str]) -> None:
 Scored = tuple[float, int, float | None, float, dict[str, float]]
 
 
-def _search_candidates(
+def search_candidates(
     *, base: Any, vector: np.ndarray | None, tsquery: Any, per_source: int
 ) -> tuple[dict[int, int], dict[int, int], dict[int, dict[str, Any]]]:
-    """The candidates of both sources: (vector ranks, text ranks, pk → signals), each signal
-    ("distance", "problem_distance", "rank") computed once, where it is cheap."""
+    """The candidates of both sources among `base` (experiences_visible): (vector ranks, text
+    ranks, pk → signals), each signal ("distance", "problem_distance", "rank") computed once, where
+    it is cheap. The one experience pool of experiences search, memory search and context recall."""
     vector_ranks: dict[int, int] = {}
     text_ranks: dict[int, int] = {}
     signals: dict[int, dict[str, Any]] = {}
     if vector is not None:
-        _configure_hnsw()
+        configure_hnsw()
         nearest = (
             base.filter(embedding__isnull=False)
             .annotate(

@@ -9,14 +9,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-from django.db.models import Q
-from pgvector.django import CosineDistance
 
 from memory.models import Message, Session, Summary, Tenant, TrackedFact
-from memory.models.experiences import Experience, ExperienceScope
+from memory.models.experiences import Experience
 from memory.services import ranking
 from memory.services.embedding import cosines_cached
-from memory.services.experiences import visible_filter
 from memory.services.memory_digest import digest_candidates
 from memory.services.memory_search.corpus import exact_message_candidates, scope_corpus
 from memory.services.memory_search.large_stats import corpus_stats, term_counts
@@ -28,7 +25,13 @@ from memory.services.memory_search.sql import (
     terms_or_query,
     vector_literal,
 )
-from memory.services.retrieval import _configure_hnsw
+from memory.services.retrieval import (
+    DEFERRED,
+    AnyLexemeQuery,
+    configure_hnsw,
+    experiences_visible,
+    search_candidates,
+)
 
 VectorSource = Callable[[], np.ndarray | None]  # the query's embedding, when it is needed
 
@@ -165,7 +168,7 @@ def _dense_pool(
     `radius` of the best LARGE_POOL_SEEDS of them, and give every candidate its cosine. One
     statement: the rows already in `found` come back as their cosine alone."""
     table = Message._meta.db_table
-    _configure_hnsw()
+    configure_hnsw()
     literal = vector_literal(vector)
     known = "{" + ",".join(map(str, found)) + "}"  # bigint[] as text: ~10x cheaper than a list's dumper
     chosen = "SELECT unnest(d.ids) FROM dense d"
@@ -294,27 +297,16 @@ def _fact_candidates(q: _KindQuery) -> list[ranking.Candidate]:
 
 
 def _experience_candidates(q: _KindQuery) -> list[ranking.Candidate]:
-    """The tenant's shared experiences and the scope user's own: the nearest by vector, then
-    those matching a query term (english full text, as experiences search)."""
-    visible = Q(scope=ExperienceScope.TENANT)
-    if q.scope.user_id:
-        visible |= Q(user_id=q.scope.user_id)
-    experiences = q.in_time(
-        Experience.objects.filter(tenant=q.tenant).filter(visible_filter()).filter(visible), "created_at"
-    ).defer("embedding", "problem_embedding", "search_vector")
-    found: dict[int, Experience] = {}
-    if q.vector is not None:
-        _configure_hnsw()
-        nearest = experiences.exclude(embedding=None).order_by(CosineDistance("embedding", q.vector))
-        for row in nearest[:OTHER_KIND_POOL]:
-            found[row.pk] = row
-    or_query = terms_or_query(q.query)
-    if or_query:
-        for row in experiences.extra(
-            where=["search_vector @@ to_tsquery(%s::regconfig, %s)"], params=["english", or_query]
-        )[:OTHER_KIND_POOL]:
-            found.setdefault(row.pk, row)
-    rows = list(found.values())
+    """The experiences experiences search would pool for the query (the tenant's shared ones and
+    the scope user's own): the nearest by vector, then the best matching a query term."""
+    base = q.in_time(
+        experiences_visible(tenant=q.tenant, user_id=q.scope.user_id, shared_only=q.scope.user_id is None),
+        "created_at",
+    )
+    tsquery = AnyLexemeQuery(q.query) if ranking.tokenize(q.query) else None
+    _, _, signals = search_candidates(base=base, vector=q.vector, tsquery=tsquery, per_source=OTHER_KIND_POOL)
+    by_pk = Experience.objects.defer(*DEFERRED).in_bulk(list(signals))
+    rows = [by_pk[pk] for pk in signals]
     return _row_candidates("experience", rows, texts=[r.text for r in rows], vector=q.vector)
 
 

@@ -3,6 +3,7 @@ candidate pool of ranking.py's contract, computed in memory (scopes up to SCOPE_
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import Counter
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from cachetools import LRUCache
+from django.conf import settings
 
 from memory.models import Message, Session
 from memory.services import ranking
@@ -20,7 +22,9 @@ from memory.services.memory_search.sql import MessageCandidate, ScopeWhere, fetc
 
 SCOPE_CORPUS_MAX = 20_000  # scopes up to this many messages get exact BM25 statistics (cached)
 SCOPE_CORPUS_CACHE = 64  # scopes kept per process
-SCOPE_CORPUS_ROWS = 200_000  # ... and at most this many messages over all of them (~1.5 kB each)
+SCOPE_CORPUS_ROWS = 200_000  # ... and at most this many messages over all of them
+# ... and at most CTXAPP_MEMORY_SEARCH_CACHE_MB over all of them (ScopeCorpus.nbytes): a row's
+# vector alone is 1.5 kB, so the row bound by itself would allow ~300 MB of vectors plus texts.
 
 
 @dataclass
@@ -38,18 +42,44 @@ class ScopeCorpus:
     # dense pool and the candidates' cosines are exact dot products here, no SQL round trip.
     vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
     embedded: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    nbytes: int = 0  # what the corpus holds in memory, estimated once (corpus_nbytes)
+
+
+def corpus_nbytes(corpus: ScopeCorpus) -> int:
+    """The corpus's memory footprint: its arrays plus its Python objects (strings, token sets,
+    row tuples, index entries), measured by sys.getsizeof; tokens shared with `df` counted once."""
+    size = corpus.vectors.nbytes + corpus.embedded.nbytes + sys.getsizeof(corpus.ids)
+    for pk, row in corpus.rows.items():
+        size += sys.getsizeof(pk) + sys.getsizeof(row) + sum(sys.getsizeof(part) for part in row)
+    size += sum(sys.getsizeof(text) for text in corpus.texts)
+    size += sum(sys.getsizeof(toks) for toks in corpus.tokens)
+    size += sum(sys.getsizeof(term) + 2 * sys.getsizeof(0) for term in corpus.df)
+    # Each dict entry (rows, by_position, df) is ~100 B of table and key tuple beyond its parts.
+    return size + 100 * (len(corpus.rows) + len(corpus.by_position) + len(corpus.df))
+
+
+def cache_bound_bytes() -> int:
+    return int(settings.CTXAPP.memory_search_cache_mb) * 1024 * 1024
 
 
 class ScopeCorpora(LRUCache[tuple[Any, ...], tuple[tuple[Any, ...], ScopeCorpus]]):
     """Scope key → (its version, its corpus), least recently used out: at most SCOPE_CORPUS_CACHE
-    scopes and SCOPE_CORPUS_ROWS messages over all of them. Not thread-safe: hold _corpora_lock."""
+    scopes, SCOPE_CORPUS_ROWS messages and `cache_bound_bytes()` over all of them (a corpus larger
+    than the byte bound alone is not kept). Not thread-safe: hold _corpora_lock."""
 
     def __init__(self) -> None:
         super().__init__(maxsize=SCOPE_CORPUS_ROWS, getsizeof=lambda entry: len(entry[1].ids))
 
+    def nbytes(self) -> int:
+        return sum(entry[1].nbytes for entry in self.values())
+
     def __setitem__(self, key: tuple[Any, ...], value: tuple[tuple[Any, ...], ScopeCorpus]) -> None:
+        bound = cache_bound_bytes()
+        if value[1].nbytes > bound:
+            self.pop(key, None)
+            return
         super().__setitem__(key, value)
-        while len(self) > SCOPE_CORPUS_CACHE:
+        while len(self) > SCOPE_CORPUS_CACHE or self.nbytes() > bound:
             self.popitem()
 
 
@@ -93,7 +123,7 @@ def _corpus_load(where: ScopeWhere) -> ScopeCorpus:
     df: Counter[str] = Counter()
     for toks in tokens:
         df.update(toks)
-    return ScopeCorpus(
+    corpus = ScopeCorpus(
         ids=[r[0] for r in rows],
         rows={r[0]: (r[1], int(r[2]), r[3], r[4], r[5]) for r in rows},
         texts=texts,
@@ -104,6 +134,8 @@ def _corpus_load(where: ScopeWhere) -> ScopeCorpus:
         vectors=vectors,
         embedded=has_vector,
     )
+    corpus.nbytes = corpus_nbytes(corpus)
+    return corpus
 
 
 def scope_corpus(where: ScopeWhere) -> ScopeCorpus | None:

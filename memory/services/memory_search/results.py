@@ -26,6 +26,9 @@ class SearchHit:
     speaker: str = ""
     neighbours: list[dict[str, Any]] | None = None
     similarity: float | None = None  # raw cosine to the query (None: no vector)
+    # The score in its own pool (its contributions add up to it); `score` is the list's, which
+    # differs when experiences and conversation merge by rank. Thresholds compare this one.
+    relevance: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -59,19 +62,19 @@ def message_id(session_public_id: str, seq: int) -> str:
     return f"{session_public_id}:{seq}"
 
 
-def hit_from_ranked(item: ranking.Ranked) -> SearchHit:
+def hit_from_ranked(item: ranking.Ranked, *, score: float) -> SearchHit:
     c = item.candidate
     kind, _, ident = c.key.partition(":")
     if isinstance(c, MessageCandidate):
         assert c.group is not None and c.position is not None
         return SearchHit(
             kind="message", id=message_id(c.group, c.position), session=c.group, seq=c.position,
-            occurred_at=c.occurred_at, text=c.content, speaker=c.speaker, score=item.score,
-            contributions=item.contributions, similarity=c.dense,
+            occurred_at=c.occurred_at, text=c.content, speaker=c.speaker, score=score,
+            contributions=item.contributions, similarity=c.dense, relevance=item.score,
         )  # fmt: skip
     return SearchHit(
         kind=kind, id=ident, session=None, seq=None, occurred_at=c.occurred_at, text=c.text,
-        score=item.score, contributions=item.contributions, similarity=c.dense,
+        score=score, contributions=item.contributions, similarity=c.dense, relevance=item.score,
     )  # fmt: skip
 
 

@@ -70,13 +70,13 @@ def memory_search(
     )
     excluded = exclude_messages or set()
     kept = (
-        item
-        for item in ranked
+        (item, score)
+        for item, score in ranked
         if not (
             item.candidate.kind == "message" and (item.candidate.group, item.candidate.position) in excluded
         )
     )
-    hits = [hit_from_ranked(item) for item in islice(kept, limit)]
+    hits = [hit_from_ranked(item, score=score) for item, score in islice(kept, limit)]
     if neighbours:
         neighbours_attach(tenant=tenant, hits=hits, radius=neighbours)
     return SearchResult(
@@ -106,6 +106,7 @@ class QueryVector:
         return []
 
 
+MERGED_RANK_K = 60  # a merged list's score is 1 / (MERGED_RANK_K + rank in its pool), as in RRF
 QUERY_EMBEDDING_THREADS = 4  # concurrent searches of one process embedding their queries at once
 _embedding_pools: dict[int, ThreadPoolExecutor] = {}
 _embedding_pools_lock = threading.Lock()
@@ -131,10 +132,11 @@ def _rank_by_kind(
     stats: ranking.CorpusStats,
     plan: ranking.Plan,
     experience_plan_given: bool,
-) -> list[ranking.Ranked]:
-    """Experiences (problem/solution texts) rank in their own pool under EXPERIENCE_PLAN unless the
-    caller chose a plan; the two lists merge by rank (ranking.py: "rank the two kinds in separate
-    pools and merge by rank"), conversational memory first on a tie."""
+) -> list[tuple[ranking.Ranked, float]]:
+    """Each item with its score in the list. Experiences (problem/solution texts) rank in their
+    own pool under EXPERIENCE_PLAN unless the caller chose a plan; the two lists merge by rank
+    (ranking.py: "rank the two kinds in separate pools and merge by rank"), conversational memory
+    first on a tie."""
     conversational = [c for c in candidates if c.kind != "experience"]
     distilled = [c for c in candidates if c.kind == "experience"]
     now = timezone.now()
@@ -144,4 +146,13 @@ def _rank_by_kind(
         ranked_lists.append(
             ranking.rank(query=query, candidates=distilled, stats=stats, plan=experience_plan, now=now)
         )
-    return [item for group in zip_longest(*ranked_lists) for item in group if item is not None]
+    if len(ranked_lists) == 1:
+        return [(item, item.score) for item in ranked_lists[0]]
+    # Each pool's scores are on their own scale, so a merged list shows the merge's own score,
+    # reciprocal rank in its pool (equal for a tie): scores never rise down the list.
+    return [
+        (item, round(1.0 / (MERGED_RANK_K + rank), 6))
+        for rank, group in enumerate(zip_longest(*ranked_lists), start=1)
+        for item in group
+        if item is not None
+    ]

@@ -368,3 +368,59 @@ def test_the_scope_cache_sees_vectors_drained_after_its_first_search(api_a):
     memory_index.memory_index_drain()
     newest = search(api_a, {**body, "limit": 3})["results"]
     assert any("Biscuit" in hit["text"] and hit["similarity"] is not None for hit in newest)
+
+
+def test_scores_never_rise_down_a_list_of_all_kinds_mixed(api_a, history, tenant_a):
+    from memory.models import Session, Summary, TrackedFact
+    from memory.services.experiences import experience_create
+
+    session = Session.objects.get(public_id=history["first"])
+    Summary.objects.create(
+        tenant=tenant_a, session=session, text="Caroline adopted a puppy and learns the violin.",
+        covers_up_to_seq=4, folded_from_seq=1, folded_to_seq=4, folded_count=4,
+        tokens_before=50, tokens_after=10,
+    )  # fmt: skip
+    TrackedFact.objects.create(
+        tenant=tenant_a, session=session, key="pet", fact_type="preference",
+        content="Caroline's puppy Biscuit is a golden retriever", importance="high",
+    )  # fmt: skip
+    experience_create(tenant=tenant_a, problem="a puppy chews everything", solution="give it chew toys")
+    experience_create(tenant=tenant_a, problem="violin strings keep snapping", solution="loosen the pegs")
+    for query, kinds in (
+        ("puppy Biscuit violin", {"message", "experience"}),
+        ("what does the puppy chew", {"message", "experience"}),
+        ("quarterly report", {"message"}),
+    ):
+        results = search(api_a, {"query": query, "scope": {"user_id": "u1"}, "limit": 20})["results"]
+        assert {hit["kind"] for hit in results} >= kinds, query
+        scores = [hit["score"] for hit in results]
+        assert scores == sorted(scores, reverse=True), (query, scores)
+
+
+def test_a_users_own_experiences_are_found_and_no_one_elses(api_a, history, tenant_a):
+    from memory.models import ExperienceScope
+    from memory.services.experiences import experience_create
+
+    experience_create(
+        tenant=tenant_a,
+        problem="violin rosin dust",
+        solution="wipe the strings",
+        scope=ExperienceScope.USER,
+        user_id="u1",
+    )
+    experience_create(
+        tenant=tenant_a,
+        problem="violin bow hair loose",
+        solution="rehair the bow",
+        scope=ExperienceScope.USER,
+        user_id="u2",
+    )
+    experience_create(tenant=tenant_a, problem="violin tuning drifts", solution="check the pegs")
+
+    def found(scope: dict[str, Any]) -> set[str]:
+        results = search(api_a, {"query": "violin", "scope": scope, "kinds": ["experience"]})["results"]
+        return {hit["text"].split("\n")[0] for hit in results}
+
+    assert found({"user_id": "u1"}) == {"Problem: violin rosin dust", "Problem: violin tuning drifts"}
+    assert found({"user_id": "u2"}) == {"Problem: violin bow hair loose", "Problem: violin tuning drifts"}
+    assert found({"agent": "bot"}) == {"Problem: violin tuning drifts"}  # on no user's behalf: shared only
