@@ -178,7 +178,7 @@ class Transport(kombu_sqlalchemy.Transport):
     # mid-transaction raises PendingRollbackError on its next use, and a closed one
     # InterfaceError: counted here too, Celery (worker and beat) reconnects instead of failing
     # every send after a PostgreSQL restart.
-    connection_errors = (OperationalError, InterfaceError, PendingRollbackError)
+    connection_errors = (OperationalError, InterfaceError, PendingRollbackError)  # type: ignore[assignment]
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
