@@ -161,7 +161,8 @@ def main() -> None:
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
 
-    from memory.services import decay, retrieval
+    from memory.services import decay
+    from memory.services import experience_search as retrieval
 
     real_hooks = (
         decay.facts_for_context,

@@ -180,7 +180,7 @@ def bench_report(tenant) -> None:  # type: ignore[no-untyped-def]
 
 
 def bench_compression(tenant) -> None:  # type: ignore[no-untyped-def]
-    from memory.services import compression
+    from memory.services import history_compression as compression
     from memory.services.sessions import MessageInput, messages_append, session_create
 
     session = session_create(tenant=tenant, agent_external_id="compress")

@@ -43,7 +43,7 @@ def free_port() -> int:
 
 def prepare(data_dir: Path) -> str:
     """Start the embedded database, create the schema from the models, return a fresh API key."""
-    from ctxapp import embedded
+    from ctxapp.infra import embedded
 
     server = embedded.start_server(embedded.pgdata_dir(data_dir), cleanup_mode="delete")
     os.environ[embedded.ENV_VAR] = embedded.prepare_database(server.get_uri(), embedded.DATABASE_NAME)
@@ -182,7 +182,7 @@ def profile_append(secret: str, n: int = 300) -> None:
 
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-    from memory import broadcast
+    from ctxapp.infra import broadcast
 
     spent = {"commit": 0.0, "broadcast": 0.0}
 

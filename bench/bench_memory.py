@@ -258,7 +258,7 @@ def tenant_recall(tenant, samples: list[dict]) -> tuple[float, float]:  # type: 
 def small_tenant(turns: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
     """The tenant of 100 messages in one session (the kept one, if there is one)."""
     from memory.models import Message, Session, Tenant
-    from memory.services import memory_index
+    from memory.services import message_indexing
     from memory.services.sessions import MessageInput, messages_append, session_create
 
     small = Tenant.objects.filter(slug="small").first()
@@ -272,7 +272,7 @@ def small_tenant(turns: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
             session=small_session,
             items=[MessageInput(role="user", name=s, content=t) for s, t in turns[:100]],
         )
-        memory_index.memory_index_drain()
+        message_indexing.memory_index_drain()
     return small, small_session
 
 
@@ -381,7 +381,7 @@ def main() -> None:
         whole = lambda q: memory_search(tenant=big, query=q, kinds=["message"])  # noqa: E731
         explain_search(whole, questions[1])
         profile_search(whole, questions)
-    # A running server's buffers hold what its searches walk (shared_buffers: ctxapp/embedded.py);
+    # A running server's buffers hold what its searches walk (shared_buffers: ctxapp/infra/embedded.py);
     # a bench that has just built the tenant, or restarted its kept server, starts from cold ones.
     # Warm them with other texts (every 5th turn: not the timed questions), and print that pass.
     warm_texts = [text for _, text in turns[::5]][: len(questions)]

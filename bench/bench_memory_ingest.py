@@ -32,9 +32,9 @@ def main() -> None:
     args = parser.parse_args()
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     setup_django()
-    from ctxapp.evaluation import load
+    from ctxapp.cli.evaluation import load
     from memory.models import Tenant
-    from memory.services import embedding, memory_index
+    from memory.services import embedding, message_indexing
     from memory.services.sessions import MessageInput, messages_append, session_create
     from memory.services.tokens import count_tokens
 
@@ -75,7 +75,7 @@ def main() -> None:
         profiler = cProfile.Profile()
         profiler.enable()
     cpu = time.process_time()
-    result = memory_index.memory_index_drain(time_budget=float("inf"))
+    result = message_indexing.memory_index_drain(time_budget=float("inf"))
     done = time.perf_counter()
     cpu = time.process_time() - cpu
     if args.profile:

@@ -31,9 +31,9 @@ def main() -> None:
     args = parser.parse_args()
     setup_django()
 
-    from ctxapp.evaluation import load
+    from ctxapp.cli.evaluation import load
     from memory.models import Message, Tenant
-    from memory.services import memory_index
+    from memory.services import message_indexing
     from memory.services.memory_search import SearchScope, candidates, corpus, memory_search
     from memory.services.messages import MessageInput, messages_append
     from memory.services.sessions import session_create
@@ -57,7 +57,7 @@ def main() -> None:
             ]
             messages_append(tenant=tenant, items=items, session=session)
     while Message.objects.filter(tenant=tenant, embedding__isnull=True).exists():
-        memory_index.memory_index_drain(time_budget=60)
+        message_indexing.memory_index_drain(time_budget=60)
     dia_ids = {
         (message.session.public_id, message.seq): message.metadata.get("dia_id")
         for message in Message.objects.filter(tenant=tenant).select_related("session")

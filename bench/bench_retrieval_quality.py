@@ -53,8 +53,8 @@ def main() -> None:
     args = parser.parse_args()
     setup_django()
     from memory.models import Experience, Tenant
+    from memory.services.experience_search import experiences_search
     from memory.services.experiences import experience_create, experiences_embed
-    from memory.services.retrieval import experiences_search
 
     rows = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
     tenant = Tenant.objects.create(name="bench", slug="bench")

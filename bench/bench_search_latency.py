@@ -49,7 +49,7 @@ def main() -> None:
 
     from memory.models import Experience, Tenant
     from memory.services import embedding
-    from memory.services.retrieval import experiences_search
+    from memory.services.experience_search import experiences_search
 
     rows = [json.loads(line) for line in Path(DEFAULT_DATA).read_text().splitlines() if line.strip()]
     embedder = embedding.embedder_get()

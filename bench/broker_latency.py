@@ -94,7 +94,7 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO))
-    from ctxapp import embedded
+    from ctxapp.infra import embedded
 
     data = Path(tempfile.mkdtemp(prefix="broker-latency-"))
     server = embedded.start_server(data / "pg", cleanup_mode="delete")

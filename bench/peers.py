@@ -17,7 +17,7 @@ import bench_ingest
 import psycopg
 from psycopg.rows import dict_row
 
-from ctxapp import embedded
+from ctxapp.infra import embedded
 
 
 def peer_databases(names: list[str]) -> dict[str, str]:

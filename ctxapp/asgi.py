@@ -13,9 +13,9 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from ctxapp import mcp_server, metrics  # noqa: E402
+from ctxapp.infra import broadcast  # noqa: E402
+from ctxapp.integrations import mcp_server, metrics  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
-from memory import broadcast  # noqa: E402
 
 MCP_PATHS = frozenset({"/mcp", "/mcp/"})
 

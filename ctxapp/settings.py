@@ -14,8 +14,8 @@ import dj_database_url
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from ctxapp import broker  # registers the `ctxsqla` Kombu transport
 from ctxapp.conf import SettingError, load
+from ctxapp.infra import broker  # registers the `ctxsqla` Kombu transport
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -66,7 +66,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "ctxapp.metrics.RequestMetricsMiddleware",  # outermost: latency includes every other layer
+    "ctxapp.integrations.metrics.RequestMetricsMiddleware",  # outermost: latency includes every other layer
     "ctxapp.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "ctxapp.middleware.ContentSecurityPolicyMiddleware",  # django-csp's, skipping /api/ sooner
@@ -105,7 +105,7 @@ TEMPLATES = [
 
 # --- database -----------------------------------------------------------------------------------
 # DATABASE_URL set: that server (it must have pgvector). Unset: the embedded server that
-# `ctxapp.embedded.ensure_started()` runs and announces through CTXAPP_EMBEDDED_DATABASE_URL.
+# `ctxapp.infra.embedded.ensure_started()` runs and announces through CTXAPP_EMBEDDED_DATABASE_URL.
 DATABASE_URL = CTXAPP.database_url or os.environ.get("CTXAPP_EMBEDDED_DATABASE_URL", "")
 EMBEDDED_DATABASE = not CTXAPP.database_url
 if DATABASE_URL:
@@ -174,7 +174,7 @@ else:
     CELERY_BROKER_URL = _sqlalchemy_url(DATABASES["default"]) if DATABASE_URL else "memory://"
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "ctxapp.channel_layer.PostgresChannelLayer",
+            "BACKEND": "ctxapp.infra.channel_layer.PostgresChannelLayer",
             # channels_postgres builds its own Django DatabaseWrapper from this dict, so it needs
             # the keys Django would otherwise fill in for DATABASES entries (TIME_ZONE, …).
             "CONFIG": {
@@ -198,7 +198,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE: dict = {}  # filled by memory.tasks (see memory/tasks/__init__.py)
 # Transport options are transport-specific: Kombu's SQLAlchemy transport hands every option to
-# SQLAlchemy's create_engine() (ctxapp.broker takes visibility_timeout out first).
+# SQLAlchemy's create_engine() (ctxapp.infra.broker takes visibility_timeout out first).
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": CTXAPP.broker_visibility_timeout}
 if not REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS.update(pool_pre_ping=True, pool_size=2, max_overflow=3)

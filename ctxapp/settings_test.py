@@ -28,7 +28,7 @@ atexit.register(shutil.rmtree, _DATA, ignore_errors=True)
 os.environ.setdefault("CTXAPP_DATA_DIR", str(_DATA))
 
 if not os.environ.get("CTXAPP_TEST_DATABASE_URL") and not os.environ.get("CTXAPP_EMBEDDED_DATABASE_URL"):
-    from ctxapp import embedded
+    from ctxapp.infra import embedded
 
     _server = embedded.start_server(_DATA / "pg", cleanup_mode="delete")
     os.environ["CTXAPP_EMBEDDED_DATABASE_URL"] = embedded.prepare_database(_server.get_uri(), "ctxapp")

@@ -4,7 +4,8 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from ctxapp import health, metrics
+from ctxapp import health
+from ctxapp.integrations import metrics
 
 handler404 = "ctxapp.api_errors.handler404"
 handler500 = "ctxapp.api_errors.handler500"

@@ -17,13 +17,13 @@ from dashboard.selectors import session_events
 from memory.api.shapes import recovered_state_out
 from memory.exceptions import NotFound
 from memory.models import DIGEST_CATEGORIES, Agent, Checkpoint, Session, Tenant
-from memory.services import cognition, retrieval
+from memory.services import cognition, experience_search
 from memory.services.context import budget_samples_list, context_policy_read
 from memory.services.decay import facts_list
-from memory.services.digest import HEADINGS, session_digests_list
 from memory.services.experiences import experiences_list
 from memory.services.recovery import recovered_state
-from memory.services.summarise import summaries_list
+from memory.services.rolling_summary import summaries_list
+from memory.services.session_digest import HEADINGS, session_digests_list
 
 BUDGET_SAMPLES_PLOTTED = 60
 FACTS_SHOWN = 50
@@ -329,7 +329,9 @@ def experiences_recent(*, tenant: Tenant) -> Any:
 
 def experiences_search(*, tenant: Tenant, query: str, user_id: str = "") -> Any:
     """Hybrid search results with each signal's contribution to the score."""
-    result = retrieval.experiences_search(tenant=tenant, query=query, user_id=user_id or None, limit=10)
+    result = experience_search.experiences_search(
+        tenant=tenant, query=query, user_id=user_id or None, limit=10
+    )
     hits = []
     for hit in result.hits:
         signals = [(name, value) for name, value in (hit.contributions or {}).items()]

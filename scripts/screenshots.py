@@ -182,7 +182,7 @@ def main() -> int:
     parser.add_argument("--pace", type=float, default=0.05)
     args = parser.parse_args()
 
-    from ctxapp import demo
+    from ctxapp.cli import demo
 
     server: Server | None = None
     try:

@@ -53,7 +53,7 @@ def use_postgres_channel_layer(settings: Any) -> None:
         cursor.execute(latest.Migration.setup_database_sql)
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "ctxapp.channel_layer.PostgresChannelLayer",
+            "BACKEND": "ctxapp.infra.channel_layer.PostgresChannelLayer",
             "CONFIG": {
                 **connection.settings_dict,
                 "TIME_ZONE": None,

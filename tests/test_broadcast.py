@@ -1,6 +1,6 @@
 """Live updates leave a web process on its server loop, after commit, without holding the request.
 
-In a web process the ASGI application hands memory.broadcast its event loop. Proves, with the real
+In a web process the ASGI application hands ctxapp.infra.broadcast its event loop. Proves, with the real
 (Redis) channel layer and a loop running in a thread as uvicorn's does: a committed write returns
 before its live update is sent (the send is held here until released), nothing of a rolled-back
 write is sent, and the updates arrive in commit order.
@@ -18,7 +18,7 @@ import pytest
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from memory import broadcast
+from ctxapp.infra import broadcast
 from memory.services import recorder
 
 

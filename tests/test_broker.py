@@ -1,4 +1,4 @@
-"""The Redis-less broker (ctxapp/broker.py) on a fresh database.
+"""The Redis-less broker (ctxapp/infra/broker.py) on a fresh database.
 
 On first start the web server, the Celery worker and the scheduler all connect at once; each used
 to create Kombu's tables itself and two of them collided on `CREATE SEQUENCE` (the worker died).
@@ -22,7 +22,7 @@ import pytest
 from django.conf import settings
 from kombu import Connection
 
-from ctxapp import broker
+from ctxapp.infra import broker
 from ctxapp.settings import _sqlalchemy_url
 
 
@@ -52,7 +52,7 @@ def fresh_database() -> Iterator[str]:
 STARTER = """
 import sys, time
 from kombu import Connection
-import ctxapp.broker  # registers the ctxsqla transport
+import ctxapp.infra.broker  # registers the ctxsqla transport
 url, start_at = sys.argv[1], float(sys.argv[2])
 time.sleep(max(0.0, start_at - time.time()))
 with Connection(url) as conn:
@@ -103,7 +103,7 @@ def test_a_message_goes_through_the_sql_transport_on_a_fresh_database(fresh_data
 TAKER = """
 import os, signal, sys
 from kombu import Connection
-import ctxapp.broker
+import ctxapp.infra.broker
 with Connection(sys.argv[1]) as conn:
     message = conn.SimpleQueue("ctxapp-broker-test").get(timeout=5)
     print(message.payload["job"], flush=True)

@@ -1,4 +1,4 @@
-"""The embedded mode's channel layer (ctxapp.channel_layer on channels_postgres) does not leak
+"""The embedded mode's channel layer (ctxapp.infra.channel_layer on channels_postgres) does not leak
 group membership: a closed page leaves no row behind, an event is written once per live page,
 and a page whose process died stops costing a row per event once its membership expires."""
 
@@ -16,8 +16,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from ctxapp.channel_layer import PostgresChannelLayer
-from memory import broadcast
+from ctxapp.infra import broadcast
+from ctxapp.infra.channel_layer import PostgresChannelLayer
 from memory.services import cognition, recorder
 from memory.services import sessions as svc
 from memory.services.sessions import agent_get_or_create
@@ -156,7 +156,7 @@ def test_a_group_send_is_one_statement_whether_or_not_pages_listen(monkeypatch: 
 
 @pytest.fixture
 def postgres_layer(settings: Any) -> None:
-    """The embedded mode's channel layer as the default layer (memory.broadcast sends through it)."""
+    """The embedded mode's channel layer as the default layer (ctxapp.infra.broadcast sends through it)."""
     use_postgres_channel_layer(settings)
 
 

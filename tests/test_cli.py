@@ -114,7 +114,7 @@ def test_a_database_directory_that_never_started_is_reported_half_initialised(tm
 
 
 def test_an_empty_leftover_database_directory_is_started_over(tmp_path: Path) -> None:
-    from ctxapp import embedded
+    from ctxapp.infra import embedded
 
     pg = tmp_path / "data" / "pg"
     pg.mkdir(parents=True)

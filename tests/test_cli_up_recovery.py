@@ -119,7 +119,7 @@ def test_readyz_answers_quickly_while_postgres_is_down_and_sees_it_come_back(tmp
             took, status, body = _readyz(base)
         back = time.monotonic() - started
         assert took < READYZ_BOUND and body["checks"]["database"]["ok"], body
-        # The channel layer's own reconnect (ctxapp/channel_layer.py) is not part of this check.
+        # The channel layer's own reconnect (ctxapp/infra/channel_layer.py) is not part of this check.
         failing = sorted(name for name, part in body["checks"].items() if not part["ok"])
         print(
             f"/readyz down: {[round(t, 2) for t, _, _ in down]} s; database ok {back:.1f} s after the start"

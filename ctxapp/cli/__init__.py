@@ -19,7 +19,7 @@ import os
 import sys
 import warnings
 
-from ctxapp import ctx_cli
+from ctxapp.cli import ctx as ctx_cli
 from ctxapp.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, CliError, Interrupted, anchor_data_dir, command_name
 from ctxapp.cli.config import cmd_config, settings_markdown
 from ctxapp.cli.manage import cmd_manage

@@ -60,7 +60,7 @@ def anchor_data_dir(cwd: Path | None = None) -> Path | None:
 def prepare_database(cfg: CtxappSettings) -> None:
     """Start the embedded database, or check the configured one has pgvector."""
     # psycopg takes ~0.1 s to import; the commands that only call a server never need it.
-    from ctxapp import embedded  # lazy: startup-cost
+    from ctxapp.infra import embedded  # lazy: startup-cost
 
     try:
         if cfg.database_url:

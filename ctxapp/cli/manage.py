@@ -22,7 +22,7 @@ SCHEMALESS_COMMANDS = frozenset(
 
 def _check_database_exists(cfg: CtxappSettings, command: str) -> None:
     """Refuse to start a new, empty embedded database for anything but `migrate`."""
-    from ctxapp import embedded  # lazy: startup-cost
+    from ctxapp.infra import embedded  # lazy: startup-cost
 
     if cfg.database_url or command == "migrate":
         return

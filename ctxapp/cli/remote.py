@@ -1,11 +1,11 @@
 """The commands that talk to a running ctxapp through its API: `ctxapp demo`, `ctxapp eval`
-and `ctxapp mcp` (`ctxapp ctx …` lives in ctxapp/ctx_cli.py)."""
+and `ctxapp mcp` (`ctxapp ctx …` lives in ctxapp/cli/ctx.py)."""
 
 from __future__ import annotations
 
 import argparse
 
-from ctxapp import ctx_cli
+from ctxapp.cli import ctx as ctx_cli
 from ctxapp.cli.base import CliError
 
 
@@ -18,14 +18,14 @@ def _target(args: argparse.Namespace, *, need_key: bool = True) -> tuple[str, st
 
 def cmd_demo(args: argparse.Namespace) -> int:
     # These three import httpx (the client) or the MCP SDK (about a second): only when run.
-    from ctxapp import demo  # lazy: startup-cost
+    from ctxapp.cli import demo  # lazy: startup-cost
 
     args.url, args.api_key = _target(args, need_key=False)
     return int(demo.main(args))
 
 
 def cmd_eval_recall(args: argparse.Namespace) -> int:
-    from ctxapp import evaluation  # lazy: startup-cost
+    from ctxapp.cli import evaluation  # lazy: startup-cost
 
     return evaluation.main_recall(
         file=args.file, url=args.url, api_key=args.api_key, as_json=args.json, cleanup=args.cleanup
@@ -33,7 +33,7 @@ def cmd_eval_recall(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    from ctxapp import mcp_tools  # lazy: startup-cost
+    from ctxapp.integrations import mcp_tools  # lazy: startup-cost
 
     url, key = _target(args)
     mcp_tools.run_stdio(url=url, api_key=key)

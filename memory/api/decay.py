@@ -19,7 +19,8 @@ from rest_framework.response import Response
 
 from memory.api.base import MAX_BIGINT, CursorSerializer, TenantApiView, decode_cursor, encode_cursor
 from memory.models import DecayPolicy, FactImportance, FactScope
-from memory.services import compression, decay
+from memory.services import decay
+from memory.services import history_compression as compression
 from memory.services.sessions import session_access
 
 FACT_TYPE_HELP = (

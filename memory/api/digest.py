@@ -17,7 +17,7 @@ from rest_framework.response import Response
 
 from memory.api.base import CursorSerializer, TenantApiView, keyset_page
 from memory.models import SessionDigest
-from memory.services import digest as svc
+from memory.services import session_digest as svc
 from memory.services.sessions import session_access
 
 

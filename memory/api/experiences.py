@@ -41,7 +41,8 @@ from memory.models import (
     ExperienceKind,
     ExtractionMethod,
 )
-from memory.services import distillation, experiences, retrieval
+from memory.services import distillation, experiences
+from memory.services import experience_search as retrieval
 from memory.services.sessions import session_access, task_get
 
 

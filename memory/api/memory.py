@@ -15,7 +15,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from memory.api.base import TenantApiView
-from memory.services import memory_index, memory_search
+from memory.services import memory_search, message_indexing
 from memory.services.tenancy import api_key_binding_check
 
 
@@ -163,7 +163,7 @@ class MemoryIndexStatusApi(TenantApiView):
         summary="The tenant's messages per embedding status (pending, completed, failed, skipped)",
     )
     def get(self, request: Any) -> Response:
-        return Response(memory_index.memory_index_status(tenant=self.tenant))
+        return Response(message_indexing.memory_index_status(tenant=self.tenant))
 
 
 urlpatterns = [

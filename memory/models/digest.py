@@ -1,6 +1,6 @@
 """Medium-term memory: a session's structured digest, one row per version.
 
-The summarisation job maintains it (memory/services/digest.py). Each update is a new version
+The summarisation job maintains it (memory/services/session_digest.py). Each update is a new version
 row, so the history of what the session was about is kept; the highest version is the current one.
 """
 

@@ -157,7 +157,7 @@ class Message(models.Model):
         output_field=SearchVectorField(),
         db_persist=True,
     )
-    # Semantic index, filled asynchronously in coalesced batches (memory/services/memory_index.py).
+    # Semantic index, filled asynchronously in coalesced batches (memory/services/message_indexing.py).
     embedding = VectorField(dimensions=MESSAGE_EMBEDDING_DIMENSIONS, null=True, blank=True)
     embedding_status = models.CharField(
         max_length=16, choices=MessageEmbeddingStatus.choices, default=MessageEmbeddingStatus.PENDING

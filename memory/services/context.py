@@ -24,7 +24,8 @@ from django.utils import timezone
 
 from memory.exceptions import InvalidInput, NotFound
 from memory.models import BudgetSample, Session, Tenant, TokenUsageReport
-from memory.services import decay, jobs, model_profiles, recorder, retrieval, tokens
+from memory.services import decay, jobs, model_profiles, recorder, tokens
+from memory.services import experience_search as retrieval
 from memory.services.context_budget import (
     COMPONENTS,
     Demand,
@@ -138,7 +139,7 @@ def context_build(
     """Assemble the next prompt for `session` within its model's budget.
 
     `recall` overrides the tenant's recall policy for this build (enabled, top_k, min_score,
-    position, budget_share, query): see context_candidates and memory/services/recall.py.
+    position, budget_share, query): see context_candidates and memory/services/context_recall.py.
 
     Not read-only: records a BudgetSample and a `context.built` event (one transaction), tells
     decay and retrieval what the prompt carried, and — when the prompt reaches the summarisation

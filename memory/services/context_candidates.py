@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memory.models import MessageRole, Session, Summary, Tenant
-from memory.services import decay, retrieval, tokens
+from memory.services import decay, experience_search, tokens
 from memory.services.context_history import history_groups, history_message, window_rows
 from memory.services.context_items import (
     BuildRequest,
@@ -18,8 +18,8 @@ from memory.services.context_items import (
     carried_over_message,
 )
 from memory.services.context_policy import EffectivePolicy
-from memory.services.digest import context_digest_for_session
-from memory.services.recall import RecallPolicy, context_recall, recall_policy_effective
+from memory.services.context_recall import RecallPolicy, context_recall, recall_policy_effective
+from memory.services.session_digest import context_digest_for_session
 
 IMPORTANCE_SCORE = {"high": 1.0, "medium": 0.6, "low": 0.3}
 
@@ -225,7 +225,7 @@ def _memory_items(
 ) -> list[ContextItem]:
     if not (policy.memory_limit and policy.memory_max_chars):
         return []
-    memories = retrieval.experiences_for_context(
+    memories = experience_search.experiences_for_context(
         tenant=tenant,
         session=session,
         query=query,
@@ -268,7 +268,7 @@ def _summary_item(summary: Summary) -> ContextItem:
 
 def _previous_digest_item(*, tenant: Tenant, session: Session) -> ContextItem | None:
     """The same user's previous session digest, offered while this session has none (medium-term
-    memory, memory/services/digest.py). Placed and dropped like the summary."""
+    memory, memory/services/session_digest.py). Placed and dropped like the summary."""
     offered = context_digest_for_session(tenant=tenant, session=session)
     if offered is None:
         return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.services.recall import RecallPolicy
+from memory.services.context_recall import RecallPolicy
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from memory import broadcast
+from ctxapp.infra import broadcast
+from ctxapp.infra.prepared import prepared_cursor
 from memory.exceptions import SessionEnded
 from memory.models import (
     Agent,
@@ -32,9 +33,8 @@ from memory.models import (
     Tenant,
     TrackedFact,
 )
-from memory.prepared import prepared_cursor
 from memory.selectors.sessions import session_get
-from memory.services import decay, memory_index, recorder, tokens
+from memory.services import decay, message_indexing, recorder, tokens
 
 MESSAGE_ADDED = "message.added"
 TOUCH_SECONDS = 1  # how stale a session's last_accessed_at may get while it is being appended to
@@ -191,7 +191,7 @@ def _rows_json(
 
 def _params(*, tenant: Tenant, items: list[MessageInput], counts: list[int], now: datetime) -> dict[str, Any]:
     user_ords = [index + 1 for index, item in enumerate(items) if item.role == MessageRole.USER]
-    index_fields = memory_index.message_index_fields(tenant=tenant)
+    index_fields = message_indexing.message_index_fields(tenant=tenant)
     occurred = [item.occurred_at or now for item in items]
     event_ids = [_new_event_id() for _ in items]
     return {
@@ -300,7 +300,7 @@ def messages_append(
                 progress=(appended.rounds, appended.has_facts),
             )
             if params["embedding_status"] == "pending":
-                memory_index.memory_index_dispatch_on_commit()
+                message_indexing.memory_index_dispatch_on_commit()
     if row is None:
         if session is None:
             session_get(tenant=tenant, session_id=public_id)  # NotFound for a missing or foreign id

@@ -2,7 +2,7 @@
 
 Events are append-only; nothing here updates one. Every append runs inside the caller's
 transaction, so an event exists exactly when the write it records exists, and each event is
-pushed to the tenant's dashboards after commit (memory.broadcast).
+pushed to the tenant's dashboards after commit (ctxapp.infra.broadcast).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from memory import broadcast
+from ctxapp.infra import broadcast
+from ctxapp.infra.prepared import prepared_cursor
 from memory.exceptions import InvalidInput, PayloadTooLarge
 from memory.models import Agent, Event, EventStream, Session, Tenant
-from memory.prepared import prepared_cursor
 
 TENANT_STREAM = "tenant"
 
@@ -84,7 +84,7 @@ def _insert_events(*, tenant: Tenant, key: str, events: list[Event]) -> bool:
 
 def listeners_probe(tenant: Tenant) -> tuple[str, list[Any]]:
     """Whether the tenant's dashboards listen, for a write's own statement to return (SQL and its
-    parameters, `%s` style): `true` when the channel layer cannot be asked (memory.broadcast)."""
+    parameters, `%s` style): `true` when the channel layer cannot be asked (ctxapp.infra.broadcast)."""
     probe = broadcast.listeners_sql(tenant.pk)
     return ("true", []) if probe is None else (probe[0], [probe[1]])
 

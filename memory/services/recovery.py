@@ -3,7 +3,7 @@
 `recovered_state` assembles several parts, each under a deadline: SQL statements run with
 `statement_timeout` in a savepoint and the fold loop checks the clock, so a slow part is left out
 with a warning instead of failing the whole. The parts come from the layers below: the fold of the
-agent's events and its reducers (memory/services/fold.py, re-exported here), its cognitive state
+agent's events and its reducers (memory/services/state_fold.py, re-exported here), its cognitive state
 and checkpoints (memory/services/cognition/) and its tasks and inbox (memory/services/layers.py).
 Nothing below imports this module.
 """
@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from memory.models import STATE_SCHEMA_VERSION, Agent, Checkpoint, Event, Message, Session, Tenant
 from memory.services import cognition, layers, recorder
-from memory.services.fold import (
+from memory.services.state_fold import (
     FOLD_VERSION,
     PartTimeout,
     Reducer,

@@ -35,12 +35,12 @@ from memory.selectors.sessions import sessions_list as sessions_list
 from memory.selectors.sessions import task_get as task_get
 from memory.selectors.sessions import tasks_list as tasks_list
 from memory.services import decay, distillation, recorder, retention
-from memory.services.digest import session_digest_queue
 
 # Appending messages lives in memory.services.messages (one statement); re-exported for callers.
 from memory.services.messages import MessageInput as MessageInput
 from memory.services.messages import message_token_count as message_token_count
 from memory.services.messages import messages_append as messages_append
+from memory.services.session_digest import session_digest_queue
 
 DEFAULT_SESSION_TTL = timedelta(hours=24)
 # A read moves last_accessed_at at most this often (an UPDATE per read would be wasteful).

@@ -6,7 +6,8 @@ from celery import shared_task
 from django.db import OperationalError
 
 from memory.models import Session
-from memory.services import digest, summarise
+from memory.services import rolling_summary
+from memory.services import session_digest as digest
 
 SCHEDULE: dict = {}
 
@@ -18,7 +19,7 @@ def session_summarise(session_id: int) -> None:
     session = Session.objects.select_related("tenant", "agent").filter(pk=session_id).first()
     if session is None:
         return
-    summarise.session_summarise(tenant=session.tenant, session=session)
+    rolling_summary.session_summarise(tenant=session.tenant, session=session)
     digest.session_digest_update(tenant=session.tenant, session=session)
 
 

@@ -18,11 +18,11 @@ from django.db import OperationalError
 
 from memory.models import JobIntent, Session
 from memory.services import job_health, jobs
-from memory.services.digest import session_digest_update
 from memory.services.distillation import distill_intents_merge, tasks_distill_intents
 from memory.services.embedding import EmbedderUnavailable
 from memory.services.experiences import experiences_embed, experiences_mark_failed
-from memory.services.summarise import session_summarise
+from memory.services.rolling_summary import session_summarise
+from memory.services.session_digest import session_digest_update
 
 
 @shared_task(acks_late=True, name=jobs.JOB_RUN_TASK)

@@ -1,4 +1,4 @@
-"""Celery tasks of the memory index (memory/services/memory_index.py). Thin: one service call."""
+"""Celery tasks of the memory index (memory/services/message_indexing.py). Thin: one service call."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from celery import shared_task
 from django.conf import settings
 
 from memory.services.embedding import EmbedderUnavailable
-from memory.services.memory_index import DRAIN_TASK_NAME, memory_index_drain, memory_index_sweep
+from memory.services.message_indexing import DRAIN_TASK_NAME, memory_index_drain, memory_index_sweep
 
 logger = logging.getLogger(__name__)
 

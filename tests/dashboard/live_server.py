@@ -26,7 +26,7 @@ CHROMIUM_ARGS = [
 
 def embedded_mode(env: dict[str, str]) -> dict[str, str]:
     """`env` for the embedded mode: no REDIS_URL, so the server takes the PostgreSQL channel layer
-    (ctxapp.channel_layer) and broker. The database needs channels_postgres' NOTIFY trigger,
+    (ctxapp.infra.channel_layer) and broker. The database needs channels_postgres' NOTIFY trigger,
     which its migrations install (`ctxapp up` runs them; tests use `install_channels_postgres`)."""
     return {k: v for k, v in env.items() if k != "REDIS_URL"}
 

@@ -1,5 +1,5 @@
 """The live channel, through Channels' WebsocketCommunicator, on both real channel layers: Redis
-and the embedded mode's PostgreSQL layer (ctxapp.channel_layer).
+and the embedded mode's PostgreSQL layer (ctxapp.infra.channel_layer).
 
 Needs committed data (the consumer reads from other threads), hence transactional_db.
 """
@@ -22,7 +22,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.db import connection
 from django.test import Client
 
-from ctxapp.channel_layer import PostgresChannelLayer
+from ctxapp.infra.channel_layer import PostgresChannelLayer
 from dashboard.routing import websocket_urlpatterns
 from memory.models import Tenant
 from memory.services import sessions as sessions_service

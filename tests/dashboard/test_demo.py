@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ctxapp import demo
+from ctxapp.cli import demo
 from memory.models import BudgetSample, Checkpoint, Event, Experience, Message, Session, Tenant, TrackedFact
 from memory.services.tenancy import api_key_create
 from tests.conftest import worker_env

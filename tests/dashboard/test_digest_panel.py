@@ -10,7 +10,7 @@ from django.test import Client
 from dashboard.panels import panel_is_stale, panel_render
 from memory.models import Tenant
 from memory.services import sessions as sessions_service
-from memory.services.digest import session_digest_update
+from memory.services.session_digest import session_digest_update
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 from memory.models import JobIntent, Tenant
 from memory.services import jobs
 from memory.services import sessions as sessions_service
-from memory.services.digest import DIGEST_JOB
+from memory.services.session_digest import DIGEST_JOB
 from memory.tasks import jobs as job_kinds  # noqa: F401 - registers what each kind runs, as a worker loads it
 
 

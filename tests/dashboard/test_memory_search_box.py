@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from memory.services import memory_index
+from memory.services import message_indexing
 
 pytestmark = pytest.mark.django_db
 
@@ -19,7 +19,7 @@ def test_the_session_and_agent_pages_carry_the_search_box(web_alice: Client, ses
 
 
 def test_it_shows_ranked_results_with_scores(web_alice: Client, session_a: Any) -> None:
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     body = web_alice.get(
         "/memory/search", {"q": "checkout 502 error", "session": session_a.public_id}, HTTP_HX_REQUEST="true"
     ).content.decode()

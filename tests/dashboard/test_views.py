@@ -275,7 +275,7 @@ def test_experiences_page_lists_and_searches_with_signal_contributions(
 def test_session_page_marks_summaries_on_the_budget_chart(
     web_alice: Client, tenant_a: Tenant, session_a: Any
 ) -> None:
-    from memory.services import context, summarise
+    from memory.services import context, rolling_summary
 
     window = {"max_input_tokens": 600, "output_reserve": 64, "keep_verbatim": 2}
     for turn in range(12):
@@ -292,7 +292,7 @@ def test_session_page_marks_summaries_on_the_budget_chart(
             ],
         )
         context.context_build(tenant=tenant_a, session=session_a, next_input="next?", overrides=window)
-    summary = summarise.session_summarise(tenant=tenant_a, session=session_a)
+    summary = rolling_summary.session_summarise(tenant=tenant_a, session=session_a)
     assert summary is not None
     context.context_build(tenant=tenant_a, session=session_a, next_input="next?", overrides=window)
     page = web_alice.get(f"/sessions/{session_a.public_id}/").content.decode()

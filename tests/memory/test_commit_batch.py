@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from memory.commit_batch import CommitBatch
+from ctxapp.infra.commit_batch import CommitBatch
 from memory.models import Tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)

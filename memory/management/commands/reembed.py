@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from memory.models import Tenant
 from memory.services.experiences import experiences_reembed, experiences_retry_failed
-from memory.services.memory_index import messages_reembed
+from memory.services.message_indexing import messages_reembed
 
 
 class Command(BaseCommand):

@@ -12,7 +12,7 @@ The modules, lowest first (each imports only those above it):
 - `schema`: the state document, validation, schema upgrades, size limit (pure);
 - `storage`: full/delta encoding of a checkpoint and its verified reconstruction;
 - `state`: the current state (get, put, patch) and the per-process cache of recent states;
-- `checkpoints`: take, get, list, diff, restore (uses memory/services/fold.py for the fold);
+- `checkpoints`: take, get, list, diff, restore (uses memory/services/state_fold.py for the fold);
 - `pruning`: retention.
 
 This package re-exports the names the rest of the code uses: `from memory.services import cognition`.

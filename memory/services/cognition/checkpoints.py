@@ -2,7 +2,7 @@
 
 A checkpoint is an immutable snapshot of the agent's cognitive state. It covers the agent's event
 stream up to its own `checkpoint.created` event and carries the fold of those events, so recovery
-folds only what came after (memory/services/fold.py).
+folds only what came after (memory/services/state_fold.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import QuerySet
 
+from ctxapp.infra.prepared import prepared_cursor
 from memory.exceptions import NotFound
 from memory.models import (
     STATE_SCHEMA_VERSION,
@@ -25,7 +26,6 @@ from memory.models import (
     Event,
     Tenant,
 )
-from memory.prepared import prepared_cursor
 from memory.services import recorder
 from memory.services.cognition.jsondiff import json_diff, json_pointer, json_sha256, json_text
 from memory.services.cognition.schema import STATE_FIELDS, state_normalize, state_patched
@@ -40,7 +40,7 @@ from memory.services.cognition.state import (
     state_write,
 )
 from memory.services.cognition.storage import checkpoint_state, checkpoint_storage_for
-from memory.services.fold import fold_apply, fold_through
+from memory.services.state_fold import fold_apply, fold_through
 
 
 def _full_every(tenant: Tenant, row: CognitiveState | None = None) -> int:

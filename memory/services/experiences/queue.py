@@ -7,7 +7,7 @@ import secrets
 from django.conf import settings
 from django.db import transaction
 
-from memory.commit_batch import CommitBatch
+from ctxapp.infra.commit_batch import CommitBatch
 from memory.services import jobs
 
 # This transaction's embedding intents, as (intent id, its ids) after each write to it: the last

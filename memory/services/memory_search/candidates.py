@@ -14,8 +14,15 @@ from memory.models import Message, Session, Summary, Tenant, TrackedFact
 from memory.models.experiences import Experience
 from memory.services import ranking
 from memory.services.embedding import cosines_cached
-from memory.services.memory_digest import digest_candidates
+from memory.services.experience_search import (
+    DEFERRED,
+    AnyLexemeQuery,
+    configure_hnsw,
+    experiences_visible,
+    search_candidates,
+)
 from memory.services.memory_search.corpus import exact_message_candidates, scope_corpus
+from memory.services.memory_search.digests import digest_candidates
 from memory.services.memory_search.large_stats import corpus_stats, term_counts
 from memory.services.memory_search.scope import SearchScope
 from memory.services.memory_search.sql import (
@@ -24,13 +31,6 @@ from memory.services.memory_search.sql import (
     fetch_prepared,
     terms_or_query,
     vector_literal,
-)
-from memory.services.retrieval import (
-    DEFERRED,
-    AnyLexemeQuery,
-    configure_hnsw,
-    experiences_visible,
-    search_candidates,
 )
 
 VectorSource = Callable[[], np.ndarray | None]  # the query's embedding, when it is needed

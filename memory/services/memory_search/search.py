@@ -14,11 +14,11 @@ from django.utils import timezone
 from memory.models import Tenant
 from memory.services import ranking
 from memory.services.embedding import EmbedderError, embed_query
-from memory.services.memory_index import memory_policy_get
 from memory.services.memory_search.candidates import other_candidates, scope_message_candidates
 from memory.services.memory_search.results import SearchResult, hit_from_ranked, neighbours_attach
 from memory.services.memory_search.scope import SearchScope, scope_sessions, search_validate
 from memory.services.memory_search.sql import ScopeWhere
+from memory.services.message_indexing import memory_policy_get
 
 
 def memory_search(

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 from django.db import connection
 
+from ctxapp.infra.prepared import prepared_cursor
 from memory.models import Tenant
-from memory.prepared import prepared_cursor
 from memory.services import ranking
 from memory.services.embedding import EMBEDDING_DIMENSIONS
 
@@ -73,7 +73,7 @@ def fetch_rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
 
 def fetch_prepared(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     """`fetch_rows` for a statement a search runs every time: prepared once per connection
-    (memory/prepared.py), so PostgreSQL does not parse and plan it again on every search."""
+    (ctxapp/infra/prepared.py), so PostgreSQL does not parse and plan it again on every search."""
     with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         return list(cursor.fetchall())

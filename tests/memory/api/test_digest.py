@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from memory.models import JobIntent
-from memory.services.digest import DIGEST_JOB, session_digest_update
+from memory.services.session_digest import DIGEST_JOB, session_digest_update
 from memory.services.sessions import MessageInput, messages_append, session_create
 
 pytestmark = pytest.mark.django_db

@@ -293,7 +293,7 @@ def test_policy_update_validates_its_input(make_client, tenant_a):
 
 def test_the_client_bulk_creates_filters_deletes_and_reads_the_digest(alice, tenant_a, make_client):
     from ctxapp import client as ctx
-    from memory.services.digest import session_digest_update
+    from memory.services.session_digest import session_digest_update
     from memory.services.sessions import MessageInput, messages_append, session_create
 
     bulk = alice.experiences_create_bulk([{**CRASH, "agent": "planner"}, {**CRASH, "merge": False}])
@@ -352,7 +352,7 @@ def test_the_async_client_covers_the_new_endpoints(live_server):
     assert policy["capacity"] == again["capacity"] == 42 == ExperiencePolicy.for_tenant(tenant).capacity
     assert created["agent"] == "coder"
 
-    from memory.services.digest import session_digest_update
+    from memory.services.session_digest import session_digest_update
     from memory.services.sessions import MessageInput, messages_append, session_create
 
     session = session_create(tenant=tenant, agent_external_id="coder", user_id="ana")

@@ -23,7 +23,7 @@ from memory.models import (
     Session,
     Tenant,
 )
-from memory.services.fold import fold_event_rows, fold_events, fold_initial, reducers_get
+from memory.services.state_fold import fold_event_rows, fold_events, fold_initial, reducers_get
 from memory.services.tenancy import api_key_create, api_key_revoke, api_keys_changed
 from tests.memory.api.test_throttles import database_cache  # noqa: F401 - a fixture
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from memory.models import Agent, PrivateContext, Task
-from memory.services import memory_index
+from memory.services import message_indexing
 
 pytestmark = pytest.mark.django_db
 
@@ -66,7 +66,7 @@ def history(api_a: Any) -> dict[str, str]:
     )  # fmt: skip
     other_user = create_session(api_a, user_id="u2")
     append(api_a, other_user, [{"role": "user", "content": "My cat is called Biscuit too, a grey kitten."}])
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     return {"first": first, "second": second, "other_user": other_user}
 
 
@@ -205,7 +205,7 @@ def test_an_unknown_or_foreign_session_or_agent_is_404_alike(api_a, api_b, histo
 def test_another_tenants_messages_never_appear(api_a, api_b, history):
     bob = create_session(api_b, user_id="u1")
     append(api_b, bob, [{"role": "user", "content": "Bob's golden retriever is named Biscuit as well."}])
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     for scope in ({"user_id": "u1"}, {}):
         results = search(api_b, {"query": "golden retriever Biscuit", "scope": scope, "limit": 100})[
             "results"
@@ -360,12 +360,12 @@ def test_the_scope_cache_sees_vectors_drained_after_its_first_search(api_a):
     body = {"query": "my new dog", "scope": {"user_id": "u9"}, "kinds": ["message"], "limit": 2}
     before = search(api_a, body)
     assert all(hit["similarity"] is None for hit in before["results"])
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     after = search(api_a, body)["results"]
     assert "golden retriever" in after[0]["text"]
     assert after[0]["similarity"] > after[1]["similarity"] + 0.1
     append(api_a, session, [{"role": "user", "content": "Our dog Biscuit loves the beach."}])
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     newest = search(api_a, {**body, "limit": 3})["results"]
     assert any("Biscuit" in hit["text"] and hit["similarity"] is not None for hit in newest)
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ctxapp import client as ctx
-from memory.services import memory_index
+from memory.services import message_indexing
 from memory.services.tenancy import api_key_create
 
 
@@ -27,7 +27,7 @@ def test_the_sync_client_imports_history_and_searches_it(alice, api_b):
     stored = alice.messages_list(session["id"])["items"][0]
     assert stored["name"] == "Mel" and stored["occurred_at"].startswith("2023-07-02T08:00:00")
     assert alice.memory_index_status()["pending"] == 2
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     assert alice.memory_index_status() == {"pending": 0, "completed": 2, "failed": 0, "skipped": 0}
     found = alice.memory_search(
         "what did Mel paint?", scope={"user_id": "u1", "sessions": "all"}, limit=1, neighbours=1
@@ -53,7 +53,7 @@ def test_the_async_client_searches(live_server: Any, tenant_a: Any) -> None:
             await api.messages_append(
                 session["id"], [{"role": "user", "content": "I keep bees on the roof."}]
             )
-            await asyncio.to_thread(memory_index.memory_index_drain)
+            await asyncio.to_thread(message_indexing.memory_index_drain)
             assert (await api.memory_index_status())["completed"] == 1
             return await api.memory_search("beekeeping hobby", scope={"user_id": "u9"}, kinds=["message"])
 
@@ -66,7 +66,7 @@ def test_the_async_client_searches(live_server: Any, tenant_a: Any) -> None:
 def test_the_client_builds_a_context_with_recall_overrides(alice):
     old = alice.session_create("bot", user_id="u1")
     alice.messages_append(old["id"], [{"role": "user", "content": "My locker code is 4512."}])
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     now = alice.session_create("bot", user_id="u1")
     built = alice.context_build(now["id"], "hello", query="locker code", recall={"top_k": 1})
     recalled = [i for i in built["manifest"]["items"] if i["kind"] == "recall"]

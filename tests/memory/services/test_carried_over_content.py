@@ -13,7 +13,7 @@ import pytest
 
 from memory.services.context import context_build
 from memory.services.context_items import carried_over_message
-from memory.services.digest import context_digest_for_session, session_digest_update
+from memory.services.session_digest import context_digest_for_session, session_digest_update
 from memory.services.sessions import MessageInput, messages_append, session_create, session_end
 
 pytestmark = pytest.mark.django_db

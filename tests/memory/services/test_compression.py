@@ -8,7 +8,7 @@ import pytest
 
 from memory.exceptions import InvalidInput
 from memory.models import Event, Message
-from memory.services import compression, tokens
+from memory.services import history_compression, tokens
 from memory.services.sessions import MessageInput, messages_append, session_create
 
 pytestmark = pytest.mark.django_db
@@ -41,7 +41,9 @@ def test_messages_get_their_category_and_priority(tenant_a, session):
     messages = history(tenant_a, session)
     from memory.models import DecayPolicy
 
-    scored = compression.messages_score(policy=DecayPolicy.for_tenant(tenant_a), messages=messages, recent=10)
+    scored = history_compression.messages_score(
+        policy=DecayPolicy.for_tenant(tenant_a), messages=messages, recent=10
+    )
     by_seq = {item.seq: item for item in scored}
     assert (by_seq[1].category, by_seq[1].priority) == ("conversation", 50)
     assert (by_seq[2].category, by_seq[2].priority) == ("decision", 100)
@@ -55,7 +57,7 @@ def test_messages_get_their_category_and_priority(tenant_a, session):
 def test_compression_respects_the_ratio_and_keeps_decisions_whole(tenant_a, session):
     messages = history(tenant_a, session)
     before = sum(m.token_count for m in messages)
-    result = compression.session_compress(tenant=tenant_a, session=session, target_ratio=0.3)
+    result = history_compression.session_compress(tenant=tenant_a, session=session, target_ratio=0.3)
     assert result.tokens_before == before
     assert result.tokens_after <= int(before * 0.3)
     assert result.target_met and result.ratio == pytest.approx(result.tokens_after / before)
@@ -86,14 +88,14 @@ def test_decisions_stay_whole_even_beyond_the_budget(tenant_a, session):
             MessageInput(role="user", content="ok"),
         ],
     )
-    result = compression.session_compress(tenant=tenant_a, session=session, target_ratio=0.1)
+    result = history_compression.session_compress(tenant=tenant_a, session=session, target_ratio=0.1)
     assert [item.seq for item in result.kept] == [1]
     assert result.kept[0].content == DECISION
     assert not result.target_met and result.ratio > 0.1
 
 
 def test_an_empty_history_compresses_to_nothing(tenant_a, session):
-    result = compression.session_compress(tenant=tenant_a, session=session)
+    result = history_compression.session_compress(tenant=tenant_a, session=session)
     assert (result.tokens_before, result.tokens_after, result.ratio, result.target_met) == (0, 0, 1.0, True)
     assert result.target_ratio == 0.3
 
@@ -101,5 +103,5 @@ def test_an_empty_history_compresses_to_nothing(tenant_a, session):
 @pytest.mark.parametrize("ratio", [0, -0.5, 1.5])
 def test_a_ratio_outside_0_1_is_refused(tenant_a, session, ratio):
     with pytest.raises(InvalidInput):
-        compression.session_compress(tenant=tenant_a, session=session, target_ratio=ratio)
+        history_compression.session_compress(tenant=tenant_a, session=session, target_ratio=ratio)
     assert not Event.objects.filter(type="session.compressed").exists()

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from memory.exceptions import InvalidInput, PromptTooLong
 from memory.models import BudgetSample, Event, ModelProfile
-from memory.services import decay, retrieval, tokens
+from memory.services import decay, tokens
+from memory.services import experience_search as retrieval
 from memory.services.context import SystemPart, context_build
 from memory.services.sessions import MessageInput, messages_append, session_create
 

@@ -14,7 +14,7 @@ from memory.services.context_budget import (
 )
 from memory.services.context_items import Candidates, ContextItem
 from memory.services.context_policy import EffectivePolicy
-from memory.services.recall import RecallPolicy
+from memory.services.context_recall import RecallPolicy
 
 POLICY = EffectivePolicy(
     history_window=30,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from memory.services import memory_index
+from memory.services import message_indexing
 from memory.services.context import SystemPart, context_build
 from memory.services.sessions import MessageInput, messages_append, session_create
 
@@ -38,7 +38,7 @@ def recall_items(built: Any) -> list[dict[str, Any]]:
 def test_an_earlier_sessions_message_is_recalled_for_a_question_about_it(tenant_a, months_ago):
     now = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u1")
     say(tenant_a, now, "Work is busy.")
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     built = context_build(
         tenant=tenant_a, session=now, next_input="What was the name of my dog again?",
         system_parts=[SystemPart(name="core", content="You are helpful.")],
@@ -58,7 +58,7 @@ def test_an_earlier_sessions_message_is_recalled_for_a_question_about_it(tenant_
 
 def test_another_users_sessions_are_never_recalled(tenant_a, months_ago):
     now = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u1")
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     built = context_build(
         tenant=tenant_a, session=now, next_input="What is my goldfish called, Captain Bubbles?"
     )
@@ -69,7 +69,7 @@ def test_another_users_sessions_are_never_recalled(tenant_a, months_ago):
 def test_what_the_window_holds_is_not_recalled_again(tenant_a):
     session = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u1")
     say(tenant_a, session, "My sister moved to Lisbon for a design job.", "Anyway, how are you?")
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     built = context_build(tenant=tenant_a, session=session, next_input="Where did my sister move?")
     assert recall_items(built) == []  # both messages are in the window already
     narrow = context_build(
@@ -85,7 +85,7 @@ def test_what_the_window_holds_is_not_recalled_again(tenant_a):
 
 def test_position_end_budget_share_and_disabling_per_request(tenant_a, months_ago):
     now = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u1")
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     question = "What was the name of my dog again?"
     end = context_build(tenant=tenant_a, session=now, next_input=question, recall={"position": "end"})
     count = len(recall_items(end))
@@ -119,7 +119,7 @@ def test_the_tenant_policy_sets_the_defaults(tenant_a, months_ago):
 
     MemoryPolicy.objects.update_or_create(tenant=tenant_a, defaults={"recall_enabled": False})
     now = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u1")
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     built = context_build(tenant=tenant_a, session=now, next_input="What was the name of my dog again?")
     assert recall_items(built) == [] and built.policy["recall"]["enabled"] is False
 
@@ -137,7 +137,7 @@ def test_bad_recall_overrides_are_refused_naming_the_field(api_a):
 
 def test_the_api_takes_an_explicit_query(api_a, tenant_a, months_ago):
     session = api_a.post("/api/v1/sessions", {"agent": "bot", "user_id": "u1"}, format="json").json()["id"]
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     body = api_a.post(
         f"/api/v1/sessions/{session}/context", {"input": "thanks", "query": "puppy Biscuit"}, format="json"
     ).json()

@@ -256,7 +256,7 @@ def test_session_end_promotes_preferences_constraints_and_project_configuration(
 def test_the_summariser_alerts_when_its_summary_loses_a_preference(tenant_a, session):
     """End to end with the real (offline) summariser: a crowded summary drops the preference."""
     from memory.models import Summary
-    from memory.services.summarise import session_summarise
+    from memory.services.rolling_summary import session_summarise
 
     say(tenant_a, session, "user", "I prefer short bullet point answers.", event_kind="preference")
     preference = TrackedFact.objects.get(session=session)

@@ -16,7 +16,7 @@ import pytest
 from memory.models import Event, JobIntent, SessionDigest
 from memory.services import jobs
 from memory.services.context import context_build
-from memory.services.digest import (
+from memory.services.session_digest import (
     DIGEST_JOB,
     context_digest_for_session,
     digests_search_candidates,
@@ -207,7 +207,7 @@ def test_the_summarisation_job_maintains_the_digest(tenant_a, session):
 
 
 def test_a_long_backlog_is_read_in_bounded_steps(tenant_a, session, monkeypatch):
-    from memory.services import digest as service
+    from memory.services import session_digest as service
 
     monkeypatch.setattr(service, "MAX_ROWS_PER_UPDATE", 5)
     talk(tenant_a, session, CONVERSATION)  # 9 messages

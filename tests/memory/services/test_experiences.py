@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from memory.models import EmbeddingCache, Event, Experience, ExperiencePolicy, JobIntent
 from memory.services import jobs
+from memory.services.experience_search import experiences_search
 from memory.services.experiences import (
     experience_create,
     experience_feedback,
@@ -22,7 +23,6 @@ from memory.services.experiences import (
     experiences_promote,
     experiences_retry_failed,
 )
-from memory.services.retrieval import experiences_search
 from memory.tasks.experiences import experiences_embed_task
 
 pytestmark = pytest.mark.django_db

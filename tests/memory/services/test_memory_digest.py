@@ -11,8 +11,8 @@ from memory.models import Session, Tenant
 from memory.models.digest import SessionDigest
 from memory.services import ranking
 from memory.services.embedding import embed_query
-from memory.services.memory_digest import digest_candidates, digest_id
 from memory.services.memory_search import SearchScope, scope_sessions
+from memory.services.memory_search.digests import digest_candidates, digest_id
 from memory.services.sessions import session_create
 
 pytestmark = pytest.mark.django_db

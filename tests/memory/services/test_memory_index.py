@@ -11,9 +11,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from memory import broadcast
+from ctxapp.infra import broadcast
 from memory.models import MemoryIndexState, MemoryPolicy, Message, MessageEmbeddingStatus
-from memory.services import memory_index
+from memory.services import message_indexing
 from memory.services.embedding import embedder_get
 from memory.services.ranking import index_text
 from memory.services.sessions import MessageInput, messages_append, session_create
@@ -74,7 +74,7 @@ def test_a_transaction_queues_one_drain_however_many_appends_it_holds(
                 tenant=tenant_a, session=session, items=[MessageInput(role="user", content=f"m{index}")]
             )
     jobs = [c for c in callbacks if not broadcast.live_updates.owns(c)]  # live updates aside
-    assert jobs == [memory_index.memory_index_dispatch]
+    assert jobs == [message_indexing.memory_index_dispatch]
 
 
 def test_dispatches_coalesce_until_the_queued_drain_starts(tenant_a):
@@ -84,13 +84,13 @@ def test_dispatches_coalesce_until_the_queued_drain_starts(tenant_a):
         messages_append(
             tenant=tenant_a, session=session, items=[MessageInput(role="user", content=f"m{index}")]
         )
-        dispatched.append(memory_index.memory_index_dispatch())
+        dispatched.append(message_indexing.memory_index_dispatch())
     assert dispatched == [True, False, False, False, False]
     assert MemoryIndexState.objects.get(pk=1).drain_scheduled
-    result = memory_index.memory_index_drain()
+    result = message_indexing.memory_index_drain()
     assert result.batches == [5]
     assert not MemoryIndexState.objects.get(pk=1).drain_scheduled
-    assert memory_index.memory_index_dispatch() is True  # the next commit queues the next drain
+    assert message_indexing.memory_index_dispatch() is True  # the next commit queues the next drain
 
 
 def test_a_dispatch_while_a_drain_is_queued_writes_nothing(tenant_a):
@@ -98,13 +98,13 @@ def test_a_dispatch_while_a_drain_is_queued_writes_nothing(tenant_a):
 
     session = session_create(tenant=tenant_a, agent_external_id="bot")
     messages_append(tenant=tenant_a, session=session, items=[MessageInput(role="user", content="first")])
-    assert memory_index.memory_index_dispatch() is True
+    assert message_indexing.memory_index_dispatch() is True
     messages_append(tenant=tenant_a, session=session, items=[MessageInput(role="user", content="second")])
     with CaptureQueriesContext(connection) as queries:
-        assert memory_index.memory_index_dispatch() is False
+        assert message_indexing.memory_index_dispatch() is False
     # One plain read of the flag: no upsert, no row lock on the one global row, no commit.
     assert [q["sql"].split()[0] for q in queries.captured_queries] == ["SELECT"]
-    assert memory_index.memory_index_drain().completed == 2  # the queued drain embeds both
+    assert message_indexing.memory_index_drain().completed == 2  # the queued drain embeds both
 
 
 def test_n_appends_are_embedded_in_at_most_ceil_n_over_64_batches(tenant_a):
@@ -119,7 +119,7 @@ def test_n_appends_are_embedded_in_at_most_ceil_n_over_64_batches(tenant_a):
                 for i in range(start, start + 10)
             ],
         )
-    result = memory_index.memory_index_drain()
+    result = message_indexing.memory_index_drain()
     assert len(result.batches) <= math.ceil(n / 64)
     assert result.completed == n
     assert set(statuses(session)) == {MessageEmbeddingStatus.COMPLETED}
@@ -138,7 +138,7 @@ def test_a_tenant_can_turn_message_embedding_off(tenant_a, tenant_b):
     session_b = session_create(tenant=tenant_b, agent_external_id="bot")
     messages_append(tenant=tenant_a, session=session_a, items=[MessageInput(role="user", content="the dogs")])
     messages_append(tenant=tenant_b, session=session_b, items=[MessageInput(role="user", content="the dogs")])
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     assert statuses(session_a) == [MessageEmbeddingStatus.SKIPPED]
     assert statuses(session_b) == [MessageEmbeddingStatus.COMPLETED]
     a = Message.objects.get(session=session_a)
@@ -153,11 +153,11 @@ def test_the_sweep_recovers_rows_whose_dispatch_was_lost(tenant_a, django_captur
     with django_capture_on_commit_callbacks(execute=False):  # the dispatch never happens
         messages_append(tenant=tenant_a, session=session, items=[MessageInput(role="user", content="lost")])
     MemoryIndexState.objects.update_or_create(pk=1, defaults={"drain_scheduled": True})  # a lost job
-    assert memory_index.memory_index_sweep(older_than=timedelta(hours=1)) == 0  # not stale yet
+    assert message_indexing.memory_index_sweep(older_than=timedelta(hours=1)) == 0  # not stale yet
     Message.objects.filter(session=session).update(created_at=timezone.now() - timedelta(minutes=10))
-    assert memory_index.memory_index_sweep() == 1
+    assert message_indexing.memory_index_sweep() == 1
     assert MemoryIndexState.objects.get(pk=1).drain_scheduled  # re-dispatched despite the stale flag
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     assert statuses(session) == [MessageEmbeddingStatus.COMPLETED]
 
 
@@ -170,7 +170,7 @@ def test_a_failed_dispatch_is_logged_not_raised_and_leaves_the_sweep_a_way_back(
     session = session_create(tenant=tenant_a, agent_external_id="bot")
     started = time.monotonic()
     messages_append(tenant=tenant_a, session=session, items=[MessageInput(role="user", content="x")])
-    assert memory_index.memory_index_dispatch() is False
+    assert message_indexing.memory_index_dispatch() is False
     assert time.monotonic() - started < 5  # a refused broker is not retried inside the request
     assert "broker unavailable" in caplog.text
     assert not MemoryIndexState.objects.get(pk=1).drain_scheduled  # the next commit or the sweep retries
@@ -196,7 +196,7 @@ def test_reembed_messages_rewrites_every_vector_with_the_configured_model(tenant
     messages_append(
         tenant=tenant_a, session=session, items=[MessageInput(role="user", content=f"t{i}") for i in range(3)]
     )
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     Message.objects.filter(session=session).update(embedding_model="old-model", embedding_status="failed")
     out = StringIO()
     call_command("reembed", "--messages", "--tenant", tenant_a.slug, stdout=out)

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from memory.models import SearchTermSnapshot, SearchTermStat
-from memory.services import memory_index
+from memory.services import message_indexing
 from memory.services.memory_search import SearchScope, corpus, memory_search, term_stats
 from memory.services.sessions import session_create, session_delete
 from tests.memory.services.test_context_recall import say
@@ -31,7 +31,7 @@ def talks(tenant_a: Any, tenant_b: Any) -> dict[str, Any]:
     say(tenant_a, second, "I started learning the violin.", "The weather was rainy all week.")
     foreign = session_create(tenant=tenant_b, agent_external_id="bot", user_id="u1")
     say(tenant_b, foreign, "Violin, violin, violin: Bob's violin lessons.", "A puppy too.")
-    memory_index.memory_index_drain()
+    message_indexing.memory_index_drain()
     return {"first": first, "second": second, "foreign": foreign}
 
 

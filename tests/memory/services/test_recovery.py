@@ -11,7 +11,6 @@ from django.db import transaction
 from memory.api.shapes import recovered_state_out
 from memory.models import Checkpoint, Event
 from memory.services import cognition, layers, recorder, recovery
-from memory.services.fold import fold_start
 from memory.services.sessions import (
     MessageInput,
     agent_get_or_create,
@@ -20,6 +19,7 @@ from memory.services.sessions import (
     task_create,
     task_update,
 )
+from memory.services.state_fold import fold_start
 
 pytestmark = pytest.mark.django_db
 

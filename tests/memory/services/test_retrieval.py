@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 
 from memory.models import Experience
+from memory.services.experience_search import (
+    experiences_for_context,
+    experiences_mark_used,
+    experiences_search,
+)
 from memory.services.experiences import experience_create, experience_feedback, experiences_embed
-from memory.services.retrieval import experiences_for_context, experiences_mark_used, experiences_search
 from memory.services.sessions import session_create
 
 pytestmark = pytest.mark.django_db

@@ -13,12 +13,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.conf import settings as django_settings
 
-from memory import broadcast
+from ctxapp.infra import broadcast
 from memory.models import BudgetSample, Event, ModelProfile, Summary, SummaryMethod
-from memory.services import decay, summarise
+from memory.services import decay
+from memory.services import rolling_summary as summarise
 from memory.services.context import context_build
+from memory.services.rolling_summary import offline_summary, session_summarise
 from memory.services.sessions import MessageInput, messages_append, session_create
-from memory.services.summarise import offline_summary, session_summarise
 from memory.tasks.context import session_summarise as summarise_task
 
 

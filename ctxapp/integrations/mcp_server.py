@@ -20,7 +20,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from rest_framework.exceptions import AuthenticationFailed
 
-from ctxapp.mcp_tools import Backend, build_server, current_backend
+from ctxapp.integrations.mcp_tools import Backend, build_server, current_backend
 from memory.api.auth import api_key_authenticate
 from memory.api.decay import FactOutputSerializer, _status_of
 from memory.api.experiences import ExperienceDetailSerializer

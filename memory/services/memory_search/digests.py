@@ -1,4 +1,4 @@
-"""Session digests (medium-term memory, memory/services/digest.py) as memory search candidates.
+"""Session digests (medium-term memory, memory/services/session_digest.py) as memory search candidates.
 
 `digest_candidates` returns, for a memory search, the latest digest version of each session in the
 search's scope whose text matches any of the query's terms, as `ranking.Candidate`s of kind

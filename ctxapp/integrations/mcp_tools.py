@@ -2,7 +2,7 @@
 
 Two transports share one set of tools (`build_server`):
 
-- streamable HTTP at `/mcp` in the ASGI app (ctxapp/mcp_server.py): the tools call the memory
+- streamable HTTP at `/mcp` in the ASGI app (ctxapp/integrations/mcp_server.py): the tools call the memory
   services in-process for the tenant of the request's API key;
 - stdio (`ctxapp mcp`, `run_stdio` here): the tools call the REST API through
   `ctxapp.client.Client` (`ClientBackend`), with the URL and key from `CTXAPP_URL` / `CTXAPP_API_KEY`.

@@ -27,7 +27,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection
 
-from memory.commit_batch import CommitBatch
+from ctxapp.infra.commit_batch import CommitBatch
 
 logger = logging.getLogger(__name__)
 

@@ -191,4 +191,4 @@ def poll_seconds() -> float:
     return DEFAULT_POLL_SECONDS
 
 
-TRANSPORT_ALIASES.setdefault(ALIAS, "ctxapp.broker:Transport")
+TRANSPORT_ALIASES.setdefault(ALIAS, "ctxapp.infra.broker:Transport")

@@ -44,7 +44,7 @@ from memory.models import (
 )
 from memory.services import jobs, recorder
 from memory.services.chat_endpoint import chat_parsed
-from memory.services.summarise import MAX_SENTENCE_CHARS, _message_sentences
+from memory.services.rolling_summary import MAX_SENTENCE_CHARS, _message_sentences
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ membership row behind, and every later event was written once more per dead chan
 inserted a new membership row on every `group_add`, never skipped expired ones, and with the
 default `group_expiry` of 0 never deleted them.
 
-This subclass (BACKEND `ctxapp.channel_layer.PostgresChannelLayer`):
+This subclass (BACKEND `ctxapp.infra.channel_layer.PostgresChannelLayer`):
 
 1. discards through the layer's own pool (no alias needed);
 2. keeps one row per (group, channel): `group_add` refreshes its expiry (a heartbeat), and

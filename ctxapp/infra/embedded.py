@@ -18,7 +18,7 @@ import psutil
 import psycopg
 from psycopg import sql
 
-from ctxapp import pgserver_adapter
+from ctxapp.infra import pgserver_adapter
 
 logger = logging.getLogger(__name__)
 # pgserver logs every command at INFO and failures at ERROR (with the full log); ctxapp reports
@@ -138,7 +138,7 @@ def write_server_settings(pgdata: Path, *, shared_buffers: int) -> None:
     try:
         text = conf.read_text()
         if include not in text.splitlines():
-            _replace(conf, f"{text.rstrip()}\n\n# Written by ctxapp (ctxapp/embedded.py).\n{include}\n")
+            _replace(conf, f"{text.rstrip()}\n\n# Written by ctxapp (ctxapp/infra/embedded.py).\n{include}\n")
         _replace(
             pgdata / SETTINGS_FILE,
             "# Written by ctxapp at every start; edits are overwritten.\n"

@@ -18,7 +18,7 @@ from typing import Any
 from memory.exceptions import InvalidInput
 from memory.models import Session, Tenant
 from memory.services import memory_search
-from memory.services.memory_index import memory_policy_get
+from memory.services.message_indexing import memory_policy_get
 
 POSITIONS = ("start", "end")
 # name → (type, minimum, maximum) of the request's `recall` object
