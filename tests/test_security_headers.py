@@ -21,6 +21,22 @@ def policy(response) -> dict[str, list[str]]:
 
 
 @pytest.mark.django_db
+def test_the_api_docs_page_runs_no_inline_script_under_its_own_policy():
+    client = Client()
+    response = client.get("/api/docs/")
+    assert response.status_code == 200
+    directives = policy(response)
+    assert directives["script-src"] == ["'self'"]
+    assert directives["object-src"] == ["'none'"] and directives["frame-ancestors"] == ["'none'"]
+    html = response.content.decode()
+    scripts = re.findall(r"<script([^>]*)>", html)
+    assert scripts and all("src=" in attributes for attributes in scripts), scripts  # none inline
+    script_url = re.findall(r'<script src="([^"]*\?script[^"]*)"', html)[0].replace("&amp;", "&")
+    script = client.get(script_url)
+    assert script.status_code == 200 and b"SwaggerUIBundle" in script.content
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("url", ["/login/", "/admin/login/"])
 def test_dashboard_and_admin_pages_allow_only_our_own_scripts(url):
     response = Client().get(url)
