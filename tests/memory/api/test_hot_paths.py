@@ -124,7 +124,7 @@ def test_an_append_with_an_idempotency_key_costs_two_statements(
 
 @pytest.mark.django_db(transaction=True)  # the after-commit work runs at the request's own commit
 @pytest.mark.usefixtures("database_cache")
-def test_around_an_append_one_rate_limit_statement_and_no_claim_of_a_queued_drain(
+def test_around_an_append_the_rate_limits_use_only_the_cache_and_no_queued_drain_is_claimed(
     api_a: Any, settings: Any
 ) -> None:
     # The whole request, on the database cache (no Redis), with its after-commit work.
@@ -138,12 +138,13 @@ def test_around_an_append_one_rate_limit_statement_and_no_claim_of_a_queued_drai
             path, {"role": "user", "content": "hi"}, format="json", HTTP_IDEMPOTENCY_KEY="k"
         )
     assert response.status_code == 201
-    statements = [q["sql"].split()[0] for q in queries.captured_queries]
-    # both rate limits and the failed-authentication count (one upsert that reads the count: it
-    # was a SELECT of its own before), the append, the idempotency record, COMMIT; after it only
-    # a read of the drain flag (no claim, no commit).
+    cache = [q["sql"] for q in queries.captured_queries if "ctxapp_cache" in q["sql"]]
+    statements = [q["sql"].split()[0] for q in queries.captured_queries if "ctxapp_cache" not in q["sql"]]
+    # Both rate limits and the failed-authentication check go through Django's cache API (a few
+    # statements on its table, bounded); then the append, the idempotency record, COMMIT; after it
+    # only a read of the drain flag (no claim, no commit).
+    assert 1 <= len(cache) <= 10, cache
     assert [verb for verb in statements if verb not in {"BEGIN", "COMMIT"}] == [
-        "INSERT",
         "WITH",
         "INSERT",
         "SELECT",
