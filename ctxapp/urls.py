@@ -19,6 +19,8 @@ API_DOCS_POLICY = (
 
 
 class ApiDocsView(SpectacularSwaggerSplitView):
+    schema = None  # the page that shows the schema is not an operation of it
+
     def get(self, request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
         response = super().get(request, *args, **kwargs)
         response["Content-Security-Policy"] = API_DOCS_POLICY
