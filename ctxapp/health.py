@@ -57,13 +57,7 @@ async def _channel_layer_roundtrip(layer: Any) -> None:
     channel = _probe_channels.get(id(layer))
     if channel is None:
         channel = _probe_channels[id(layer)] = await layer.new_channel("readyz")
-    # channels_postgres drops a message that arrives for a channel before its reader holds the
-    # channel's lock, so take the lock before sending (a no-op for other layers).
-    take_lock = getattr(layer, "_get_or_create_channel_advisory_lock", None)
-    if take_lock is not None:
-        await take_lock(channel)
     token = uuid.uuid4().hex
-    await layer.send(channel, {"type": "readyz.ping", "token": token})
 
     async def wait_for_token() -> None:
         # Messages with another token are late answers to earlier probes that timed out: skip them.
@@ -72,7 +66,11 @@ async def _channel_layer_roundtrip(layer: Any) -> None:
             if message.get("token") == token:
                 return
 
-    await wait_for_token()
+    # The reader starts before the send: a PostgreSQL layer delivers only to a channel it listens on.
+    reader = asyncio.ensure_future(wait_for_token())
+    await asyncio.sleep(0)
+    await layer.send(channel, {"type": "readyz.ping", "token": token})
+    await reader
 
 
 def check_channel_layer() -> dict[str, Any]:
