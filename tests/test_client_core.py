@@ -95,3 +95,27 @@ def test_what_goes_on_the_wire_keeps_the_timeout_the_key_and_the_query_over_retr
     assert first.content == retry.content and b'"content"' in first.content
     query = _exchange(Client.messages_list.build("S1", after=3)).http_request(httpx.Timeout(1))
     assert query.url.params["after"] == "3" and "limit" not in query.url.params  # None left out
+
+
+def test_every_method_shows_its_parameters_and_answer_to_inspect_and_help() -> None:
+    import inspect
+    import pydoc
+
+    from ctxapp.client import AsyncClient, Client
+
+    sync, asynchronous = Client("http://127.0.0.1:9", api_key="k"), AsyncClient("http://127.0.0.1:9", api_key="k")
+    methods = {n for klass in Client.__mro__ for n, v in vars(klass).items() if hasattr(v, "build")}
+    assert {"fact_register", "sessions_list"} <= methods
+    for name in methods:
+        on_class = inspect.signature(getattr(Client, name))
+        assert next(iter(on_class.parameters)) == "self", name
+        for bound in (getattr(sync, name), getattr(asynchronous, name)):
+            signature = inspect.signature(bound)
+            assert list(signature.parameters) == list(on_class.parameters)[1:], name
+            shown = str(signature.return_annotation)
+            assert "Request" not in shown and "Pages" not in shown, (name, shown)
+        assert inspect.iscoroutinefunction(getattr(asynchronous, name)) or "Iterator" in str(
+            inspect.signature(getattr(asynchronous, name)).return_annotation
+        ), name
+    page = pydoc.render_doc(Client, renderer=pydoc.TextDoc())
+    assert "fact_register(self, /, session_id" in page and "fact_register(...)" not in page

@@ -109,6 +109,9 @@ def test_enhance_check_position_compress_summarize_and_search(session: str, caps
     assert code == 0 and "prompt tokens" in out and "Recalled and retrieved" in out
     built = json.loads(ctx(capsys, "enhance", session, "When can I deploy billing?", "--json")[1])
     assert "change ticket" in json.dumps(built["messages"])
+    # The summary line counts the history turns the prompt holds, as the manifest lists them.
+    history = [i for i in built["manifest"]["items"] if i["kind"] == "history" and i["included"]]
+    assert history and f", {len(history)} history messages" in out
     # memory search over this session and the user's others: the Friday turn about billing deploys
     assert any(h["kind"] == "message" and "billing" in h["text"] for h in built["memory_search"])
     assert "Memory search for this query" in out

@@ -174,11 +174,12 @@ def do_enhance(client: Any, args: argparse.Namespace) -> Result:
     )
     built = {**built, "memory_search": found["results"]}
     items = built.get("manifest", {}).get("items", [])
-    shown = [i for i in items if i.get("kind") != "message" or not i.get("included", True)]
+    # History turns are counted in the summary line; the table lists what was recalled or left out.
+    shown = [i for i in items if i.get("kind") != "history" or not i.get("included", True)]
     rows = [[i.get("component"), i.get("kind"), i.get("id"), i.get("tokens"), i.get("score"),
              "yes" if i.get("included", True) else "no", i.get("reason")] for i in shown]  # fmt: skip
     budget = built.get("budget", {})
-    messages = sum(1 for i in items if i.get("kind") == "message" and i.get("included", True))
+    messages = sum(1 for i in items if i.get("kind") == "history" and i.get("included", True))
     summary = (
         f"build {built.get('build_id')}: {budget.get('prompt_tokens')} prompt tokens, utilisation "
         f"{budget.get('utilisation')}, {messages} history messages"
@@ -189,10 +190,10 @@ def do_enhance(client: Any, args: argparse.Namespace) -> Result:
         ["component", "kind", "id", "tokens", "score", "included", "reason"],
         rows,
     )
-    search_table = _table(
+    search_table = _hit_table(
         f"Memory search for this query (this and earlier sessions): {args.query}",
-        ["score", "kind", "where", "speaker", "text"],
-        [[r[0], r[1], r[2], r[4], r[5]] for r in map(_hit_row, found["results"])],
+        found["results"],
+        with_when=False,
     )
     return built, [summary, table, search_table, *warnings]
 
@@ -278,10 +279,21 @@ def do_summarize(client: Any, args: argparse.Namespace) -> Result:
     ]
 
 
-def _hit_row(hit: dict[str, Any]) -> list[Any]:
-    """score, kind, where (session:seq or id), when, speaker, text — one memory search hit."""
-    return [round(hit["score"], 4), hit["kind"], hit["id"], (hit.get("occurred_at") or "")[:10],
-            hit.get("speaker") or "", _short(hit.get("text"), 70)]  # fmt: skip
+def _hit_table(title: str, hits: list[dict[str, Any]], *, with_when: bool = True) -> Any:
+    """Memory search hits as a table: score, kind, where (session:seq or id), when, speaker, text.
+
+    The speaker column is shown only when some hit has one: messages carry a speaker only when
+    their writer named it (`name`), and a column that is empty on every row says nothing."""
+    columns = ["score", "kind", "where", *(["when"] if with_when else [])]
+    speakers = any(hit.get("speaker") for hit in hits)
+    columns += [*(["speaker"] if speakers else []), "text"]
+    rows = [
+        [round(hit["score"], 4), hit["kind"], hit["id"],
+         *([(hit.get("occurred_at") or "")[:10]] if with_when else []),
+         *([hit.get("speaker") or ""] if speakers else []), _short(hit.get("text"), 70)]
+        for hit in hits
+    ]  # fmt: skip
+    return _table(title, columns, rows)
 
 
 def do_search(client: Any, args: argparse.Namespace) -> Result:
@@ -292,10 +304,7 @@ def do_search(client: Any, args: argparse.Namespace) -> Result:
             raise CtxError("--current needs --session.")
         scope["sessions"] = "current"
     result = client.memory_search(args.query, scope=scope or None, kinds=args.kind or None, limit=args.limit)
-    rows = [_hit_row(h) for h in result["results"]]
-    tables = [
-        _table(f"Memory search: {args.query}", ["score", "kind", "where", "when", "speaker", "text"], rows)
-    ]
+    tables = [_hit_table(f"Memory search: {args.query}", result["results"])]
     return result, tables + [f"warning: {w}" for w in result.get("warnings", [])]
 
 

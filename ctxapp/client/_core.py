@@ -15,7 +15,9 @@ and sleep.
 from __future__ import annotations
 
 import functools
+import inspect
 import random
+import typing
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
@@ -229,14 +231,49 @@ class AsyncSender(ClientBase, ABC):
         """Bind `build` to this transport (each transport implements it)."""
 
 
-class operation(Generic[P, T]):
+def _answer_type(build: Callable[..., Any]) -> Any:
+    """`T` of a builder annotated `-> Request[T]` (or `Pages[T]`): what the client method returns."""
+    try:
+        hint = typing.get_type_hints(build).get("return")
+    except NameError:  # an annotation that names a type imported only for type checking
+        return inspect.Signature.empty
+    args = typing.get_args(hint)
+    return args[0] if args else inspect.Signature.empty
+
+
+class _Method:
+    """What `operation` and `paginated` share: how the method looks to `inspect`, `help()` and IDEs.
+
+    The builder's parameters, with the answer's type as the return annotation (not the
+    `Request[...]` the builder returns), on the class (with `self`) and on each client."""
+
+    build: Callable[..., Any]
+
+    def _describe(self, build: Callable[..., Any]) -> None:
+        self.build = build
+        self.__doc__, self.__name__ = build.__doc__, build.__name__
+        self.__qualname__, self.__module__ = build.__qualname__, build.__module__
+        self._signature = inspect.signature(build).replace(return_annotation=_answer_type(build))
+        receiver = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+        self.__signature__ = self._signature.replace(parameters=[receiver, *self._signature.parameters.values()])
+
+    def _bound(self, method: Callable[..., Any], returns: Any) -> Callable[..., Any]:
+        functools.update_wrapper(method, self.build)
+        method.__signature__ = self._signature.replace(return_annotation=returns)  # type: ignore[attr-defined]
+        return method
+
+    def __call__(self, client: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """`Client.x(client, ...)`, as for any method looked up on its class."""
+        return self.__get__(client)(*args, **kwargs)  # type: ignore[attr-defined]
+
+
+class operation(_Method, Generic[P, T]):
     """Decorator: a request builder becomes a method of both clients (see the module docstring).
 
     On the class, the attribute is this descriptor; `.build(...)` returns the `Request`."""
 
     def __init__(self, build: Callable[P, Request[T]]) -> None:
-        self.build = build
-        self.__doc__, self.__name__ = build.__doc__, build.__name__
+        self._describe(build)
 
     @overload
     def __get__(self, obj: None, owner: type | None = None) -> Self: ...
@@ -247,15 +284,14 @@ class operation(Generic[P, T]):
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
-        return functools.update_wrapper(obj._bind(self.build), self.build)
+        return self._bound(obj._bind(self.build), self._signature.return_annotation)
 
 
-class paginated(Generic[P, T]):
+class paginated(_Method, Generic[P, T]):
     """Decorator: a `Pages` builder becomes an iterator method of both clients."""
 
     def __init__(self, build: Callable[P, Pages[T]]) -> None:
-        self.build = build
-        self.__doc__, self.__name__ = build.__doc__, build.__name__
+        self._describe(build)
 
     @overload
     def __get__(self, obj: None, owner: type | None = None) -> Self: ...
@@ -266,4 +302,6 @@ class paginated(Generic[P, T]):
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
-        return functools.update_wrapper(obj._bind_pages(self.build), self.build)
+        item = self._signature.return_annotation
+        pages = AsyncIterator if isinstance(obj, AsyncSender) else Iterator
+        return self._bound(obj._bind_pages(self.build), pages if item is inspect.Signature.empty else pages[item])
