@@ -118,4 +118,5 @@ def test_every_method_shows_its_parameters_and_answer_to_inspect_and_help() -> N
             inspect.signature(getattr(asynchronous, name)).return_annotation
         ), name
     page = pydoc.render_doc(Client, renderer=pydoc.TextDoc())
+    page = pydoc.plain(page)
     assert "fact_register(self, /, session_id" in page and "fact_register(...)" not in page
