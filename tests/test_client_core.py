@@ -103,7 +103,8 @@ def test_every_method_shows_its_parameters_and_answer_to_inspect_and_help() -> N
 
     from ctxapp.client import AsyncClient, Client
 
-    sync, asynchronous = Client("http://127.0.0.1:9", api_key="k"), AsyncClient("http://127.0.0.1:9", api_key="k")
+    sync = Client("http://127.0.0.1:9", api_key="k")
+    asynchronous = AsyncClient("http://127.0.0.1:9", api_key="k")
     methods = {n for klass in Client.__mro__ for n, v in vars(klass).items() if hasattr(v, "build")}
     assert {"fact_register", "sessions_list"} <= methods
     for name in methods:

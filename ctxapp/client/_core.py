@@ -255,7 +255,8 @@ class _Method:
         self.__qualname__, self.__module__ = build.__qualname__, build.__module__
         self._signature = inspect.signature(build).replace(return_annotation=_answer_type(build))
         receiver = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
-        self.__signature__ = self._signature.replace(parameters=[receiver, *self._signature.parameters.values()])
+        parameters = [receiver, *self._signature.parameters.values()]
+        self.__signature__ = self._signature.replace(parameters=parameters)
 
     def _bound(self, method: Callable[..., Any], returns: Any) -> Callable[..., Any]:
         functools.update_wrapper(method, self.build)
@@ -304,4 +305,5 @@ class paginated(_Method, Generic[P, T]):
             return self
         item = self._signature.return_annotation
         pages = AsyncIterator if isinstance(obj, AsyncSender) else Iterator
-        return self._bound(obj._bind_pages(self.build), pages if item is inspect.Signature.empty else pages[item])
+        returns = pages if item is inspect.Signature.empty else pages[item]
+        return self._bound(obj._bind_pages(self.build), returns)
