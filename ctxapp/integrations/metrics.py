@@ -180,13 +180,14 @@ class DatabaseCollector(Collector):
         yield jobs
 
     def _retrieval(self) -> Iterator[Metric]:
-        returned = int(Experience.objects.aggregate(n=Sum("use_count"))["n"] or 0)
+        returned = int(BudgetSample.objects.aggregate(n=Sum("recalled_items"))["n"] or 0)
         feedback = ExperienceFeedback.objects.aggregate(
             used=Count("id", filter=Q(helpful=True)), unused=Count("id", filter=Q(helpful=False))
         )
         used = int(feedback["used"] or 0)
         family = CounterMetricFamily(
-            "ctxapp_retrieval_results_returned", "Retrieved memories placed in built contexts."
+            "ctxapp_retrieval_results_returned",
+            "Recalled items (memory search hits and experiences) placed in built contexts.",
         )
         family.add_metric([], float(returned))
         yield family

@@ -221,6 +221,9 @@ class BudgetSample(models.Model):
     warnings = models.JSONField(default=list)
     forecast = models.JSONField(default=dict)
     summarisation_queued = models.BooleanField(default=False)
+    recalled_items = models.PositiveIntegerField(
+        default=0, help_text="Recalled items (memory search hits, experiences) the prompt holds."
+    )
 
     class Meta:
         indexes: ClassVar = [

@@ -78,6 +78,7 @@ __all__ = [
 ]
 
 REQUEUE_AFTER = timedelta(seconds=60)
+RECALLED_KINDS = ("recall", "memory")  # what ctxapp_retrieval_results_returned counts
 FORECAST_BUILDS = 9  # previous builds the forecast's growth is measured over
 COUNTING = (
     "3 tokens per message + role + content (+ name, tool_calls JSON, tool_call_id) "
@@ -316,6 +317,7 @@ def _persist(
             warnings=warnings,
             forecast=outcome.forecast,
             summarisation_queued=decision.queued,
+            recalled_items=sum(1 for i in outcome.candidates.items if i.included and i.kind in RECALLED_KINDS),
         )
         decay_warnings = decay.facts_after_build(
             tenant=tenant,
