@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
 from ctxapp.integrations import metrics
-from memory.models import BudgetSample, Event, Experience, Message, Tenant
+from memory.models import BudgetSample, Event, Message, Tenant
 
 pytestmark = pytest.mark.django_db
 

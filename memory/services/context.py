@@ -317,7 +317,7 @@ def _persist(
             warnings=warnings,
             forecast=outcome.forecast,
             summarisation_queued=decision.queued,
-            recalled_items=sum(1 for i in outcome.candidates.items if i.included and i.kind in RECALLED_KINDS),
+            recalled_items=sum(i.included and i.kind in RECALLED_KINDS for i in candidates.items),
         )
         decay_warnings = decay.facts_after_build(
             tenant=tenant,
