@@ -19,6 +19,31 @@ from memory.services.tenancy import api_key_create, api_key_revoke
 POLICY_INLINES: list[type[admin.options.InlineModelAdmin]] = []
 
 
+def scopes_text(key: ApiKey) -> str:
+    """A key's scopes in words: no scopes ticked means read and write."""
+    return ", ".join(key.scopes) if key.scopes else "read, write (default)"
+
+
+class SavedOnlyFieldsMixin:
+    """Fields that only a saved row has (its creation time, its use): left off the add form, where
+    they would show an empty value or a time before anything was saved."""
+
+    saved_only_fields: tuple[str, ...] = ("created_at", "updated_at", "last_used_at", "revoked_at")
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        fields = list(super().get_fields(request, obj))  # type: ignore[misc]
+        return fields if obj is not None else [f for f in fields if f not in self.saved_only_fields]
+
+
+class RecordAdmin(SavedOnlyFieldsMixin, admin.ModelAdmin):
+    """Rows the services write (sessions, tasks, facts, state, summaries, builds, experiences,
+    digests): viewed and corrected here, never added by hand, since an added row would skip the
+    service's event, audit and jobs."""
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return False
+
+
 class PolicyInline(admin.StackedInline):
     """A tenant's one row of a capability's policy (TenantPolicyBase), edited on the tenant page."""
 
@@ -38,17 +63,21 @@ class MembershipInline(admin.TabularInline):
 class ApiKeyInline(admin.TabularInline):
     model = ApiKey
     extra = 0
-    fields = ("name", "prefix", "scopes", "created_at", "last_used_at", "expires_at", "revoked_at")
+    fields = ("name", "prefix", "scopes_shown", "created_at", "last_used_at", "expires_at", "revoked_at")
     readonly_fields = fields
     show_change_link = True
     can_delete = False
+
+    @admin.display(description="scopes")
+    def scopes_shown(self, obj: ApiKey) -> str:
+        return scopes_text(obj)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(SavedOnlyFieldsMixin, admin.ModelAdmin):
     list_display = ["name", "slug", "is_active", "created_at"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
@@ -75,9 +104,10 @@ class ApiKeyAdminForm(forms.ModelForm):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(SavedOnlyFieldsMixin, admin.ModelAdmin):
     form = ApiKeyAdminForm
-    list_display = ["name", "tenant", "visible_prefix", "scopes", "last_used_at", "expires_at", "status"]
+    list_display = ["name", "tenant", "visible_prefix", "scopes_shown", "last_used_at", "expires_at", "status"]
+    saved_only_fields = (*SavedOnlyFieldsMixin.saved_only_fields, "visible_prefix")
     list_filter = ["tenant"]
     list_select_related = ["tenant"]
     search_fields = ["name", "prefix", "tenant__slug"]
@@ -91,6 +121,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
     @admin.display(description="key")
     def visible_prefix(self, obj: ApiKey) -> str:
         return f"ctx_{obj.prefix}_…" if obj.prefix else "(generated on save)"
+
+    @admin.display(description="scopes")
+    def scopes_shown(self, obj: ApiKey) -> str:
+        return scopes_text(obj)
 
     @admin.display(description="status")
     def status(self, obj: ApiKey) -> str:
@@ -116,8 +150,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
             agent_external_id=obj.agent_external_id,
             actor=f"admin user {request.user}",
         )
+        # The admin goes on with `obj` (the change-page link, the log entry): make it the saved row.
         obj.pk = key.pk
-        obj._state.adding = False
         obj.refresh_from_db()
         messages.warning(
             request,
@@ -135,7 +169,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(SavedOnlyFieldsMixin, admin.ModelAdmin):
     list_display = ["user", "tenant", "role", "created_at"]
     list_filter = ["tenant", "role"]
     list_select_related = ["user", "tenant"]
@@ -157,7 +191,7 @@ POLICY_INLINES.append(SessionRetentionPolicyInline)
 
 
 @admin.register(Session)
-class SessionAdmin(admin.ModelAdmin):
+class SessionAdmin(RecordAdmin):
     list_display = ["public_id", "tenant", "agent", "user_id", "status", "message_count", "last_accessed_at"]
     list_filter = ["tenant", "status"]
     search_fields = ["public_id", "agent__external_id", "user_id"]
@@ -167,7 +201,7 @@ class SessionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(RecordAdmin):
     list_display = ["public_id", "tenant", "status", "value_tier", "created_at", "expires_at"]
     list_filter = ["tenant", "status"]
     search_fields = ["public_id", "user_id", "title"]
@@ -204,7 +238,7 @@ POLICY_INLINES.append(DecayPolicyInline)
 
 
 @admin.register(TrackedFact)
-class TrackedFactAdmin(admin.ModelAdmin):
+class TrackedFactAdmin(RecordAdmin):
     list_display = [
         "public_id",
         "key",
@@ -234,7 +268,7 @@ POLICY_INLINES.append(CheckpointPolicyInline)
 
 
 @admin.register(CognitiveState)
-class CognitiveStateAdmin(admin.ModelAdmin):
+class CognitiveStateAdmin(RecordAdmin):
     list_display = ["agent", "tenant", "schema_version", "version", "checkpoint_seq", "updated_at"]
     list_filter = ["tenant"]
     search_fields = ["agent__external_id"]
@@ -296,7 +330,7 @@ POLICY_INLINES.append(ModelProfileInline)
 
 
 @admin.register(Summary)
-class SummaryAdmin(admin.ModelAdmin):
+class SummaryAdmin(RecordAdmin):
     list_display = ["public_id", "session", "is_current", "covers_up_to_seq", "folded_count",
                     "tokens_before", "tokens_after", "method", "created_at"]  # fmt: skip
     list_filter = ["tenant", "is_current", "method"]
@@ -306,7 +340,7 @@ class SummaryAdmin(admin.ModelAdmin):
 
 
 @admin.register(BudgetSample)
-class BudgetSampleAdmin(admin.ModelAdmin):
+class BudgetSampleAdmin(RecordAdmin):
     list_display = ["public_id", "session", "model_name", "prompt_tokens", "input_limit", "utilisation",
                     "summarisation_queued", "created_at"]  # fmt: skip
     list_filter = ["tenant", "model_name"]
@@ -316,7 +350,7 @@ class BudgetSampleAdmin(admin.ModelAdmin):
 
 
 @admin.register(TokenUsageReport)
-class TokenUsageReportAdmin(admin.ModelAdmin):
+class TokenUsageReportAdmin(RecordAdmin):
     list_display = ["model_name", "session", "estimated_input_tokens", "input_tokens", "cached_input_tokens",
                     "reasoning_tokens", "created_at"]  # fmt: skip
     list_filter = ["tenant", "model_name"]
@@ -335,7 +369,7 @@ POLICY_INLINES.append(ExperiencePolicyInline)
 
 
 @admin.register(Experience)
-class ExperienceAdmin(admin.ModelAdmin):
+class ExperienceAdmin(RecordAdmin):
     list_display = [
         "public_id", "tenant", "kind", "extraction_method", "embedding_status", "confidence", "use_count",
         "last_used_at", "created_at",
@@ -359,7 +393,7 @@ from memory.models import SessionDigest  # noqa: E402
 
 
 @admin.register(SessionDigest)
-class SessionDigestAdmin(admin.ModelAdmin):
+class SessionDigestAdmin(RecordAdmin):
     list_display = ["session", "version", "user_id", "method", "covers_up_to_seq", "created_at"]
     list_filter = ["tenant", "method"]
     search_fields = ["session__public_id", "user_id", "text"]
