@@ -106,7 +106,9 @@ class ApiKeyAdminForm(forms.ModelForm):
 @admin.register(ApiKey)
 class ApiKeyAdmin(SavedOnlyFieldsMixin, admin.ModelAdmin):
     form = ApiKeyAdminForm
-    list_display = ["name", "tenant", "visible_prefix", "scopes_shown", "last_used_at", "expires_at", "status"]
+    list_display = [
+        *["name", "tenant", "visible_prefix", "scopes_shown", "last_used_at", "expires_at", "status"]
+    ]
     saved_only_fields = (*SavedOnlyFieldsMixin.saved_only_fields, "visible_prefix")
     list_filter = ["tenant"]
     list_select_related = ["tenant"]
