@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import uuid
 from pathlib import Path
@@ -64,10 +65,15 @@ def test_a_subdirectory_of_a_project_finds_the_project_data_directory(tmp_path: 
     for cwd in (project, deep):
         result = ctxapp(["config", "--json"], _without_data_dir(tmp_path), cwd)
         assert result.returncode == 0, result.stderr
-        assert f'"{project / ".ctxapp"}"' in result.stdout
+        # Found, not set: `ctxapp config` does not claim it came from the environment.
+        assert json.loads(result.stdout)["CTXAPP_DATA_DIR"] == {
+            "value": str(project / ".ctxapp"),
+            "source": "found: the nearest .ctxapp directory",
+        }
     # An explicit setting always wins.
     env = clean_env(tmp_path, CTXAPP_DATA_DIR=str(tmp_path / "mine"))
-    assert str(tmp_path / "mine") in ctxapp(["config", "--json"], env, deep).stdout
+    explicit = json.loads(ctxapp(["config", "--json"], env, deep).stdout)["CTXAPP_DATA_DIR"]
+    assert explicit == {"value": str(tmp_path / "mine"), "source": "environment"}
 
 
 @pytest.fixture

@@ -92,10 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        anchor_data_dir()
+        found = anchor_data_dir()
         if argv[:1] == ["manage"]:
             return cmd_manage(argv[1:])
         args = build_parser().parse_args(argv)
+        args.found_data_dir = found
         return int(args.func(args) or 0)
     except CliError as exc:
         print(f"ctxapp: {exc}", file=sys.stderr, flush=True)

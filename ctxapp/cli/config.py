@@ -52,10 +52,14 @@ def cmd_config(args: argparse.Namespace) -> int:
         resolved = resolve_all()
     except SettingError as exc:
         raise CliError(f"Configuration error: {exc}") from None
+    sources = {name: item.source for name, item in resolved.items()}
+    if getattr(args, "found_data_dir", None) is not None:
+        # Pinned by this command (the nearest .ctxapp directory), not set by the user.
+        sources["CTXAPP_DATA_DIR"] = "found: the nearest .ctxapp directory"
     if args.json:
-        print(json.dumps({name: {"value": r.display(), "source": r.source} for name, r in resolved.items()}))
+        print(json.dumps({n: {"value": r.display(), "source": sources[n]} for n, r in resolved.items()}))
         return 0
     width = max(len(name) for name in resolved)
     for name, item in resolved.items():
-        print(f"{name:<{width}}  {item.display():<40}  ({item.source})")
+        print(f"{name:<{width}}  {item.display():<40}  ({sources[name]})")
     return 0
