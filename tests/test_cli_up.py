@@ -287,6 +287,8 @@ def test_ctxapp_up_end_to_end(workdir: Path) -> None:
         code = stop(up)
     assert code == 0, up.output()
     assert up.output().rstrip().endswith("ctxapp: stopped.")
+    # The scheduled housekeeping (every few seconds) does not bury the banner under INFO lines.
+    assert "Sending due task" not in up.output() and "sweep" not in up.output(), up.output()
     assert_nothing_left(processes, pgids)
     assert postmaster_pid(data_dir) is None  # PostgreSQL shut down cleanly (no stale pid file)
 
