@@ -3,31 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from django.db.models import Q
 
 from memory.models import Message, Tenant
 from memory.services import ranking
 from memory.services.memory_search.sql import MessageCandidate
+from memory.services.search_hit import SearchHit
 
-
-@dataclass
-class SearchHit:
-    kind: str
-    id: str
-    session: str | None
-    seq: int | None
-    occurred_at: datetime | None
-    text: str
-    score: float
-    contributions: dict[str, float]
-    speaker: str = ""
-    neighbours: list[Message] | None = None  # the turns around a message (when asked)
-    similarity: float | None = None  # raw cosine to the query (None: no vector)
-    # The score in its own pool (its contributions add up to it); `score` is the list's, which
-    # differs when experiences and conversation merge by rank. Thresholds compare this one.
-    relevance: float = 0.0
+__all__ = ["SearchHit", "SearchResult", "hit_from_ranked", "message_id", "neighbours_attach"]
 
 
 @dataclass
