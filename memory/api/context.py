@@ -14,6 +14,7 @@ from rest_framework.response import Response
 
 from memory.api.base import TenantApiView
 from memory.api.context_shapes import (
+    BudgetSamplesSerializer,
     BuiltContextSerializer,
     EffectivePolicySerializer,
     ModelOutputSerializer,
@@ -238,7 +239,7 @@ class SessionContextApi(TenantApiView):
 
     @extend_schema(
         parameters=[OpenApiParameter("limit", int, required=False)],
-        responses=OpenApiTypes.OBJECT,
+        responses=BudgetSamplesSerializer,
         summary="The session's latest builds",
     )
     def get(self, request: Any, session_id: str) -> Response:
@@ -248,29 +249,7 @@ class SessionContextApi(TenantApiView):
         except ValueError:
             raise InvalidInput(details={"fields": {"limit": ["Expected an integer."]}}) from None
         samples = context.budget_samples_list(tenant=self.tenant, session=session, limit=limit)
-        return Response(
-            {
-                "builds": [
-                    {
-                        "build_id": s.public_id,
-                        "created_at": s.created_at.isoformat(),
-                        "model": s.model_name,
-                        "prompt_tokens": s.prompt_tokens,
-                        "demand_tokens": s.demand_tokens,
-                        "input_limit": s.input_limit,
-                        "output_reserve": s.output_reserve,
-                        "threshold_tokens": s.threshold_tokens,
-                        "utilisation": s.utilisation,
-                        "components": s.components,
-                        "warnings": s.warnings,
-                        "forecast": s.forecast,
-                        "summarisation_queued": s.summarisation_queued,
-                        "manifest": s.manifest,
-                    }
-                    for s in samples
-                ]
-            }
-        )
+        return Response(BudgetSamplesSerializer({"builds": samples}).data)
 
 
 class SessionUsageApi(TenantApiView):

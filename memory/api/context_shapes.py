@@ -15,7 +15,7 @@ from typing import Any, cast
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from memory.api.shapes import fields_of
+from memory.api.shapes import IsoDateTimeField, fields_of
 from memory.models import MessageRole
 from memory.services.context import COMPONENTS, BuiltContext
 
@@ -260,6 +260,39 @@ class BuiltContextSerializer(serializers.Serializer):
             **EffectivePolicySerializer(built.policy).data,
             "recall": RecallPolicySerializer(built.recall_policy).data,
         }
+
+
+# --- a recorded build (BudgetSample) -----------------------------------------------------------
+
+
+def stored(shape: Any) -> type[serializers.JSONField]:
+    """A JSON column shown as stored (a row written by an older version keeps its shape), and
+    described to the schema as `shape`, the shape builds record it in."""
+    return cast(
+        type[serializers.JSONField],
+        extend_schema_field(shape)(type(f"Stored{type(shape).__name__}", (serializers.JSONField,), {})),
+    )
+
+
+class BudgetSampleSerializer(serializers.Serializer):
+    build_id = serializers.CharField(source="public_id")
+    created_at = IsoDateTimeField()
+    model = serializers.CharField(source="model_name")
+    prompt_tokens = serializers.IntegerField()
+    demand_tokens = serializers.IntegerField()
+    input_limit = serializers.IntegerField()
+    output_reserve = serializers.IntegerField()
+    threshold_tokens = serializers.IntegerField()
+    utilisation = serializers.FloatField()
+    components = stored(BudgetComponentsSerializer())()
+    warnings = stored(BuildWarningSerializer(many=True))()
+    forecast = stored(ForecastSerializer())()
+    summarisation_queued = serializers.BooleanField()
+    manifest = stored(ManifestSerializer())()
+
+
+class BudgetSamplesSerializer(serializers.Serializer):
+    builds = BudgetSampleSerializer(many=True, help_text="Newest first.")
 
 
 def built_context_out(built: BuiltContext) -> dict[str, Any]:

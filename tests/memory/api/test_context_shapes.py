@@ -36,8 +36,8 @@ def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def _build_response_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    content = schema["paths"][BUILD]["post"]["responses"]["200"]["content"]["application/json"]
+def _build_response_schema(schema: dict[str, Any], method: str = "post") -> dict[str, Any]:
+    content = schema["paths"][BUILD][method]["responses"]["200"]["content"]["application/json"]
     return _resolve(schema, content["schema"])
 
 
@@ -124,6 +124,17 @@ def test_every_object_of_a_real_build_is_described_by_the_schema(schema, built) 
     kinds = {item["kind"] for item in body["manifest"]["items"]}
     assert {"system_part", "tools", "pinned_fact", "history", "recall", "open_questions", "input"} <= kinds
     assert _untyped_objects(schema, _build_response_schema(schema), body, "$") == []
+
+
+@pytest.mark.django_db
+def test_the_recorded_builds_are_described_and_validate(schema, built, api_a) -> None:
+    session, body = built
+    listing = api_a.get(f"/api/v1/sessions/{session.public_id}/context").json()
+    assert [b["build_id"] for b in listing["builds"]] == [body["build_id"]]
+    assert listing["builds"][0]["manifest"]["items"] == body["manifest"]["items"]
+    described = _build_response_schema(schema, "get")
+    assert _untyped_objects(schema, described, listing, "$") == []
+    jsonschema.validate(listing, _json_schema(schema, described))
 
 
 @pytest.mark.django_db
