@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any, cast
 
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from memory.models import Checkpoint, Event, Message, Session, SessionStatus, Task, TaskStatus, ValueTier
@@ -170,6 +170,7 @@ class CheckpointPageSerializer(serializers.Serializer):
 # --- an agent's cognitive state and its reducers ------------------------------------------------
 
 
+@extend_schema_serializer(component_name="CognitiveStateOut")
 class StateViewSerializer(serializers.Serializer):
     """An agent's cognitive state: the document's own fields (in its stored order, numbers as
     stored) between the state's identity and its version."""
