@@ -17,6 +17,7 @@ from memory.api.context_shapes import (
     BudgetSamplesSerializer,
     BuiltContextSerializer,
     EffectivePolicySerializer,
+    ModelDetailSerializer,
     ModelOutputSerializer,
     built_context_out,
 )
@@ -152,20 +153,13 @@ class ModelsApi(TenantApiView):
 
 
 class ModelDetailApi(TenantApiView):
-    @extend_schema(responses=ModelOutputSerializer, summary="One model profile, with its usage calibration")
+    @extend_schema(responses=ModelDetailSerializer, summary="One model profile, with its usage calibration")
     def get(self, request: Any, name: str) -> Response:
         model = model_profiles.model_profile_resolve(tenant=self.tenant, name=name)
         if not model.known:
             raise NotFound.of("model", name)
-        factor, reports = model_profiles.usage_correction(tenant=self.tenant, model_name=model.name)
-        data = dict(ModelOutputSerializer(model).data)
-        data["matched_profile"] = model.profile
-        data["usage_calibration"] = {
-            "reports": reports,
-            "factor": factor,
-            "applied": not model.exact and factor != 1.0,
-        }
-        return Response(data)
+        calibration = model_profiles.usage_correction(tenant=self.tenant, model_name=model.name)
+        return Response(ModelDetailSerializer(model, context={"calibration": calibration}).data)
 
 
 # --- context builds ----------------------------------------------------------------------------------

@@ -49,6 +49,25 @@ ModelOutputSerializer = fields_of(
 )
 
 
+class UsageCalibrationSerializer(serializers.Serializer):
+    reports = serializers.IntegerField(help_text="Provider usage reports for the model.")
+    factor = serializers.FloatField(help_text="Median reported ÷ estimated input tokens.")
+    applied = serializers.BooleanField(help_text="Whether estimates for the model use the factor.")
+
+
+class ModelDetailSerializer(ModelOutputSerializer):  # type: ignore[valid-type,misc]
+    """One model profile with the profile it matched and, given as the `calibration` context, the
+    tenant's usage calibration of it."""
+
+    matched_profile = serializers.CharField(source="profile")
+    usage_calibration = serializers.SerializerMethodField()
+
+    @extend_schema_field(UsageCalibrationSerializer)
+    def get_usage_calibration(self, model: Any) -> dict[str, Any]:
+        factor, reports = self.context["calibration"]
+        return {"reports": reports, "factor": factor, "applied": not model.exact and factor != 1.0}
+
+
 # --- the context policy ---------------------------------------------------------------------------
 
 
