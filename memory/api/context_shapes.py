@@ -121,11 +121,13 @@ class BuildPolicySerializer(EffectivePolicySerializer):
 
 class InOrder(serializers.Serializer):
     """A stored JSON document: its declared fields, in the document's own key order, an optional
-    field only when the document has it."""
+    field only when the document has it. A key the serializer does not declare is passed on as it
+    is rather than dropped (tests/memory/api/test_context_shapes.py fails on it, so it gets
+    declared)."""
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
         data = super().to_representation(instance)
-        return {key: data[key] for key in instance if key in data}
+        return {key: data[key] if key in data else instance[key] for key in instance}
 
 
 class PromptMessageSerializer(InOrder):

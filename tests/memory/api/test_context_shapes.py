@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 
+from memory.api.context_shapes import ManifestItemSerializer
 from memory.models import BudgetSample
 from memory.services import decay, message_indexing
 from memory.services.sessions import MessageInput, messages_append, session_create
@@ -201,3 +202,10 @@ def test_the_answer_is_the_build_the_service_recorded(built) -> None:
     assert list(body["summarisation"]) == summarisation
     tool_turn = next(m for m in body["messages"] if m.get("tool_calls"))
     assert tool_turn == {"role": "assistant", "content": None, "tool_calls": [CALL]}
+
+
+def test_a_stored_document_keeps_its_key_order_and_a_key_the_serializer_does_not_know() -> None:
+    item = {"kind": "input", "id": "input", "component": "input", "tokens": 3, "score": None}
+    item |= {"critical": True, "required": True, "included": True, "reason": "included"}
+    item |= {"offset": 7, "novel": {"x": 1}, "position": 0.5}
+    assert json.dumps(ManifestItemSerializer(item).data) == json.dumps(item)
