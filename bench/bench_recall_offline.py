@@ -30,7 +30,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -413,8 +413,8 @@ def main() -> None:
             f"({embedder.count / embedder.seconds:.0f}/s)"
         )
     print(f"embedder {embedder.name}; loaded in {time.perf_counter() - started:.1f}s")
-    print(f"plan {json.dumps(plan.as_dict())}")
-    print(f"experience plan {json.dumps(exp_plan.as_dict())}")
+    print(f"plan {json.dumps(asdict(plan))}")
+    print(f"experience plan {json.dumps(asdict(exp_plan))}")
 
     print("\n== conversations_dev.locomo.json (turn recall, %) ==")
     show("default plan", evaluate(scopes, questions, plan), cats=True)
@@ -472,7 +472,7 @@ def _lexical_complement(plans: list[Plan]) -> list[Plan]:
 
 
 def _chosen(p: Plan, space: dict[str, list[Any]]) -> dict[str, Any]:
-    return {k: v for k, v in p.as_dict().items() if k in space}
+    return {k: v for k, v in asdict(p).items() if k in space}
 
 
 def _locomo_cv(scopes: list[Scope], questions: list[Question], base: Plan, recalls: RecallCache) -> None:

@@ -22,8 +22,10 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from ctxapp.integrations.mcp_tools import Backend, build_server, current_backend
 from memory.api.auth import api_key_authenticate
+from memory.api.context_shapes import built_context_out
 from memory.api.decay import FactOutputSerializer, _status_of
 from memory.api.experiences import ExperienceDetailSerializer
+from memory.api.memory import search_result_out
 from memory.api.message_inputs import message_inputs_validate
 from memory.api.shapes import message_out, recovered_state_out, session_out
 from memory.exceptions import AgentMismatch, DomainError
@@ -114,7 +116,7 @@ class ServiceBackend:
         built = context.context_build(
             tenant=self.tenant, session=self._session(session), next_input=input, model_name=model or ""
         )
-        return _json(built.as_dict())
+        return _json(built_context_out(built))
 
     def session_start(self, *, agent: str, user_id: str | None, model: str | None) -> dict[str, Any]:
         self._require("write")
@@ -183,15 +185,7 @@ def _search(
         limit=limit,
         neighbours=neighbours,
     )
-    return _json(
-        {
-            "query": result.query,
-            "results": [hit.as_dict() for hit in result.results],
-            "plan": result.plan,
-            "warnings": result.warnings,
-            "candidates": result.candidates,
-        }
-    )
+    return _json(search_result_out(result))
 
 
 def _json(value: Any) -> Any:

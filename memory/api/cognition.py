@@ -27,8 +27,12 @@ from memory.api.parsers import JsonPatchParser, TextSafeJSONParser
 from memory.api.shapes import (
     CheckpointOutputSerializer,
     CheckpointPageSerializer,
+    ReducersSerializer,
+    StateViewSerializer,
     checkpoint_out,
     recovered_state_out,
+    reducers_out,
+    state_out,
 )
 from memory.exceptions import InvalidInput
 from memory.services import cognition, recovery
@@ -42,37 +46,20 @@ def dotted_path(path: str) -> bool:
 # --- cognitive state ---------------------------------------------------------------------------
 
 
-STATE_OUT = inline_serializer(
-    "CognitiveStateOut",
-    {
-        "agent": serializers.CharField(),
-        "schema_version": serializers.IntegerField(),
-        "context": serializers.JSONField(help_text="{goal, constraints, …}"),
-        "observation": serializers.JSONField(),
-        "working_memory": serializers.JSONField(),
-        "decision": serializers.JSONField(),
-        "tool_state": serializers.JSONField(),
-        "checkpoint": serializers.JSONField(help_text="{id, seq} of the latest checkpoint, or null"),
-        "version": serializers.IntegerField(),
-        "updated_at": serializers.DateTimeField(allow_null=True),
-    },
-)
-
-
 class AgentStateApi(AgentScopedView):
     idempotent_optimistic = True  # a hot path: one statement for its Idempotency-Key
     parser_classes = [TextSafeJSONParser, JsonPatchParser]  # PATCH takes application/json-patch+json
 
-    @extend_schema(responses=STATE_OUT, summary="The agent's cognitive state (schema 1)")
+    @extend_schema(responses=StateViewSerializer, summary="The agent's cognitive state (schema 1)")
     def get(self, request: Any, agent: str) -> Response:
         view = cognition.state_get(tenant=self.tenant, agent=self.agent(agent))
-        response = Response(view.as_dict())
+        response = Response(state_out(view))
         response["ETag"] = f'"{view.version}"'
         return response
 
     @extend_schema(
         request=FREE_JSON,
-        responses=STATE_OUT,
+        responses=StateViewSerializer,
         parameters=[IF_MATCH_PARAM],
         summary="Replace the agent's cognitive state",
         description="Body: {schema_version: 1, context: {goal, constraints}, observation, working_memory, "
@@ -86,10 +73,7 @@ class AgentStateApi(AgentScopedView):
         view = cognition.state_put(
             tenant=self.tenant, agent=agent_row, state=state, expected_version=expected_version
         )
-        out = view.as_dict()
-        if view.upgraded_from is not None:
-            out["upgraded_from"] = view.upgraded_from
-        return Response(out)
+        return Response(state_out(view))
 
     class PatchSerializer(serializers.Serializer):
         class Meta:
@@ -101,7 +85,7 @@ class AgentStateApi(AgentScopedView):
 
     @extend_schema(
         request=PatchSerializer,
-        responses=STATE_OUT,
+        responses=StateViewSerializer,
         parameters=[IF_MATCH_PARAM],
         summary="Change the agent's cognitive state by a JSON Patch (RFC 6902)",
         description="Body: the operations as a JSON array (`Content-Type: application/json-patch+json` or "
@@ -116,7 +100,7 @@ class AgentStateApi(AgentScopedView):
         view = cognition.state_put(
             tenant=self.tenant, agent=agent_row, patch=data["patch"], expected_version=self.expected_version()
         )
-        return Response(view.as_dict())
+        return Response(state_out(view))
 
 
 class AgentStateRestoreApi(AgentScopedView):
@@ -132,7 +116,7 @@ class AgentStateRestoreApi(AgentScopedView):
         responses={
             201: inline_serializer(
                 "StateRestoredOut",
-                {"state": serializers.JSONField(), "checkpoint": CheckpointOutputSerializer()},
+                {"state": StateViewSerializer(), "checkpoint": CheckpointOutputSerializer()},
             )
         },
         summary="Restore the state of a checkpoint (writes a new state and checkpoint; history is kept)",
@@ -142,7 +126,7 @@ class AgentStateRestoreApi(AgentScopedView):
         view, checkpoint = cognition.state_restore(
             tenant=self.tenant, agent=self.agent(agent), ref=data["checkpoint"], reason=data["reason"]
         )
-        return Response({"state": view.as_dict(), "checkpoint": checkpoint_out(checkpoint)}, status=201)
+        return Response({"state": state_out(view), "checkpoint": checkpoint_out(checkpoint)}, status=201)
 
 
 # --- checkpoints -------------------------------------------------------------------------------
@@ -306,13 +290,13 @@ class AgentReducersApi(AgentScopedView):
 
         reducers = serializers.ListField(child=serializers.DictField(), max_length=100)
 
-    @extend_schema(responses=FREE_JSON, summary="The agent's declared reducers")
+    @extend_schema(responses=ReducersSerializer, summary="The agent's declared reducers")
     def get(self, request: Any, agent: str) -> Response:
         reducers = recovery.reducers_get(tenant=self.tenant, agent=self.agent(agent))
-        return Response({"reducers": [r.as_dict() for r in reducers]})
+        return Response(reducers_out(reducers))
 
     @extend_schema(
-        responses=FREE_JSON,
+        responses=ReducersSerializer,
         request=InputSerializer,
         summary="Declare how the agent's agent.* events fold (replaces all)",
     )
@@ -329,7 +313,7 @@ class AgentReducersApi(AgentScopedView):
                 )
             items.append(recovery.Reducer(**serializer.validated_data))
         reducers = recovery.reducers_put(tenant=self.tenant, agent=self.agent(agent), reducers=items)
-        return Response({"reducers": [r.as_dict() for r in reducers]})
+        return Response(reducers_out(reducers))
 
 
 urlpatterns = [

@@ -13,6 +13,14 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from memory.api.base import TenantApiView
+from memory.api.context_shapes import (
+    BudgetSamplesSerializer,
+    BuiltContextSerializer,
+    EffectivePolicySerializer,
+    ModelDetailSerializer,
+    ModelOutputSerializer,
+    built_context_out,
+)
 from memory.exceptions import InvalidInput, NotFound
 from memory.models import Session, SessionContextPolicy
 from memory.services import context, jobs, model_profiles, rolling_summary, tokens
@@ -112,17 +120,6 @@ class TokensCountApi(TenantApiView):
 # --- models -----------------------------------------------------------------------------------------
 
 
-class ModelOutputSerializer(serializers.Serializer):
-    name = serializers.CharField()
-    provider = serializers.CharField()
-    input_limit = serializers.IntegerField()
-    output_limit = serializers.IntegerField()
-    tokenizer = serializers.CharField()
-    exact = serializers.BooleanField()
-    source = serializers.CharField()  # type: ignore[assignment]
-    aliases = serializers.ListField(child=serializers.CharField())
-
-
 class ModelsApi(TenantApiView):
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
@@ -141,9 +138,9 @@ class ModelsApi(TenantApiView):
     )
     def get(self, request: Any) -> Response:
         provider = request.query_params.get("provider")
-        rows = [m.as_dict() for m in model_profiles.model_profiles_list(tenant=self.tenant)]
+        rows = model_profiles.model_profiles_list(tenant=self.tenant)
         if provider:
-            rows = [r for r in rows if r["provider"] == provider]
+            rows = [m for m in rows if m.provider == provider]
         table = model_profiles.builtin_table()
         return Response(
             {
@@ -156,20 +153,13 @@ class ModelsApi(TenantApiView):
 
 
 class ModelDetailApi(TenantApiView):
-    @extend_schema(responses=ModelOutputSerializer, summary="One model profile, with its usage calibration")
+    @extend_schema(responses=ModelDetailSerializer, summary="One model profile, with its usage calibration")
     def get(self, request: Any, name: str) -> Response:
         model = model_profiles.model_profile_resolve(tenant=self.tenant, name=name)
         if not model.known:
             raise NotFound.of("model", name)
-        factor, reports = model_profiles.usage_correction(tenant=self.tenant, model_name=model.name)
-        data = dict(ModelOutputSerializer(model.as_dict()).data)
-        data["matched_profile"] = model.profile
-        data["usage_calibration"] = {
-            "reports": reports,
-            "factor": factor,
-            "applied": not model.exact and factor != 1.0,
-        }
-        return Response(data)
+        calibration = model_profiles.usage_correction(tenant=self.tenant, model_name=model.name)
+        return Response(ModelDetailSerializer(model, context={"calibration": calibration}).data)
 
 
 # --- context builds ----------------------------------------------------------------------------------
@@ -179,23 +169,6 @@ class SystemPartSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     content = serializers.CharField(trim_whitespace=False)
     critical = serializers.BooleanField(default=False)
-
-
-class BuiltContextSerializer(serializers.Serializer):
-    build_id = serializers.CharField()
-    model = serializers.DictField()
-    messages = serializers.ListField(child=serializers.DictField())
-    tools = serializers.ListField(child=serializers.DictField())
-    manifest = serializers.DictField(
-        help_text="items (kind, id, tokens, score, included, reason, offset), total_tokens, …"
-    )
-    budget = serializers.DictField(
-        help_text="components, prompt_tokens, input_limit, output_reserve, utilisation, …"
-    )
-    warnings = serializers.ListField(child=serializers.DictField())
-    forecast = serializers.DictField()
-    summarisation = serializers.DictField()
-    policy = serializers.DictField()
 
 
 class SessionContextApi(TenantApiView):
@@ -256,11 +229,11 @@ class SessionContextApi(TenantApiView):
             recall={**(data.get("recall") or {}), **({"query": data["query"]} if data.get("query") else {})}
             or None,
         )
-        return Response(built.as_dict())
+        return Response(built_context_out(built))
 
     @extend_schema(
         parameters=[OpenApiParameter("limit", int, required=False)],
-        responses=OpenApiTypes.OBJECT,
+        responses=BudgetSamplesSerializer,
         summary="The session's latest builds",
     )
     def get(self, request: Any, session_id: str) -> Response:
@@ -270,29 +243,7 @@ class SessionContextApi(TenantApiView):
         except ValueError:
             raise InvalidInput(details={"fields": {"limit": ["Expected an integer."]}}) from None
         samples = context.budget_samples_list(tenant=self.tenant, session=session, limit=limit)
-        return Response(
-            {
-                "builds": [
-                    {
-                        "build_id": s.public_id,
-                        "created_at": s.created_at.isoformat(),
-                        "model": s.model_name,
-                        "prompt_tokens": s.prompt_tokens,
-                        "demand_tokens": s.demand_tokens,
-                        "input_limit": s.input_limit,
-                        "output_reserve": s.output_reserve,
-                        "threshold_tokens": s.threshold_tokens,
-                        "utilisation": s.utilisation,
-                        "components": s.components,
-                        "warnings": s.warnings,
-                        "forecast": s.forecast,
-                        "summarisation_queued": s.summarisation_queued,
-                        "manifest": s.manifest,
-                    }
-                    for s in samples
-                ]
-            }
-        )
+        return Response(BudgetSamplesSerializer({"builds": samples}).data)
 
 
 class SessionUsageApi(TenantApiView):
@@ -402,6 +353,15 @@ class SessionUsageApi(TenantApiView):
         )
 
 
+SESSION_CONTEXT_POLICY_OUT = inline_serializer(
+    "SessionContextPolicy",
+    {
+        "overrides": serializers.DictField(help_text="The session's own overrides (policy keys)."),
+        "effective": EffectivePolicySerializer(help_text="The tenant's policy under the overrides."),
+    },
+)
+
+
 class SessionContextPolicyApi(TenantApiView):
     """The session's policy overrides (PUT replaces them) and the effective policy."""
 
@@ -418,18 +378,21 @@ class SessionContextPolicyApi(TenantApiView):
         )
         return {
             "overrides": stored or {},
-            "effective": context.context_policy_effective(tenant=self.tenant, session=session).as_dict(),
+            "effective": EffectivePolicySerializer(
+                context.context_policy_effective(tenant=self.tenant, session=session)
+            ).data,
         }
 
     @extend_schema(
-        responses=OpenApiTypes.OBJECT, summary="The session's context policy (overrides and effective values)"
+        responses=SESSION_CONTEXT_POLICY_OUT,
+        summary="The session's context policy (overrides and effective values)",
     )
     def get(self, request: Any, session_id: str) -> Response:
         return Response(self._body(session_access(tenant=self.tenant, session_id=session_id)))
 
     @extend_schema(
         request=InputSerializer,
-        responses=OpenApiTypes.OBJECT,
+        responses=SESSION_CONTEXT_POLICY_OUT,
         summary="Replace the session's context policy overrides",
     )
     def put(self, request: Any, session_id: str) -> Response:

@@ -7,7 +7,8 @@ Routes (under /api/v1):
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, cast
 
 from django.urls import path
 from drf_spectacular.utils import extend_schema, extend_schema_serializer
@@ -15,7 +16,8 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from memory.api.base import TenantApiView
-from memory.services import memory_search, message_indexing
+from memory.api.shapes import IsoDateTimeField
+from memory.services import memory_search, message_indexing, ranking
 from memory.services.tenancy import api_key_binding_check
 
 
@@ -43,9 +45,20 @@ TimeRangeSerializer._declared_fields["from"] = serializers.DateTimeField(
 class NeighbourSerializer(serializers.Serializer):
     seq = serializers.IntegerField()
     role = serializers.CharField()
-    speaker = serializers.CharField()
-    text = serializers.CharField()
-    occurred_at = serializers.DateTimeField(allow_null=True)
+    speaker = serializers.CharField(source="name")
+    text = serializers.CharField(source="content")
+    occurred_at = IsoDateTimeField(allow_null=True)
+
+
+class RoundedFloatField(serializers.FloatField):
+    """A float rounded to `places` in the answer (the service keeps full precision for thresholds)."""
+
+    def __init__(self, *, places: int, **kwargs: Any) -> None:
+        self.places = places
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: Any) -> Any:
+        return round(float(value), self.places)
 
 
 class HitSerializer(serializers.Serializer):
@@ -53,12 +66,12 @@ class HitSerializer(serializers.Serializer):
     id = serializers.CharField(help_text="Messages: `<session id>:<seq>`; others: their public id.")
     session = serializers.CharField(allow_null=True)
     seq = serializers.IntegerField(allow_null=True)
-    occurred_at = serializers.DateTimeField(allow_null=True)
+    occurred_at = IsoDateTimeField(allow_null=True)
     speaker = serializers.CharField()
     text = serializers.CharField()
     score = serializers.FloatField()
-    similarity = serializers.FloatField(
-        allow_null=True, help_text="Raw cosine to the query (null: no vector)."
+    similarity = RoundedFloatField(
+        places=4, allow_null=True, help_text="Raw cosine to the query (null: no vector)."
     )
     contributions = serializers.DictField(
         child=serializers.FloatField(),
@@ -68,13 +81,39 @@ class HitSerializer(serializers.Serializer):
         many=True, required=False, help_text="Only when asked (`neighbours` > 0)."
     )
 
+    def to_representation(self, instance: memory_search.SearchHit) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        if instance.neighbours is None:
+            del data["neighbours"]  # not asked for
+        return data
+
+
+PlanSerializer = cast(
+    type[serializers.Serializer],
+    type(
+        "PlanSerializer",
+        (serializers.Serializer,),
+        {
+            f.name: {"int": serializers.IntegerField, "str": serializers.CharField}.get(
+                str(f.type), serializers.FloatField
+            )()
+            for f in dataclasses.fields(ranking.Plan)
+        },
+    ),
+)
+
 
 class SearchOutputSerializer(serializers.Serializer):
     query = serializers.CharField()
     results = HitSerializer(many=True)
-    plan = serializers.DictField(help_text="The ranking plan used (memory/services/ranking.py).")
+    plan = PlanSerializer(help_text="The ranking plan used (memory/services/ranking.py).")
     warnings = serializers.ListField(child=serializers.CharField())
     candidates = serializers.IntegerField(help_text="Candidates ranked before the cut to `limit`.")
+
+
+def search_result_out(result: memory_search.SearchResult) -> dict[str, Any]:
+    """A memory search's answer, as POST /memory/search and the MCP server give it."""
+    return cast(dict[str, Any], SearchOutputSerializer(result).data)
 
 
 class IndexStatusSerializer(serializers.Serializer):
@@ -146,15 +185,7 @@ class MemorySearchApi(TenantApiView):
             plan=memory_search.plan_parse(data["plan"]) if "plan" in data else None,
             neighbours=data["neighbours"],
         )
-        return Response(
-            {
-                "query": result.query,
-                "results": [hit.as_dict() for hit in result.results],
-                "plan": result.plan,
-                "warnings": result.warnings,
-                "candidates": result.candidates,
-            }
-        )
+        return Response(search_result_out(result))
 
 
 class MemoryIndexStatusApi(TenantApiView):

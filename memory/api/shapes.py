@@ -11,16 +11,18 @@ from __future__ import annotations
 import copy
 from typing import Any, cast
 
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from memory.models import Checkpoint, Event, Message, Session, SessionStatus, Task, TaskStatus, ValueTier
+from memory.services.cognition import StateView
 from memory.services.recovery import (
     EventsAfterCheckpoint,
     RecoveredCheckpoint,
     RecoveredSession,
     RecoveredState,
 )
+from memory.services.state_fold import Reducer
 
 
 def fields_of(
@@ -165,6 +167,64 @@ class CheckpointPageSerializer(serializers.Serializer):
     next_cursor = serializers.CharField(allow_null=True, help_text="Deprecated alias of `next`.")
 
 
+# --- an agent's cognitive state and its reducers ------------------------------------------------
+
+
+@extend_schema_serializer(component_name="CognitiveStateOut")
+class StateViewSerializer(serializers.Serializer):
+    """An agent's cognitive state: the document's own fields (in its stored order, numbers as
+    stored) between the state's identity and its version."""
+
+    agent = serializers.CharField()
+    schema_version = serializers.IntegerField()
+    context = serializers.JSONField(help_text="{goal, constraints, …}")  # type: ignore[assignment]  # a field, not Serializer.context
+    observation = serializers.JSONField()
+    working_memory = serializers.JSONField()
+    decision = serializers.JSONField()
+    tool_state = serializers.JSONField()
+    checkpoint = serializers.JSONField(help_text="{id, seq} of the latest checkpoint, or null")
+    version = serializers.IntegerField()
+    updated_at = IsoDateTimeField(allow_null=True)
+    upgraded_from = serializers.IntegerField(
+        required=False, help_text="Only on a write of an older schema: the schema it came in as."
+    )
+
+    def to_representation(self, view: StateView) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "agent": view.agent,
+            "schema_version": view.schema_version,
+            **view.document,
+            "checkpoint": view.checkpoint,
+            "version": view.version,
+            "updated_at": view.updated_at.isoformat() if view.updated_at else None,
+        }
+        if view.upgraded_from is not None:
+            data["upgraded_from"] = view.upgraded_from
+        return data
+
+
+def state_out(view: StateView) -> dict[str, Any]:
+    """An agent's cognitive state, as the state endpoints and the recovered state show it."""
+    return StateViewSerializer(view).data
+
+
+class ReducerSerializer(serializers.Serializer):
+    event_type = serializers.CharField(help_text="An `agent.*` event type.")
+    op = serializers.ChoiceField(choices=["set", "merge", "append"])
+    target = serializers.CharField(help_text="A dotted path in the custom state.")
+    source = serializers.CharField(  # type: ignore[assignment]
+        allow_blank=True, help_text='A dotted path in the payload; "" = all of it.'
+    )
+
+
+class ReducersSerializer(serializers.Serializer):
+    reducers = ReducerSerializer(many=True)
+
+
+def reducers_out(reducers: list[Reducer]) -> dict[str, Any]:
+    return ReducersSerializer({"reducers": reducers}).data
+
+
 # --- the recovered state: parts of the aggregates above -----------------------------------------
 
 RecoveredSessionFields = fields_of(
@@ -243,7 +303,7 @@ def recovered_state_out(result: RecoveredState) -> dict[str, Any]:
         "generated_at": result.generated_at.isoformat(),
         "operational": result.operational,
         "checkpoint": _recovered_checkpoint(result.checkpoint),
-        "state": result.state,
+        "state": None if result.state is None else state_out(result.state),
         "session": _recovered_session(result.session),
         "tasks": result.tasks,
         "events_after_checkpoint": _events_after(result.events_after_checkpoint),

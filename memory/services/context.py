@@ -15,7 +15,7 @@ steps, context_budget); then one thin persist step. Counting rules: see context_
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -55,6 +55,7 @@ from memory.services.context_policy import (
     policy_overrides_validate,
     session_context_policy_set,
 )
+from memory.services.context_recall import RecallPolicy
 from memory.services.model_profiles import ResolvedModel
 
 __all__ = [
@@ -66,6 +67,9 @@ __all__ = [
     "BuiltContext",
     "ContextItem",
     "EffectivePolicy",
+    "RecallPolicy",
+    "ResolvedModel",
+    "Summarisation",
     "SystemPart",
     "budget_samples_list",
     "context_build",
@@ -86,21 +90,34 @@ COUNTING = (
 )
 
 
+@dataclass(frozen=True)
+class Summarisation:
+    """What the build decided about summarising the session (memory/api/context_shapes.py renders it)."""
+
+    queued: bool
+    already_queued: bool
+    reason: str
+    threshold: float  # the policy's summarise_threshold, a share of the input limit
+    covered_up_to_seq: int  # the current summary covers messages up to this seq (0: none)
+
+
 @dataclass
 class BuiltContext:
+    """A built prompt. `manifest`, `budget`, `warnings` and `forecast` are the JSON documents the
+    build also stores (BudgetSample), so they stay plain dicts; the API's BuiltContextSerializer
+    describes their fields."""
+
     build_id: str
-    model: dict[str, Any]
+    model: ResolvedModel
     messages: list[dict[str, Any]]
     tools: list[Any]
     manifest: dict[str, Any]
     budget: dict[str, Any]
     warnings: list[dict[str, Any]]
     forecast: dict[str, Any]
-    summarisation: dict[str, Any]
-    policy: dict[str, Any]
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    summarisation: Summarisation
+    policy: EffectivePolicy
+    recall_policy: RecallPolicy
 
 
 @dataclass(frozen=True)
@@ -355,21 +372,22 @@ def _persist(
     tools_item = candidates.tools
     return BuiltContext(
         build_id=sample.public_id,
-        model=counting.model.as_dict(),
+        model=counting.model,
         messages=placement.messages,
         tools=request.tools if tools_item is not None and tools_item.included else [],
         manifest=manifest,
         budget=budget,
         warnings=warnings,
         forecast=outcome.forecast,
-        summarisation={
-            "queued": decision.queued,
-            "already_queued": decision.already_queued,
-            "reason": decision.reason,
-            "threshold": policy.summarise_threshold,
-            "covered_up_to_seq": candidates.covered,
-        },
-        policy={**policy.as_dict(), "mode": policy.mode, "recall": candidates.recall_policy.as_dict()},
+        summarisation=Summarisation(
+            queued=decision.queued,
+            already_queued=decision.already_queued,
+            reason=decision.reason,
+            threshold=policy.summarise_threshold,
+            covered_up_to_seq=candidates.covered,
+        ),
+        policy=policy,
+        recall_policy=candidates.recall_policy,
     )
 
 

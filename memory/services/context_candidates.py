@@ -18,7 +18,7 @@ from memory.services.context_items import (
     carried_over_message,
 )
 from memory.services.context_policy import EffectivePolicy
-from memory.services.context_recall import RecallPolicy, context_recall, recall_policy_effective
+from memory.services.context_recall import RecallRequest, context_recall, recall_policy_effective
 from memory.services.session_digest import context_digest_for_session
 
 IMPORTANCE_SCORE = {"high": 1.0, "medium": 0.6, "low": 0.3}
@@ -53,16 +53,15 @@ def candidates_collect(
     history = _history_collect(session=session, covered=covered, window=window, policy=policy)
     items += history.items
 
-    items += _recall_step(
-        tenant=tenant,
+    recall = RecallRequest(
         session=session,
         policy=recall_policy,
         query=window.query,
         window_seqs=history.seqs,
         exclude_ids={i.id for i in items if i.kind in ("pinned_fact", "memory", "summary")},
         budget_tokens=budget_tokens,
-        counter=counter,
     )
+    items += _recall_step(tenant=tenant, request=recall, counter=counter)
     questions_item = _questions_item(request.open_questions, request.next_actions)
     if questions_item is not None:
         items.append(questions_item)
@@ -333,26 +332,13 @@ def _history_unit(group: list[dict[str, Any]]) -> list[ContextItem]:
 
 
 def _recall_step(
-    *,
-    tenant: Tenant,
-    session: Session,
-    policy: RecallPolicy,
-    query: str,
-    window_seqs: set[int],
-    exclude_ids: set[str],
-    budget_tokens: int,
-    counter: tokens.TokenCounter,
+    *, tenant: Tenant, request: RecallRequest, counter: tokens.TokenCounter
 ) -> list[ContextItem]:
     """The `recall` component: items from outside the window relevant to the query (manifest
     entries carry their score and why they were chosen). Read-only."""
     recalled = context_recall(
         tenant=tenant,
-        session=session,
-        policy=policy,
-        query=query,
-        window_seqs=window_seqs,
-        exclude_ids=exclude_ids,
-        budget_tokens=budget_tokens,
+        request=request,
         count_tokens=lambda text: counter.message_tokens({"role": "system", "content": text}),
     )
     return [

@@ -7,7 +7,7 @@ the request's `budget` overrides. `context_policy_effective` is what a build use
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -78,9 +78,6 @@ class EffectivePolicy:
     max_input_tokens: int | None
     mode_parts: dict[str, Any]
     default_model: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def policy_overrides_validate(overrides: Any, *, field_name: str = "budget") -> dict[str, Any]:

@@ -43,16 +43,6 @@ class RecallPolicy:
     budget_share: float
     query: str = ""  # an explicit search query (default: the next input)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "enabled": self.enabled,
-            "top_k": self.top_k,
-            "min_score": self.min_score,
-            "min_similarity": self.min_similarity,
-            "position": self.position,
-            "budget_share": self.budget_share,
-        }
-
 
 @dataclass
 class RecalledItem:
@@ -136,24 +126,29 @@ def _why(hit: memory_search.SearchHit, current_session: str) -> str:
     return f"recalled: {where} relevant to the query ({signals or 'score'})"
 
 
+@dataclass(frozen=True)
+class RecallRequest:
+    """What a build asks recall for. `window_seqs`: seqs of this session already in the prompt;
+    `exclude_ids`: ids of summaries, facts and experiences already in it."""
+
+    session: Session
+    policy: RecallPolicy
+    query: str
+    window_seqs: set[int]
+    exclude_ids: set[str]
+    budget_tokens: int
+
+
 def context_recall(
-    *,
-    tenant: Tenant,
-    session: Session,
-    policy: RecallPolicy,
-    query: str,
-    window_seqs: set[int],
-    exclude_ids: set[str],
-    budget_tokens: int,
-    count_tokens: Callable[[str], int],
+    *, tenant: Tenant, request: RecallRequest, count_tokens: Callable[[str], int]
 ) -> list[RecalledItem]:
     """The items to recall into the next prompt, best first. Read-only.
 
-    `window_seqs`: seqs of this session already in the prompt; `exclude_ids`: ids of summaries,
-    facts and experiences already in it. Returns [] when recall is off, the query is empty, or
-    nothing clears `min_score`. Never raises for an unavailable embedder (words still answer).
+    Returns [] when recall is off, the query is empty, or nothing clears `min_score`. Never
+    raises for an unavailable embedder (words still answer).
     """
-    query = (policy.query or query or "").strip()
+    session, policy, exclude_ids = request.session, request.policy, request.exclude_ids
+    query = (policy.query or request.query or "").strip()
     if not policy.enabled or policy.top_k <= 0 or not query or policy.budget_share <= 0:
         return []
     result = memory_search.memory_search(
@@ -163,9 +158,9 @@ def context_recall(
             agent=session.agent.external_id, session=session.public_id, sessions="all"
         ),
         limit=min(memory_search.MAX_LIMIT, policy.top_k + len(exclude_ids) + 10),
-        exclude_messages={(session.public_id, seq) for seq in window_seqs},
+        exclude_messages={(session.public_id, seq) for seq in request.window_seqs},
     )
-    allowance = int(budget_tokens * policy.budget_share)
+    allowance = int(request.budget_tokens * policy.budget_share)
     used = 0
     items: list[RecalledItem] = []
     for hit in result.results:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +35,7 @@ from memory.exceptions import InvalidInput
 from memory.models import Experience, ExperiencePolicy, ExperienceScope, Tenant
 from memory.services.embedding import EmbedderError, embed_query
 from memory.services.experiences import experiences_touch, scope_filter, visible_filter
+from memory.services.search_hit import SearchHit
 
 logger = logging.getLogger(__name__)
 
@@ -67,17 +68,8 @@ class RetrievedMemory:
 
 
 @dataclass
-class SearchHit:
-    experience: Experience
-    score: float
-    similarity: float | None  # cosine to the query; None when the row has no vector yet
-    text_score: float  # full-text rank normalised to 0..1 among the candidates
-    contributions: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
 class SearchResult:
-    hits: list[SearchHit]
+    hits: list[SearchHit]  # kind "experience", each with its row
     plan: dict[str, Any]
     warnings: list[str]
 
@@ -245,21 +237,42 @@ def experiences_search(
     )
     by_pk = objects.in_bulk([item[1] for item in top])
     hits = [
-        SearchHit(
-            experience=by_pk[pk],
-            score=score,
-            similarity=None if similarity is None else round(similarity, 6),
-            text_score=round(text_score, 6),
-            contributions=contributions,
+        _hit(
+            by_pk[pk], score=score, similarity=similarity, text_score=text_score, contributions=contributions
         )
         for score, pk, similarity, text_score, contributions in top
     ]
     return SearchResult(hits, plan, warnings)
 
 
+def _hit(
+    row: Experience,
+    *,
+    score: float,
+    similarity: float | None,
+    text_score: float,
+    contributions: dict[str, float],
+) -> SearchHit:
+    """An experience as a search hit: `similarity` is None while the row has no vector yet;
+    `text_score` its full-text rank normalised to 0..1 among the candidates."""
+    return SearchHit(
+        kind="experience",
+        id=row.public_id,
+        text=row.text,
+        score=score,
+        relevance=score,
+        contributions=contributions,
+        similarity=None if similarity is None else round(similarity, 6),
+        occurred_at=row.created_at,
+        experience=row,
+        text_score=round(text_score, 6),
+    )
+
+
 def memory_rank(*, hit: SearchHit, policy: ExperiencePolicy) -> RetrievedMemory:
     """The context slot score: 0.5·similarity + 0.3·confidence + 0.2·scope priority + feedback."""
     experience = hit.experience
+    assert experience is not None  # an experiences search's hit carries its row
     similarity = hit.similarity if hit.similarity is not None else PENDING_SIMILARITY_FACTOR * hit.text_score
     similarity = max(0.0, similarity)
     scope_priority = SCOPE_PRIORITY.get(ExperienceScope(experience.scope), 0.5)

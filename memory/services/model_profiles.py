@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +41,6 @@ class ResolvedModel:
     @property
     def exact(self) -> bool:
         return self.tokenizer in tokens.RANK_URLS
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["aliases"] = list(self.aliases)
-        data["known"] = self.known
-        data["exact"] = self.exact
-        return data
 
 
 @functools.cache

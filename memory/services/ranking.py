@@ -40,7 +40,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from datetime import date, datetime
 from functools import lru_cache
 from typing import Any
@@ -257,9 +257,6 @@ class Plan:
                 raise ValueError(f"{name}: must be between {low} and {high}, not {value}.")
             values[name] = int(value) if is_int else float(value)
         return cls(**values)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 DEFAULT_PLAN = Plan()

@@ -93,7 +93,7 @@ class RecoveredState:
     generated_at: datetime
     operational: dict[str, Any] | None
     checkpoint: RecoveredCheckpoint | None
-    state: dict[str, Any] | None
+    state: cognition.StateView | None
     session: RecoveredSession | None
     tasks: list[dict[str, Any]] | None
     events_after_checkpoint: EventsAfterCheckpoint | None
@@ -217,8 +217,8 @@ def recovered_state(
                 latest, STATE_SCHEMA_VERSION, cognition.checkpoint_state(checkpoint=latest)
             )
 
-        def state_part(deadline: float) -> dict[str, Any]:
-            return cognition.state_get(tenant=tenant, agent=agent).as_dict()
+        def state_part(deadline: float) -> cognition.StateView:
+            return cognition.state_get(tenant=tenant, agent=agent)
 
         def session_part(deadline: float) -> RecoveredSession | None:
             session = (

@@ -9,7 +9,7 @@ being appended to right now is left for the next run, and two runs never process
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -40,9 +40,6 @@ class RetentionReport:
     tasks_purged: int = 0
     events_purged: int = 0
     idempotency_purged: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 def _session_retire(

@@ -17,7 +17,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from django.db import transaction
@@ -41,9 +41,6 @@ class Reducer:
     target: str  # dotted path in the custom state
     source: str = ""  # dotted path in the payload; "" = the whole payload
 
-    def as_dict(self) -> dict[str, str]:
-        return {"event_type": self.event_type, "op": self.op, "target": self.target, "source": self.source}
-
 
 def reducers_get(*, tenant: Tenant, agent: Agent) -> list[Reducer]:
     """The agent's declared reducers, in order. Read-only."""
@@ -54,7 +51,7 @@ def reducers_get(*, tenant: Tenant, agent: Agent) -> list[Reducer]:
 
 
 def reducers_sha256(reducers: list[Reducer]) -> str:
-    text = json.dumps([FOLD_VERSION, [r.as_dict() for r in reducers]], separators=(",", ":"))
+    text = json.dumps([FOLD_VERSION, [asdict(r) for r in reducers]], separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

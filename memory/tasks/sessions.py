@@ -6,6 +6,8 @@ to overlap (rows are claimed with SKIP LOCKED), so a late or duplicated beat tic
 
 from __future__ import annotations
 
+import dataclasses
+
 from celery import shared_task
 from celery.schedules import crontab
 from django.db import OperationalError
@@ -16,7 +18,7 @@ from memory.services import retention
 @shared_task(acks_late=True, autoretry_for=(OperationalError,), retry_backoff=10, max_retries=3)
 def sessions_retention_run() -> dict[str, int]:
     """Expire idle sessions, evict over-limit ones, purge old tasks, events and idempotency records."""
-    return retention.retention_run().as_dict()
+    return dataclasses.asdict(retention.retention_run())  # the task's result, for the worker's log
 
 
 SCHEDULE: dict = {

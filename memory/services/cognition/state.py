@@ -52,16 +52,6 @@ class StateView:
     updated_at: datetime | None
     upgraded_from: int | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "agent": self.agent,
-            "schema_version": self.schema_version,
-            **copy.deepcopy(self.document),
-            "checkpoint": copy.deepcopy(self.checkpoint),
-            "version": self.version,
-            "updated_at": self.updated_at.isoformat() if self.updated_at else None,
-        }
-
 
 def _checkpoint_ref(checkpoint: Checkpoint | None) -> dict[str, Any] | None:
     if checkpoint is None:

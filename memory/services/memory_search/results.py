@@ -3,56 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
 
 from django.db.models import Q
 
 from memory.models import Message, Tenant
 from memory.services import ranking
 from memory.services.memory_search.sql import MessageCandidate
+from memory.services.search_hit import SearchHit
 
-
-@dataclass
-class SearchHit:
-    kind: str
-    id: str
-    session: str | None
-    seq: int | None
-    occurred_at: datetime | None
-    text: str
-    score: float
-    contributions: dict[str, float]
-    speaker: str = ""
-    neighbours: list[dict[str, Any]] | None = None
-    similarity: float | None = None  # raw cosine to the query (None: no vector)
-    # The score in its own pool (its contributions add up to it); `score` is the list's, which
-    # differs when experiences and conversation merge by rank. Thresholds compare this one.
-    relevance: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "kind": self.kind,
-            "id": self.id,
-            "session": self.session,
-            "seq": self.seq,
-            "occurred_at": self.occurred_at.isoformat() if self.occurred_at else None,
-            "speaker": self.speaker,
-            "text": self.text,
-            "score": self.score,
-            "similarity": None if self.similarity is None else round(self.similarity, 4),
-            "contributions": self.contributions,
-        }
-        if self.neighbours is not None:
-            data["neighbours"] = self.neighbours
-        return data
+__all__ = ["SearchHit", "SearchResult", "hit_from_ranked", "message_id", "neighbours_attach"]
 
 
 @dataclass
 class SearchResult:
     query: str
     results: list[SearchHit]
-    plan: dict[str, Any]
+    plan: ranking.Plan
     warnings: list[str] = field(default_factory=list)
     candidates: int = 0
 
@@ -104,13 +70,5 @@ def neighbours_attach(*, tenant: Tenant, hits: list[SearchHit], radius: int) -> 
             continue
         seq = h.seq
         h.neighbours = [
-            {
-                "seq": m.seq,
-                "role": m.role,
-                "speaker": m.name,
-                "text": m.content,
-                "occurred_at": m.occurred_at.isoformat() if m.occurred_at else None,
-            }
-            for m in by_session.get(h.session, [])
-            if m.seq != seq and abs(m.seq - seq) <= radius
+            m for m in by_session.get(h.session, []) if m.seq != seq and abs(m.seq - seq) <= radius
         ]

@@ -79,9 +79,7 @@ def memory_search(
     hits = [hit_from_ranked(item, score=score) for item, score in islice(kept, limit)]
     if neighbours:
         neighbours_attach(tenant=tenant, hits=hits, radius=neighbours)
-    return SearchResult(
-        query=query, results=hits, plan=plan.as_dict(), warnings=warnings, candidates=len(candidates)
-    )
+    return SearchResult(query=query, results=hits, plan=plan, warnings=warnings, candidates=len(candidates))
 
 
 class QueryVector:

@@ -12,6 +12,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memory.api.shapes import state_out
 from memory.exceptions import (
     CheckpointCorrupt,
     InvalidState,
@@ -55,7 +56,7 @@ def events(tenant, agent, type_=None):
 def test_state_round_trips_exactly_including_key_order_and_number_types(tenant_a, agent):
     doc = state(working_memory={"z": 1, "a": 1.0, "m": True, "ü": "naïve ✓", "big": 2**62, "f": 0.1 + 0.2})
     cognition.state_put(tenant=tenant_a, agent=agent, state=cognition.state_input_parse(doc))
-    got = cognition.state_get(tenant=tenant_a, agent=agent).as_dict()
+    got = state_out(cognition.state_get(tenant=tenant_a, agent=agent))
     sent = {k: v for k, v in doc.items() if k != "schema_version"}
     for key, value in sent.items():
         assert json.dumps(got[key]) == json.dumps(value)  # same text: key order and 1 vs 1.0 vs true
@@ -76,7 +77,7 @@ def test_unversioned_legacy_state_is_upgraded_at_the_boundary(tenant_a, agent):
     }
     view = cognition.state_put(tenant=tenant_a, agent=agent, state=cognition.state_input_parse(legacy))
     assert view.upgraded_from == 0
-    got = cognition.state_get(tenant=tenant_a, agent=agent).as_dict()
+    got = state_out(cognition.state_get(tenant=tenant_a, agent=agent))
     assert got["schema_version"] == 1
     assert got["context"] == {"goal": "old goal", "constraints": ["c1"]}
     assert got["working_memory"] == {"k": "v"} and got["tool_state"] == {"t": 1} and got["decision"] == "go"
@@ -142,7 +143,7 @@ def test_reads_return_copies_never_the_stored_objects(tenant_a, agent):
     cognition.state_put(tenant=tenant_a, agent=agent, state=cognition.state_input_parse(state()))
     first = cognition.state_get(tenant=tenant_a, agent=agent)
     first.document["working_memory"]["notes"].append("mutated")
-    first.as_dict()["context"]["constraints"].clear()
+    state_out(first)["context"]["constraints"].clear()
     checkpoint = cognition.checkpoint_create(tenant=tenant_a, agent=agent, reason="r")
     snap = cognition.checkpoint_state(checkpoint=checkpoint)
     snap["working_memory"]["notes"].append("mutated again")

@@ -149,7 +149,7 @@ def test_unknown_model_gets_default_window_and_a_warning(tenant_a):
     session = _session(tenant_a, model="")
     built = context_build(tenant=tenant_a, session=session, next_input="hello", model_name="mystery-model-9")
     assert built.budget["input_limit"] == 64000
-    assert built.model["known"] is False
+    assert built.model.known is False
     assert "unknown_model" in {w["code"] for w in built.warnings}
     assert built.budget["exact"] is False
 

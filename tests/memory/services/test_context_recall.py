@@ -53,7 +53,7 @@ def test_an_earlier_sessions_message_is_recalled_for_a_question_about_it(tenant_
     assert built.messages[0]["content"] == "You are helpful."
     assert "Biscuit" in built.messages[1]["content"] and "Caroline" in built.messages[1]["content"]
     assert built.budget["components"]["recall"] > 0
-    assert built.policy["recall"]["top_k"] == 5
+    assert built.recall_policy.top_k == 5
 
 
 def test_another_users_sessions_are_never_recalled(tenant_a, months_ago):
@@ -121,7 +121,7 @@ def test_the_tenant_policy_sets_the_defaults(tenant_a, months_ago):
     now = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u1")
     message_indexing.memory_index_drain()
     built = context_build(tenant=tenant_a, session=now, next_input="What was the name of my dog again?")
-    assert recall_items(built) == [] and built.policy["recall"]["enabled"] is False
+    assert recall_items(built) == [] and built.recall_policy.enabled is False
 
 
 def test_bad_recall_overrides_are_refused_naming_the_field(api_a):

@@ -96,9 +96,7 @@ def test_memory_search_finds_an_earlier_sessions_digest(tenant_a: Tenant, tenant
         tenant=tenant_a, query="where is the wedding", scope=SearchScope(user_id="mia"), kinds=["summary"],
         limit=5,
     )  # fmt: skip
-    assert [hit.as_dict()["id"] for hit in result.results] == [
-        digest_id(session_id=trip.public_id, version=1)
-    ]
+    assert [hit.id for hit in result.results] == [digest_id(session_id=trip.public_id, version=1)]
     assert later.public_id  # the new session has no digest of its own yet
     foreign = memory_search(
         tenant=tenant_b, query="where is the wedding", scope=SearchScope(user_id="mia"), kinds=["summary"],

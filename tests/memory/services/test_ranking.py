@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -276,7 +277,7 @@ def test_the_length_prior_saturates_so_long_turns_do_not_win_on_length_alone():
 def test_plan_from_dict_rejects_unknown_and_out_of_range_fields_by_name():
     assert Plan.from_dict(None) == DEFAULT_PLAN
     assert Plan.from_dict({}) == DEFAULT_PLAN
-    assert Plan.from_dict({"k1": 2, "neighbour_radius": 3}).as_dict()["k1"] == 2.0
+    assert asdict(Plan.from_dict({"k1": 2, "neighbour_radius": 3}))["k1"] == 2.0
     with pytest.raises(ValueError, match=r"^bogus: unknown"):
         Plan.from_dict({"bogus": 1})
     with pytest.raises(ValueError, match=r"^b: must be between"):
@@ -289,7 +290,7 @@ def test_plan_from_dict_rejects_unknown_and_out_of_range_fields_by_name():
         Plan.from_dict({"fusion": "max"})
     with pytest.raises(ValueError, match=r"^k1: must be a number"):
         Plan.from_dict({"k1": "1.2"})
-    assert Plan.from_dict(EXPERIENCE_PLAN.as_dict()) == EXPERIENCE_PLAN
+    assert Plan.from_dict(asdict(EXPERIENCE_PLAN)) == EXPERIENCE_PLAN
 
 
 # --- retrieval-quality floors (real embedder, shared dev sets) -----------------------------------

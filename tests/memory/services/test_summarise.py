@@ -160,7 +160,7 @@ def test_summarisation_triggers_at_threshold_and_next_build_is_smaller(tenant_a)
     assert (
         first.budget["prompt_tokens"] == first.budget["demand_tokens"]
     )  # it fits: the threshold alone triggers
-    assert first.summarisation["queued"] is True
+    assert first.summarisation.queued is True
     assert BudgetSample.objects.get(public_id=first.build_id).summarisation_queued
     summarise_task(session.pk)  # the job the build queued, run here; the real queue is proven below
     summary = Summary.objects.get(session=session, is_current=True)
@@ -172,7 +172,7 @@ def test_summarisation_triggers_at_threshold_and_next_build_is_smaller(tenant_a)
     assert [i["seq"] for i in second.manifest["items"] if i["kind"] == "history"] == list(
         range(summary.covers_up_to_seq + 1, 25)
     )
-    assert second.summarisation["queued"] is False
+    assert second.summarisation.queued is False
 
 
 @pytest.mark.django_db
@@ -182,8 +182,8 @@ def test_a_burst_of_builds_over_the_threshold_queues_one_job(tenant_a, django_ca
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         first = context_build(tenant=tenant_a, session=session, next_input="what next?")
         second = context_build(tenant=tenant_a, session=session, next_input="and now?")
-    assert first.summarisation["queued"] is True and first.summarisation["already_queued"] is False
-    assert second.summarisation["queued"] is False and second.summarisation["already_queued"] is True
+    assert first.summarisation.queued is True and first.summarisation.already_queued is False
+    assert second.summarisation.queued is False and second.summarisation.already_queued is True
     assert len([c for c in callbacks if not broadcast.live_updates.owns(c)]) == 1  # live updates aside
     assert list(
         BudgetSample.objects.order_by("created_at").values_list("summarisation_queued", flat=True)
@@ -198,7 +198,7 @@ def test_build_queues_summarisation_on_the_real_worker(tenant_a, celery_worker):
     session = _session_with_history(tenant_a, 12, model="small")
     _small_model_for(tenant_a, session)
     built = context_build(tenant=tenant_a, session=session, next_input="what next?")
-    assert built.summarisation["queued"] is True
+    assert built.summarisation.queued is True
     deadline = time.monotonic() + 60
     while not Summary.objects.filter(session=session).exists() and time.monotonic() < deadline:
         time.sleep(0.2)

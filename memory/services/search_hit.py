@@ -1,0 +1,36 @@
+"""The one hit type of every search: experiences search (`/experiences/search`), memory search
+(`/memory/search`) and the context recall built on it all answer with `SearchHit`.
+
+A leaf module (models only), so that both engines import it without importing each other. The
+API renders a hit with its capability's serializer (memory/api/experience_serializers.py for an
+experiences search, memory/api/memory.py for a memory search).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from memory.models import Experience, Message
+
+
+@dataclass
+class SearchHit:
+    kind: str  # message | summary | fact | experience
+    id: str  # a message: `<session id>:<seq>`; the others: their public id
+    text: str
+    score: float  # its place in the list it was answered in
+    contributions: dict[str, float]  # each signal's share of the score
+    similarity: float | None = None  # cosine to the query (None: no vector)
+    occurred_at: datetime | None = None
+    # The score in its own pool (its contributions add up to it); `score` is the list's, which
+    # differs when experiences and conversation merge by rank. Thresholds compare this one.
+    relevance: float = 0.0
+    # messages
+    session: str | None = None
+    seq: int | None = None
+    speaker: str = ""
+    neighbours: list[Message] | None = None  # the turns around it (when asked)
+    # experiences search: the row, and its normalised full-text rank among the candidates
+    experience: Experience | None = None
+    text_score: float = 0.0
