@@ -30,7 +30,7 @@ the errors, IngestResult); `ingest` (record the spans) imports all three, none i
 """
 
 from memory.services.otel_ingest.attributes import any_value, attributes_dict, span_attributes
-from memory.services.otel_ingest.ingest import traces_ingest
+from memory.services.otel_ingest.ingest import held_spans_flush, traces_ingest
 from memory.services.otel_ingest.messages import span_messages
 from memory.services.otel_ingest.wire import (
     IngestResult,
@@ -47,6 +47,7 @@ __all__ = [
     "OtlpUnsupportedMediaType",
     "any_value",
     "attributes_dict",
+    "held_spans_flush",
     "span_attributes",
     "span_messages",
     "traces_body_decompress",
