@@ -409,6 +409,7 @@ def _span_payload(
         "name": clean_text(span.name)[:200],
         "gen_ai.operation.name": operation,
         "duration_ms": round(duration_ns / 1e6, 3),
+        "start_ms": round(span.start_time_unix_nano / 1e6, 3),  # the trace view's time line
         "status": {0: "unset", 1: "ok", 2: "error"}.get(span.status.code, "unset"),
         "messages": seqs,
     }
