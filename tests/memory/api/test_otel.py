@@ -7,6 +7,7 @@ import dataclasses
 import gzip
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -676,3 +677,32 @@ def test_a_held_span_whose_root_never_comes_is_recorded_after_the_hold(
         ("Where is my parcel 991?", "0000000000000002"),
         ("", "0000000000000002"),
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_child_and_its_root_sent_at_the_same_time_land_together(server: str) -> None:
+    """Two exports in flight at once, the child in one and its agent span in the other: whichever
+    commits first, the child is recorded under the root's agent and conversation, none stays held."""
+    tenant = Tenant.objects.create(name="Alice's team", slug="alice")
+    _, key = api_key_create(tenant=tenant, name="otel")
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    bodies = []
+    for index in range(6):
+        trace = f"{index + 1:032x}"
+        root = {**_span(f"{index + 1:016x}", "invoke_agent", {"gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": "booking-bot", "gen_ai.conversation.id": f"c-{index}"}, start=9000),
+                "traceId": trace}  # fmt: skip
+        child = {**_span(f"{index + 101:016x}", "chat", OPENLLMETRY_SPAN, start=1000), "traceId": trace}
+        child["attributes"] = [kv for kv in child["attributes"] if kv["key"] != "session.id"]
+        child["parentSpanId"] = root["spanId"]
+        bodies.append((json.dumps(_body(child)), json.dumps(_body(root))))
+    with httpx.Client(base_url=server, headers=headers, timeout=30) as client, ThreadPoolExecutor(2) as pool:
+        for child_body, root_body in bodies:
+            answers = list(pool.map(lambda b: client.post("/v1/traces", content=b), [child_body, root_body]))
+            assert [a.status_code for a in answers] == [200, 200]
+    assert not OtelHeldSpan.objects.filter(tenant=tenant).exists()
+    assert set(Session.objects.filter(tenant=tenant).values_list("agent__external_id", flat=True)) == {
+        "booking-bot"
+    }
+    assert Session.objects.filter(tenant=tenant).count() == 6
+    assert Message.objects.filter(tenant=tenant).count() == 12  # each child's question and tool call
