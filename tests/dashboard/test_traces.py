@@ -81,3 +81,21 @@ def test_without_a_price_the_cost_is_unknown(api_a: APIClient, web_alice: Client
     session = Session.objects.get(tenant=tenant_a)
     page = web_alice.get(f"/sessions/{session.public_id}/")
     assert "cost unknown (set the model's price in Model profiles)" in page.content.decode()
+
+
+def test_a_failed_span_shows_its_status_and_message(api_a: APIClient, web_alice: Client) -> None:
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    attrs = [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool"}},
+        {"key": "gen_ai.tool.name", "value": {"stringValue": "book_flight"}},
+    ]
+    span = {"traceId": trace, "spanId": "00f067aa0ba902b7", "name": "execute_tool book_flight",
+            "startTimeUnixNano": "1000000", "endTimeUnixNano": "251000000", "attributes": attrs,
+            "status": {"code": 2, "message": "airline API timed out"}}  # fmt: skip
+    body = {"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}
+    assert api_a.post("/v1/traces", body, format="json").json() == {}
+    html = web_alice.get(f"/traces/{trace}/").content.decode()
+    (row,) = _rows(html)
+    assert "book_flight" in row and "250.0 ms" in row
+    assert '>error</span> <span class="hint">airline API timed out</span>' in row
+    assert "1 failed" in html
