@@ -103,7 +103,7 @@ def _bad_spans_drop(data: Any) -> list[str]:
             kept = []
             for raw in spans:
                 try:
-                    json_format.ParseDict(raw, Span(), ignore_unknown_fields=True)
+                    json_format.ParseDict(_hex_ids_to_base64(raw), Span(), ignore_unknown_fields=True)
                 except JSON_ERRORS as exc:
                     span_id = raw.get("spanId") if isinstance(raw, dict) else None
                     reasons.append(f"span {str(span_id or '?')[:40]}: not an OTLP span: {str(exc)[:200]}")
@@ -132,9 +132,9 @@ def traces_request_decode(*, body: bytes, content_type: str) -> DecodedTraces:
         return DecodedTraces(request=request)
     if media == "application/json":
         try:
-            data = _hex_ids_to_base64(json.loads(body))
-            rejected = _bad_spans_drop(data)
-            json_format.ParseDict(data, request, ignore_unknown_fields=True)
+            data = json.loads(body)
+            rejected = _bad_spans_drop(data)  # before the ids are rewritten: reasons name them as sent
+            json_format.ParseDict(_hex_ids_to_base64(data), request, ignore_unknown_fields=True)
         except JSON_ERRORS as exc:
             raise OtlpMalformed(f"The body is not an OTLP ExportTraceServiceRequest (JSON): {exc}.") from None
         return DecodedTraces(request=request, rejected=rejected)

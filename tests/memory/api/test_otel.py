@@ -634,6 +634,9 @@ def test_a_span_with_a_bad_id_is_rejected_alone_in_json_and_protobuf(
     partial = json.loads(response.content)["partialSuccess"]
     assert partial["rejectedSpans"] == "1"
     assert partial["errorMessage"].startswith("span 1: not an OTLP span")
+    late = {**good, "spanId": "0000000000000009", "endTimeUnixNano": "soon"}  # hex id, bad time
+    partial = json.loads(_post_json(api_a, _body(late)).content)["partialSuccess"]
+    assert partial["errorMessage"].startswith("span 0000000000000009: not an OTLP span")
     assert Message.objects.filter(tenant=tenant_a).count() == 2  # the good span is recorded
 
     other = {**good, "traceId": "ab" * 16}
