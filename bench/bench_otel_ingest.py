@@ -148,7 +148,7 @@ def main() -> None:
             accepted = duplicates = 0
             for body in batches:
                 request = otel_ingest.traces_request_decode(body=body, content_type="application/x-protobuf")
-                result = otel_ingest.traces_ingest(tenant=tenant, request=request)
+                result = otel_ingest.traces_ingest(tenant=tenant, request=request.request)
                 accepted += result.accepted
                 duplicates += result.duplicates
             elapsed = time.perf_counter() - started

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.template.loader import render_to_string
 
-from dashboard import capabilities, charts, jobs, selectors
+from dashboard import capabilities, charts, jobs, selectors, traces
 from memory.models import Agent, Session, Tenant
 
 
@@ -144,6 +144,7 @@ PANELS: dict[str, Panel] = {
     "session-summaries": Panel(P + "_session_summaries.html", _session_summaries, ("summary.", "context.")),
     "session-facts": Panel(P + "_session_facts.html", _session_facts, ("fact.", "context.", "message.")),
     "session-digest": Panel(P + "_session_digest.html", _session_digest, ("digest.",)),
+    "session-traces": Panel(P + "_session_traces.html", traces.session_traces, ("otel.", "usage.")),
     "agent-checkpoints": Panel(P + "_agent_checkpoints.html", _agent_checkpoints, ("checkpoint.", "agent.")),
     "agent-cognitive": Panel(
         P + "_agent_cognitive.html", _agent_cognitive, ("state.", "cognitive", "checkpoint.")
@@ -154,6 +155,7 @@ PANELS: dict[str, Panel] = {
         ("checkpoint.", "state.", "task.", "session.", "agent.crash"),
     ),
     "agent-events": Panel(P + "_agent_events.html", _agent_events, ("*",)),
+    "agent-traces": Panel(P + "_agent_traces.html", traces.agent_traces, ("otel.",)),
     "experiences-recent": Panel(
         P + "_experiences_recent.html", _experiences_recent, ("experience.", "memory.")
     ),
@@ -175,8 +177,9 @@ PAGE_PANELS: dict[str, list[str]] = {
         "session-digest",
         "session-summaries",
         "session-facts",
+        "session-traces",
     ],
-    "agent": ["agent-checkpoints", "agent-cognitive", "agent-recovered", "agent-events"],
+    "agent": ["agent-checkpoints", "agent-cognitive", "agent-recovered", "agent-events", "agent-traces"],
     "experiences": ["experiences-recent"],
     "jobs": ["jobs-queues", "jobs-failed", "jobs-results"],
 }

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from dashboard import views
+from dashboard import traces, views
 
 app_name = "dashboard"
 
@@ -22,6 +22,7 @@ urlpatterns = [
         name="agent-checkpoint",
     ),
     path("agents/<str:external_id>/diff", views.agent_diff, name="agent-diff"),
+    path("traces/<str:trace_id>/", traces.trace_detail, name="trace"),
     path("experiences/", views.experiences, name="experiences"),
     path("memory/search", views.memory_search, name="memory-search"),
     path("jobs/", views.jobs_page, name="jobs"),

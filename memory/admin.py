@@ -324,7 +324,10 @@ class ModelProfileInline(admin.TabularInline):
 
     model = ModelProfile
     extra = 0
-    fields = ["name", "provider", "input_limit", "output_limit", "tokenizer", "notes"]
+    fields = [
+        "name", "provider", "input_limit", "output_limit", "tokenizer",
+        "input_usd_per_mtok", "output_usd_per_mtok", "notes",
+    ]  # fmt: skip
 
 
 POLICY_INLINES.append(ContextPolicyInline)

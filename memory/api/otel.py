@@ -50,7 +50,9 @@ class OtlpTracesApi(TenantApiView):
         )
         decoded = otel_ingest.traces_request_decode(body=body, content_type=content_type)
         bound = self.request.auth.agent_external_id  # type: ignore[union-attr]
-        result = otel_ingest.traces_ingest(tenant=self.tenant, request=decoded, bound_agent=bound or "")
+        result = otel_ingest.traces_ingest(
+            tenant=self.tenant, request=decoded.request, bound_agent=bound or "", rejected=decoded.rejected
+        )
         media = content_type.split(";")[0].strip().lower()
         encoded = otel_ingest.traces_response_encode(result=result, content_type=media)
         return HttpResponse(encoded, content_type=media, status=200)

@@ -64,6 +64,10 @@ class ModelProfile(models.Model):
         help_text="o200k_base, cl100k_base (exact) or estimate:<family> (calibrated estimate).",
     )
     notes = models.CharField(max_length=500, blank=True, default="")
+    # The tenant's price (what it pays, in USD per million tokens): the dashboard's trace view
+    # shows a call's cost only for a model whose price is set here.
+    input_usd_per_mtok = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    output_usd_per_mtok = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

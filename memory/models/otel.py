@@ -10,7 +10,7 @@ from django.utils import timezone
 from memory.models.sessions import Agent, Session
 from memory.models.tenancy import Tenant
 
-__all__ = ["OtelConversation", "OtelSpan"]
+__all__ = ["OtelConversation", "OtelHeldSpan", "OtelSpan"]
 
 
 class OtelConversation(models.Model):
@@ -50,3 +50,26 @@ class OtelSpan(models.Model):
 
     def __str__(self) -> str:
         return f"{self.trace_id}/{self.span_id}"
+
+
+class OtelHeldSpan(models.Model):
+    """A span that arrived before its trace said which agent and conversation it belongs to (a
+    child exported before its parent): held until its root or a span naming them arrives, or
+    until the hold bound passes (otel_ingest.ingest.HOLD_SECONDS), then recorded like any span."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    trace_id = models.CharField(max_length=32)
+    span_id = models.CharField(max_length=16)
+    span = models.BinaryField()  # the OTLP Span, protobuf-encoded
+    resource = models.JSONField(default=dict)
+    bound_agent = models.CharField(max_length=200, blank=True, default="")  # the sender's key's
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["tenant", "trace_id", "span_id"], name="otelheldspan_unique")
+        ]
+        indexes: ClassVar = [models.Index(fields=["tenant", "received_at"], name="otelheldspan_received")]
+
+    def __str__(self) -> str:
+        return f"{self.trace_id}/{self.span_id} (held)"

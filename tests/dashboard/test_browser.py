@@ -186,8 +186,18 @@ def test_a_non_member_is_refused_over_http_and_websocket(
 
 def test_no_page_logs_a_javascript_error(alice_setup: dict[str, Any], server: str, browser: Any) -> None:
     session = alice_setup["session"]
+    trace = "0af7651916cd43dd8448eb211c80319c"
+    chat = {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}}
+    span = {"traceId": trace, "spanId": "b7ad6b7169203331", "name": "chat", "attributes": [chat]}
+    exported = httpx.post(
+        f"{server}/v1/traces",
+        json={"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]},
+        headers={"Authorization": f"Bearer {alice_setup['key']}"},
+    )
+    assert exported.status_code == 200 and exported.json() == {}
     page, console = login(browser, server, "alice")
     pages = [
+        f"/traces/{trace}/",
         "/",
         "/sessions/",
         "/agents/",

@@ -6,7 +6,8 @@ The wire format is decoded by the `opentelemetry-proto` package (protobuf classe
 
 Mapping (docs/integrations.md, "OpenTelemetry traces"):
 - agent: `gen_ai.agent.name` or `gen_ai.agent.id` of the span, else of any span of its trace in
-  the same batch or recorded before, else the resource's `service.name`, else `otel`;
+  the same batch, held or recorded before, else the resource's `service.name`, else `otel`; a
+  child span that arrives before its trace names agent and conversation is held (holding.py);
 - session: `gen_ai.conversation.id` (or OpenInference's `session.id`) of the span or its trace,
   else the trace id; one ctxapp session per (tenant, agent, conversation), opened on first sight
   (and reopened as a new session if the previous one was ended or expired);
@@ -26,13 +27,15 @@ Mapping (docs/integrations.md, "OpenTelemetry traces"):
 Idempotent on (trace id, span id) per tenant: a span already recorded is skipped.
 The package is layered, every import at module top: `attributes` (OTLP values as Python ones,
 OpenInference translated) → `messages` (a span's messages); `wire` (decompress, decode, encode,
-the errors, IngestResult); `ingest` (record the spans) imports all three, none imports it.
+the errors, IngestResult); `holding` (held spans, the per-trace lock); `ingest` (record the
+spans) imports them all, none imports it.
 """
 
 from memory.services.otel_ingest.attributes import any_value, attributes_dict, span_attributes
-from memory.services.otel_ingest.ingest import traces_ingest
+from memory.services.otel_ingest.ingest import held_spans_flush, traces_ingest
 from memory.services.otel_ingest.messages import span_messages
 from memory.services.otel_ingest.wire import (
+    DecodedTraces,
     IngestResult,
     OtlpMalformed,
     OtlpUnsupportedMediaType,
@@ -42,11 +45,13 @@ from memory.services.otel_ingest.wire import (
 )
 
 __all__ = [
+    "DecodedTraces",
     "IngestResult",
     "OtlpMalformed",
     "OtlpUnsupportedMediaType",
     "any_value",
     "attributes_dict",
+    "held_spans_flush",
     "span_attributes",
     "span_messages",
     "traces_body_decompress",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from memory.models import (
     TokenUsageReport,
 )
 from memory.services import recorder, sessions
+from memory.services.otel_ingest import holding
 from memory.services.otel_ingest.attributes import (
     as_text,
     attributes_dict,
@@ -32,6 +34,7 @@ from memory.services.otel_ingest.attributes import (
     span_attributes,
     token_count,
 )
+from memory.services.otel_ingest.holding import Received
 from memory.services.otel_ingest.messages import fingerprint, span_messages
 from memory.services.otel_ingest.wire import IngestResult
 
@@ -136,20 +139,18 @@ def _valid_agent_id(text: str) -> bool:
     )
 
 
-def _trace_hints(request: ExportTraceServiceRequest) -> dict[str, dict[str, str]]:
+def _trace_hints(spans: list[Received]) -> dict[str, dict[str, str]]:
     """Per trace id: the agent and conversation some span of it names (others inherit them)."""
     hints: dict[str, dict[str, str]] = {}
-    for resource_spans in request.resource_spans:
-        for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                attrs = span_attributes(span)
-                hint = hints.setdefault(span.trace_id.hex(), {})
-                agent = attrs.get("gen_ai.agent.name") or attrs.get("gen_ai.agent.id")
-                conversation = attrs.get("gen_ai.conversation.id") or attrs.get("session.id")
-                if agent and "agent" not in hint and _valid_agent_id(as_text(agent)):
-                    hint["agent"] = as_text(agent)
-                if conversation and "conversation" not in hint:
-                    hint["conversation"] = as_text(conversation)
+    for item in spans:
+        attrs = span_attributes(item.span)
+        hint = hints.setdefault(item.trace_hex, {})
+        agent = attrs.get("gen_ai.agent.name") or attrs.get("gen_ai.agent.id")
+        conversation = attrs.get("gen_ai.conversation.id") or attrs.get("session.id")
+        if agent and "agent" not in hint and _valid_agent_id(as_text(agent)):
+            hint["agent"] = as_text(agent)
+        if conversation and "conversation" not in hint:
+            hint["conversation"] = as_text(conversation)
     return hints
 
 
@@ -175,46 +176,39 @@ def _trace_hints_recorded(*, tenant: Tenant, hints: dict[str, dict[str, str]]) -
 
 
 def traces_ingest(
-    *, tenant: Tenant, request: ExportTraceServiceRequest, bound_agent: str = ""
+    *,
+    tenant: Tenant,
+    request: ExportTraceServiceRequest,
+    bound_agent: str = "",
+    rejected: Sequence[str] = (),
 ) -> IngestResult:
     """Record a decoded OTLP export. Idempotent per span (trace id + span id, per tenant).
 
-    Spans are handled in the order they ended (an agent span ends after the model and tool
-    spans inside it). Each span is recorded in its own savepoint: a span that cannot be recorded
-    (no GenAI attributes, bad ids, an agent id ctxapp refuses) is counted in `rejected` with a
-    reason and leaves nothing behind, and the others are still recorded. Records one
-    `otel.<operation>` event per span, `usage.reported` per span with usage, and one
-    `otel.rejected` event on the tenant stream when spans were rejected. Broadcasts after commit.
-    With `bound_agent` (the API key is bound to that agent) every span is recorded as that agent,
-    and a span naming another agent is rejected.
+    A span whose trace has not yet said its agent and conversation is held until it does
+    (holding.py), so grouping does not depend on export order or batching; held spans of this
+    export's traces, and of traces whose hold is over, are recorded with it. Spans are recorded
+    in the order they ended (an agent span ends after the model and tool spans inside it). Each
+    span is recorded in its own savepoint: a span that cannot be recorded (no GenAI attributes,
+    bad ids, an agent id ctxapp refuses) is counted in `rejected` with a reason and leaves
+    nothing behind, and the others are still recorded; `rejected` are the reasons of spans the
+    decoder left out. Records one `otel.<operation>` event per span, `usage.reported` per span
+    with usage, and one `otel.rejected` event on the tenant stream when spans were rejected.
+    Broadcasts after commit. With `bound_agent` (the API key is bound to that agent) every span
+    is recorded as that agent, and a span naming another agent is rejected.
     """
     result = IngestResult()
-    hints = _trace_hints(request)
-    _trace_hints_recorded(tenant=tenant, hints=hints)
-    spans: list[tuple[int, Span, dict[str, Any]]] = []
-    for resource_spans in request.resource_spans:
-        resource = attributes_dict(resource_spans.resource.attributes)
-        for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                spans.append((span.end_time_unix_nano or span.start_time_unix_nano, span, resource))
-    spans.sort(key=lambda entry: entry[0])
-    cache: dict[tuple[int, str], _Conversation] = {}
-    agents: dict[str, Agent] = {}
+    for reason in rejected:
+        result.reject(reason)
+    received = [
+        holding.Received(span=span, resource=attributes_dict(resource_spans.resource.attributes),
+                         bound_agent=bound_agent)
+        for resource_spans in request.resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+    ]  # fmt: skip
     with transaction.atomic():
-        for _, span, resource in spans:
-            try:
-                with transaction.atomic():
-                    _span_ingest(
-                        tenant=tenant, span=span, resource=resource, hints=hints, cache=cache,
-                        agents=agents, result=result, bound_agent=bound_agent,
-                    )  # fmt: skip
-            except (DomainError, DataError) as exc:
-                # The savepoint rolled back: sessions and agents it created no longer exist. A
-                # DataError (a value the database cannot store) is the span's fault, not ours.
-                cache.clear()
-                agents.clear()
-                reason = exc.message if isinstance(exc, DomainError) else "a value cannot be stored"
-                result.reject(f"span {span.span_id.hex() or '?'}: {reason}")
+        ready, hints = _ready_spans(tenant=tenant, received=received, result=result)
+        _spans_record(tenant=tenant, spans=ready, hints=hints, result=result)
         if result.rejected:
             recorder.event_append(
                 tenant=tenant,
@@ -224,19 +218,78 @@ def traces_ingest(
     return result
 
 
+def held_spans_flush() -> int:
+    """Record the held spans whose hold is over, of every tenant (Celery beat runs it, so that a
+    trace whose root never comes is recorded even if its sender sends nothing more). Returns
+    the spans recorded."""
+    recorded = 0
+    for tenant in Tenant.objects.filter(pk__in=holding.tenants_with_stale_holds()):
+        recorded += traces_ingest(tenant=tenant, request=ExportTraceServiceRequest()).accepted
+    return recorded
+
+
+def _ready_spans(
+    *, tenant: Tenant, received: list[Received], result: IngestResult
+) -> tuple[list[Received], dict[str, dict[str, str]]]:
+    """The spans to record now (this export's and held ones, of traces that are ready); holds the
+    others. Locks every trace it reads (holding.traces_lock) before reading what was recorded."""
+    stale = holding.stale_traces(tenant=tenant)
+    traces = {item.trace_hex for item in received if holding.well_formed(item.span)}
+    holding.traces_lock(tenant=tenant, traces=traces | stale)
+    held = holding.held_spans(tenant=tenant, traces=traces | stale)
+    everything = held + received
+    hints = _trace_hints(everything)
+    _trace_hints_recorded(tenant=tenant, hints=hints)
+    roots = {item.trace_hex for item in everything if item.is_root}
+    named = {trace for trace, hint in hints.items() if {"agent", "conversation"} <= hint.keys()}
+    ready_traces = stale | roots | named
+    waiting = [
+        item
+        for item in received
+        if holding.well_formed(item.span)
+        and item.trace_hex not in ready_traces
+        and _has_genai(span_attributes(item.span), item.span)
+    ]
+    holding.spans_hold(tenant=tenant, spans=waiting)
+    result.held += len(waiting)
+    holding.held_release(tenant=tenant, traces={item.trace_hex for item in held} & ready_traces)
+    waiting_ids = {id(item) for item in waiting}
+    ready = [item for item in held if item.trace_hex in ready_traces]
+    ready += [item for item in received if id(item) not in waiting_ids]
+    return ready, hints
+
+
+def _spans_record(
+    *, tenant: Tenant, spans: list[Received], hints: dict[str, dict[str, str]], result: IngestResult
+) -> None:
+    spans = sorted(spans, key=lambda item: item.span.end_time_unix_nano or item.span.start_time_unix_nano)
+    cache: dict[tuple[int, str], _Conversation] = {}
+    agents: dict[str, Agent] = {}
+    for item in spans:
+        try:
+            with transaction.atomic():
+                _span_ingest(tenant=tenant, item=item, hints=hints, cache=cache, agents=agents, result=result)
+        except (DomainError, DataError) as exc:
+            # The savepoint rolled back: sessions and agents it created no longer exist. A
+            # DataError (a value the database cannot store) is the span's fault, not ours.
+            cache.clear()
+            agents.clear()
+            reason = exc.message if isinstance(exc, DomainError) else "a value cannot be stored"
+            result.reject(f"span {item.span.span_id.hex() or '?'}: {reason}")
+
+
 def _span_ingest(
     *,
     tenant: Tenant,
-    span: Span,
-    resource: dict[str, Any],
+    item: Received,
     hints: dict[str, dict[str, str]],
     cache: dict[tuple[int, str], _Conversation],
     agents: dict[str, Agent],
     result: IngestResult,
-    bound_agent: str,
 ) -> None:
+    span, resource, bound_agent = item.span, item.resource, item.bound_agent
     trace_hex, span_hex = span.trace_id.hex(), span.span_id.hex()
-    if len(span.trace_id) != 16 or len(span.span_id) != 8 or not any(span.trace_id) or not any(span.span_id):
+    if not holding.well_formed(span):
         raise InvalidInput("a span needs a 16-byte trace id and an 8-byte span id")
     attrs = span_attributes(span)
     if not _has_genai(attrs, span):
@@ -356,6 +409,7 @@ def _span_payload(
         "name": clean_text(span.name)[:200],
         "gen_ai.operation.name": operation,
         "duration_ms": round(duration_ns / 1e6, 3),
+        "start_ms": round(span.start_time_unix_nano / 1e6, 3),  # the trace view's time line
         "status": {0: "unset", 1: "ok", 2: "error"}.get(span.status.code, "unset"),
         "messages": seqs,
     }

@@ -171,8 +171,12 @@ def _indexed_messages(attrs: dict[str, Any], kind: str) -> list[sessions.Message
     return result
 
 
-def _event_messages(span: Span) -> list[sessions.MessageInput]:
-    result = []
+def _event_messages(span: Span) -> tuple[list[sessions.MessageInput], list[sessions.MessageInput]]:
+    """(inputs, outputs) of the event-based convention. Only `gen_ai.choice` is the call's output:
+    `gen_ai.assistant.message` is history re-sent as input (its tool calls were recorded when they
+    were a choice), so it is de-duplicated like any input, in the order it was sent."""
+    inputs: list[sessions.MessageInput] = []
+    outputs: list[sessions.MessageInput] = []
     for event in span.events:
         role = EVENT_ROLES.get(event.name)
         if role is None:
@@ -182,8 +186,8 @@ def _event_messages(span: Span) -> list[sessions.MessageInput]:
         data = body if isinstance(body, dict) else attrs
         message = _from_parts_message({"role": role, **{k: v for k, v in data.items() if k != "role"}})
         if message is not None:
-            result.append(message)
-    return result
+            (outputs if event.name == "gen_ai.choice" else inputs).append(message)
+    return inputs, outputs
 
 
 def span_messages(
@@ -206,8 +210,7 @@ def span_messages(
         inputs = _indexed_messages(attrs, "prompt")
         outputs = _indexed_messages(attrs, "completion")
     if not inputs and not outputs:
-        for message in _event_messages(span):
-            (outputs if message.role == MessageRole.ASSISTANT else inputs).append(message)
+        inputs, outputs = _event_messages(span)
     if operation == "execute_tool" and not outputs:
         call_id = as_text(attrs.get("gen_ai.tool.call.id")) or f"otel-{span_hex}"
         result = attrs.get("gen_ai.tool.call.result", attrs.get("gen_ai.tool.output"))

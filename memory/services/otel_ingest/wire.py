@@ -17,6 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from memory.exceptions import DomainError, PayloadTooLarge
 
@@ -32,12 +33,21 @@ class OtlpMalformed(DomainError):
 
 
 @dataclass
+class DecodedTraces:
+    """A decoded export: the spans that decode, and why each span that does not was left out."""
+
+    request: ExportTraceServiceRequest
+    rejected: list[str] = field(default_factory=list)
+
+
+@dataclass
 class IngestResult:
     """What a batch did: spans recorded, already recorded (skipped), rejected (with reasons)."""
 
     accepted: int = 0
     duplicates: int = 0
     rejected: int = 0
+    held: int = 0  # held until their trace names its agent and conversation (holding.py)
     errors: list[str] = field(default_factory=list)
     sessions: list[str] = field(default_factory=list)
 
@@ -68,11 +78,47 @@ def _hex_ids_to_base64(value: Any) -> Any:
     return out
 
 
-def traces_request_decode(*, body: bytes, content_type: str) -> ExportTraceServiceRequest:
+JSON_ERRORS = (ValueError, json_format.ParseError, TypeError, AttributeError, RecursionError)
+
+
+def _items(value: Any, *keys: str) -> list[Any]:
+    """The list under the first of `keys` (OTLP/JSON is lowerCamelCase, proto names are accepted)."""
+    if not isinstance(value, dict):
+        return []
+    for key in keys:
+        if isinstance(value.get(key), list):
+            return [item for item in value[key] if isinstance(item, dict)]
+    return []
+
+
+def _bad_spans_drop(data: Any) -> list[str]:
+    """Take out of an OTLP/JSON body (in place) each span that does not decode on its own, so that
+    one bad span does not fail the batch; returns why each was left out."""
+    reasons: list[str] = []
+    for resource_spans in _items(data, "resourceSpans", "resource_spans"):
+        for scope_spans in _items(resource_spans, "scopeSpans", "scope_spans"):
+            spans = scope_spans.get("spans")
+            if not isinstance(spans, list):
+                continue
+            kept = []
+            for raw in spans:
+                try:
+                    json_format.ParseDict(_hex_ids_to_base64(raw), Span(), ignore_unknown_fields=True)
+                except JSON_ERRORS as exc:
+                    span_id = raw.get("spanId") if isinstance(raw, dict) else None
+                    reasons.append(f"span {str(span_id or '?')[:40]}: not an OTLP span: {str(exc)[:200]}")
+                    continue
+                kept.append(raw)
+            scope_spans["spans"] = kept
+    return reasons
+
+
+def traces_request_decode(*, body: bytes, content_type: str) -> DecodedTraces:
     """Decode an OTLP/HTTP export body (already decompressed). Pure.
 
-    Raises OtlpUnsupportedMediaType (415) for another content type and OtlpMalformed (400) for a
-    body that does not decode.
+    In OTLP/JSON a span that does not decode (an id that is neither hex nor base64, a bad value)
+    is left out and named in `rejected`; the others are decoded. Raises OtlpUnsupportedMediaType
+    (415) for another content type and OtlpMalformed (400) for a body that does not decode.
     """
     media = content_type.split(";")[0].strip().lower()
     request = ExportTraceServiceRequest()
@@ -83,14 +129,15 @@ def traces_request_decode(*, body: bytes, content_type: str) -> ExportTraceServi
             raise OtlpMalformed(
                 f"The body is not an OTLP ExportTraceServiceRequest (protobuf): {exc}."
             ) from None
-        return request
+        return DecodedTraces(request=request)
     if media == "application/json":
         try:
             data = json.loads(body)
+            rejected = _bad_spans_drop(data)  # before the ids are rewritten: reasons name them as sent
             json_format.ParseDict(_hex_ids_to_base64(data), request, ignore_unknown_fields=True)
-        except (ValueError, json_format.ParseError, TypeError, AttributeError, RecursionError) as exc:
+        except JSON_ERRORS as exc:
             raise OtlpMalformed(f"The body is not an OTLP ExportTraceServiceRequest (JSON): {exc}.") from None
-        return request
+        return DecodedTraces(request=request, rejected=rejected)
     raise OtlpUnsupportedMediaType(
         f"Content-Type {media or '(none)'} is not OTLP: send application/x-protobuf or application/json.",
         details={"content_type": media},

@@ -7,6 +7,7 @@ import dataclasses
 import gzip
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -15,16 +16,21 @@ import pytest
 from django.utils import timezone
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceResponse,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rest_framework.test import APIClient
 
-from memory.models import Event, Message, OtelSpan, Session, Tenant, TokenUsageReport
-from memory.services import retention
+from memory.models import Event, Message, OtelHeldSpan, OtelSpan, Session, Tenant, TokenUsageReport
+from memory.services import otel_ingest, retention
 from memory.services.model_profiles import usage_correction
+from memory.services.otel_ingest import holding
 from memory.services.tenancy import api_key_create
+from memory.tasks.otel import otel_held_flush_task
 from tests.conftest import worker_env
 from tests.dashboard.live_server import uvicorn_server
 
@@ -39,8 +45,9 @@ def _messages(session: Session) -> list[Message]:
     return list(Message.objects.filter(session=session).order_by("seq"))
 
 
-def _run_agent(tracer: Any, conversation: str) -> None:
-    """What an instrumented agent emits for one turn: agent span > chat, tool, chat."""
+def _run_agent(tracer: Any, conversation: str, before_agent_ends: Any = None) -> None:
+    """What an instrumented agent emits for one turn: agent span > chat, tool, chat. Only the
+    agent span names the agent and the conversation."""
     system = [{"type": "text", "content": "You book trains."}]
     user = {"role": "user", "parts": [{"type": "text", "content": "A train to Lyon tomorrow?"}]}
     call = {
@@ -81,6 +88,8 @@ def _run_agent(tracer: Any, conversation: str) -> None:
             chat.set_attribute("gen_ai.output.messages", json.dumps([answer]))
             chat.set_attribute("gen_ai.usage.input_tokens", 160)
             chat.set_attribute("gen_ai.usage.output_tokens", 9)
+        if before_agent_ends is not None:
+            before_agent_ends()
 
 
 def _exporter(server: str, key: str | None, **options: Any) -> OTLPSpanExporter:
@@ -156,6 +165,58 @@ def test_the_sdk_exporter_records_a_conversation_once(server: str) -> None:
     _export_turn(_exporter(server, key), "conv-42")
     assert Session.objects.filter(tenant=tenant).count() == 1
     assert len(_messages(session)) == 8  # + the assistant's call, the tool answer, the answer
+
+
+TURN_ROWS = [
+    ("system", "You book trains.", ""),
+    ("user", "A train to Lyon tomorrow?", ""),
+    ("assistant", "", ""),
+    ("tool", "08:04, 10:04", "call_1"),
+    ("assistant", "There is one at 08:04.", ""),
+]
+
+
+@pytest.mark.parametrize("processor", ["simple", "batch"])
+@pytest.mark.django_db(transaction=True)
+def test_children_exported_before_their_agent_span_land_under_its_agent_and_conversation(
+    server: str, processor: str
+) -> None:
+    """SimpleSpanProcessor sends each span as it ends, children first; a BatchSpanProcessor batch
+    may be cut between the children and the agent span (here: flushed before the agent ends)."""
+    tenant = Tenant.objects.create(name="Alice's team", slug="alice")
+    _, key = api_key_create(tenant=tenant, name="otel")
+    provider = TracerProvider(resource=Resource.create({"service.name": "travel-service"}))
+    exporter = _exporter(server, key)
+    flush: Any = None
+    if processor == "simple":
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    else:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+        flush = lambda: provider.force_flush(30_000)  # noqa: E731
+    observed: dict[str, Any] = {}
+
+    def children_sent() -> None:
+        if flush is not None:
+            assert flush()
+        observed["messages"] = Message.objects.filter(tenant=tenant).count()
+        observed["held"] = OtelHeldSpan.objects.filter(tenant=tenant).count()
+
+    for turn in range(2):
+        _run_agent(provider.get_tracer("test"), "conv-7", children_sent)
+        assert provider.force_flush(30_000)
+        if turn == 0:
+            # The children arrived first and were held, not recorded under the service's name.
+            assert observed == {"messages": 0, "held": 3}
+    provider.shutdown()
+
+    session = Session.objects.get(tenant=tenant)  # one session, under the agent the root names
+    assert session.agent.external_id == "travel-bot"
+    assert session.metadata["otel"]["conversation_id"] == "conv-7"
+    rows = [(m.role, m.content, m.tool_call_id) for m in _messages(session)]
+    assert rows == [*TURN_ROWS, *TURN_ROWS[2:]]  # the second turn repeats no history
+    assert TokenUsageReport.objects.filter(session=session).count() == 4
+    assert not OtelHeldSpan.objects.filter(tenant=tenant).exists()
+    assert OtelSpan.objects.filter(tenant=tenant, session=session).count() == 8
 
 
 @pytest.mark.django_db(transaction=True)
@@ -518,3 +579,133 @@ def test_openinference_spans_are_understood(api_a: APIClient, tenant_a: Tenant) 
         "otel.chat",
         "otel.execute_tool",
     ]
+
+
+def _event(name: str, body: dict[str, Any]) -> dict[str, Any]:
+    return {"timeUnixNano": "1", "name": name, "attributes": [_kv("gen_ai.event.content", json.dumps(body))]}
+
+
+def test_history_resent_as_events_is_recorded_once_and_builds_pair_calls_with_replies(
+    api_a: APIClient, tenant_a: Tenant
+) -> None:
+    """The event-based convention re-sends the history, the assistant's tool call included, as
+    `gen_ai.assistant.message`: it is history, not a new output."""
+    user = _event("gen_ai.user.message", {"content": "Is parcel 991 late?"})
+    call = {"tool_calls": [{"id": "call_7", "type": "function",
+                            "function": {"name": "track", "arguments": '{"id": 991}'}}]}  # fmt: skip
+    choice = _event("gen_ai.choice", {"message": {"role": "assistant", **call}})
+    first = _span("0000000000000001", "chat", {"gen_ai.operation.name": "chat", "session.id": "t-9"},
+                  start=1000, events=[user, choice])  # fmt: skip
+    resent = [
+        user,
+        _event("gen_ai.assistant.message", call),
+        _event("gen_ai.tool.message", {"id": "call_7", "content": "delivered at 09:12"}),
+        _event("gen_ai.choice", {"message": {"role": "assistant", "content": "It was delivered at 09:12."}}),
+    ]
+    second = _span("0000000000000002", "chat", {"gen_ai.operation.name": "chat", "session.id": "t-9"},
+                   start=5000, events=resent)  # fmt: skip
+    assert json.loads(_post_json(api_a, _body(first, second)).content) == {}
+    session = Session.objects.get(tenant=tenant_a)
+    rows = [(m.role, m.content, m.tool_call_id, len(m.tool_calls or [])) for m in _messages(session)]
+    assert rows == [
+        ("user", "Is parcel 991 late?", "", 0),
+        ("assistant", "", "", 1),
+        ("tool", "delivered at 09:12", "call_7", 0),
+        ("assistant", "It was delivered at 09:12.", "", 0),
+    ]
+    build = api_a.post(f"/api/v1/sessions/{session.public_id}/context", {"input": "Thanks"}, format="json")
+    assert build.status_code == 200, build.content
+    messages = build.json()["messages"]
+    called = [i for i, m in enumerate(messages) if m.get("tool_calls")]
+    assert called, messages
+    for index in called:
+        ids = [c["id"] for c in messages[index]["tool_calls"]]
+        replies = messages[index + 1 : index + 1 + len(ids)]
+        assert [(m["role"], m.get("tool_call_id")) for m in replies] == [("tool", i) for i in ids]
+
+
+def test_a_span_with_a_bad_id_is_rejected_alone_in_json_and_protobuf(
+    api_a: APIClient, tenant_a: Tenant
+) -> None:
+    good = _span("0000000000000001", "openai.chat", OPENLLMETRY_SPAN, start=1000)
+    bad = {**_span("0000000000000002", "chat", OPENLLMETRY_SPAN, start=2000), "spanId": "1"}
+    response = _post_json(api_a, _body(good, bad))
+    assert response.status_code == 200, response.content
+    partial = json.loads(response.content)["partialSuccess"]
+    assert partial["rejectedSpans"] == "1"
+    assert partial["errorMessage"].startswith("span 1: not an OTLP span")
+    late = {**good, "spanId": "0000000000000009", "endTimeUnixNano": "soon"}  # hex id, bad time
+    partial = json.loads(_post_json(api_a, _body(late)).content)["partialSuccess"]
+    assert partial["errorMessage"].startswith("span 0000000000000009: not an OTLP span")
+    assert Message.objects.filter(tenant=tenant_a).count() == 2  # the good span is recorded
+
+    other = {**good, "traceId": "ab" * 16}
+    body = json.dumps(_body({**other, "spanId": "0000000000000003"}, other)).encode()
+    request = otel_ingest.traces_request_decode(body=body, content_type="application/json").request
+    request.resource_spans[0].scope_spans[0].spans[1].span_id = b"\x01"  # one byte, not eight
+    response = api_a.generic(
+        "POST", "/v1/traces", request.SerializeToString(), content_type="application/x-protobuf"
+    )
+    assert response.status_code == 200
+    answer = ExportTraceServiceResponse.FromString(response.content)
+    assert answer.partial_success.rejected_spans == 1
+    assert answer.partial_success.error_message == (
+        "span 01: a span needs a 16-byte trace id and an 8-byte span id"
+    )
+    assert OtelSpan.objects.filter(tenant=tenant_a, trace_id="ab" * 16).count() == 1  # the good one
+
+
+def test_a_held_span_whose_root_never_comes_is_recorded_after_the_hold(
+    api_a: APIClient, tenant_a: Tenant
+) -> None:
+    child = _span("0000000000000002", "chat", OPENLLMETRY_SPAN, start=1000)
+    child["parentSpanId"] = "00000000000000aa"  # a parent not sent yet
+    assert json.loads(_post_json(api_a, _body(child)).content) == {}
+    assert _post_json(api_a, _body(child)).status_code == 200  # a resend is held once
+    assert OtelHeldSpan.objects.filter(tenant=tenant_a).count() == 1
+    assert not Message.objects.filter(tenant=tenant_a).exists()
+
+    # A child of a remote parent (another process's span) is a root here: recorded at once.
+    remote = {**child, "traceId": "cd" * 16, "flags": 0x300}
+    remote["attributes"] = [*child["attributes"], _kv("gen_ai.conversation.id", "ticket-8")]
+    assert json.loads(_post_json(api_a, _body(remote)).content) == {}
+    assert Session.objects.get(tenant=tenant_a).metadata["otel"]["conversation_id"] == "ticket-8"
+
+    OtelHeldSpan.objects.update(received_at=timezone.now() - timedelta(seconds=holding.HOLD_SECONDS + 1))
+    assert otel_held_flush_task.apply().get() == 1  # what Celery beat runs
+    assert not OtelHeldSpan.objects.exists()
+    session = Session.objects.get(tenant=tenant_a, metadata__otel__conversation_id="ticket-7")
+    assert session.agent.external_id == "support-desk"  # nothing named an agent: the service
+    assert [(m.content, m.metadata["otel"]["span_id"]) for m in _messages(session)] == [
+        ("Where is my parcel 991?", "0000000000000002"),
+        ("", "0000000000000002"),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_child_and_its_root_sent_at_the_same_time_land_together(server: str) -> None:
+    """Two exports in flight at once, the child in one and its agent span in the other: whichever
+    commits first, the child is recorded under the root's agent and conversation, none stays held."""
+    tenant = Tenant.objects.create(name="Alice's team", slug="alice")
+    _, key = api_key_create(tenant=tenant, name="otel")
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    bodies = []
+    for index in range(6):
+        trace = f"{index + 1:032x}"
+        root = {**_span(f"{index + 1:016x}", "invoke_agent", {"gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": "booking-bot", "gen_ai.conversation.id": f"c-{index}"}, start=9000),
+                "traceId": trace}  # fmt: skip
+        child = {**_span(f"{index + 101:016x}", "chat", OPENLLMETRY_SPAN, start=1000), "traceId": trace}
+        child["attributes"] = [kv for kv in child["attributes"] if kv["key"] != "session.id"]
+        child["parentSpanId"] = root["spanId"]
+        bodies.append((json.dumps(_body(child)), json.dumps(_body(root))))
+    with httpx.Client(base_url=server, headers=headers, timeout=30) as client, ThreadPoolExecutor(2) as pool:
+        for child_body, root_body in bodies:
+            answers = list(pool.map(lambda b: client.post("/v1/traces", content=b), [child_body, root_body]))
+            assert [a.status_code for a in answers] == [200, 200]
+    assert not OtelHeldSpan.objects.filter(tenant=tenant).exists()
+    assert set(Session.objects.filter(tenant=tenant).values_list("agent__external_id", flat=True)) == {
+        "booking-bot"
+    }
+    assert Session.objects.filter(tenant=tenant).count() == 6
+    assert Message.objects.filter(tenant=tenant).count() == 12  # each child's question and tool call
