@@ -16,3 +16,12 @@ def test_the_migrations_describe_every_model_change() -> None:
         call_command("makemigrations", "--check", "--dry-run", stdout=out, stderr=out)
     except SystemExit as exit_:
         pytest.fail(f"models changed without a migration (exit {exit_.code}):\n{out.getvalue()}")
+
+
+@pytest.mark.django_db
+def test_each_app_has_one_line_of_migrations() -> None:
+    from django.db import connection
+    from django.db.migrations.loader import MigrationLoader
+
+    conflicts = MigrationLoader(connection, ignore_no_migrations=True).detect_conflicts()
+    assert conflicts == {}, f"apps with more than one latest migration (`migrate` would refuse): {conflicts}"

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('memory', '0009_hot_path_indexes'),
+        ('memory', '0010_lead_budget_recalled'),
     ]
 
     operations = [
