@@ -26,6 +26,7 @@ from tests.dashboard.live_server import (
     install_channels_postgres,
     uvicorn_server,
 )
+from tests.environment import chromium_path
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -50,7 +51,7 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        chromium = p.chromium.launch(executable_path=chromium_path() or CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
 
@@ -250,4 +251,36 @@ def test_the_message_stream_stays_in_view_beside_the_panels(
     assert box is not None
     # Scrolled to the bottom of the panels, the messages are still on screen, and fit in it.
     assert box["y"] >= 0 and box["y"] + box["height"] <= 900 + 1
+    assert console.errors == []
+
+
+def test_a_sessions_first_view_shows_more_than_the_budget(
+    alice_setup: dict[str, Any], server: str, browser: Any
+) -> None:
+    from memory.services import context
+
+    tenant, session = alice_setup["tenant"], alice_setup["session"]
+    for turn in range(3):
+        sessions_service.messages_append(
+            tenant=tenant,
+            session=session,
+            items=[sessions_service.MessageInput(role="user", content=f"Turn {turn}: the pool is full.")],
+        )
+        context.context_build(tenant=tenant, session=session, next_input="What next?")
+    page, console = login(browser, server, "alice")
+    for width, height in [(1440, 900), (2560, 1440)]:
+        page.set_viewport_size({"width": width, "height": height})
+        page.goto(f"{server}/sessions/{session.public_id}/")
+        page.wait_for_selector("[data-testid=budget-gauge]")
+        panel = page.locator("[data-testid=budget-panel]").bounding_box()
+        messages = page.locator("#messages-panel").bounding_box()
+        manifest = page.locator("#panel-session-manifest").bounding_box()
+        assert panel is not None and messages is not None and manifest is not None
+        # The budget panel is a band, not the whole screen: the messages and the manifest start
+        # within the first view, with room to read them.
+        assert panel["height"] <= 340, (width, panel)
+        assert messages["y"] + 200 <= height and manifest["y"] + 200 <= height, (width, messages, manifest)
+        # Chart text keeps its size however wide the screen: no 30 px labels on a wide monitor.
+        label = page.locator("[data-testid=budget-gauge] .chart-value").bounding_box()
+        assert label is not None and label["height"] <= 16, (width, label)
     assert console.errors == []
