@@ -257,20 +257,22 @@ def test_the_message_stream_stays_in_view_beside_the_panels(
 def test_a_sessions_first_view_shows_more_than_the_budget(
     alice_setup: dict[str, Any], server: str, browser: Any
 ) -> None:
-    from memory.services import context
-
-    tenant, session = alice_setup["tenant"], alice_setup["session"]
+    session = alice_setup["session"]
+    api = httpx.Client(base_url=server, headers={"Authorization": f"Bearer {alice_setup['key']}"}, timeout=10)
     for turn in range(3):
-        sessions_service.messages_append(
-            tenant=tenant,
-            session=session,
-            items=[sessions_service.MessageInput(role="user", content=f"Turn {turn}: the pool is full.")],
+        response = api.post(
+            f"/api/v1/sessions/{session.public_id}/messages",
+            json={"role": "user", "content": f"Turn {turn}: the pool is full."},
         )
-        context.context_build(tenant=tenant, session=session, next_input="What next?")
+        assert response.status_code in (200, 201), response.text
+        response = api.post(f"/api/v1/sessions/{session.public_id}/context", json={"input": "What next?"})
+        assert response.status_code == 200, response.text
     page, console = login(browser, server, "alice")
     for width, height in [(1440, 900), (2560, 1440)]:
         page.set_viewport_size({"width": width, "height": height})
         page.goto(f"{server}/sessions/{session.public_id}/")
+        wait_live(page)  # the re-render on connect has replaced the panels: measure what stays
+        page.wait_for_load_state("networkidle")
         page.wait_for_selector("[data-testid=budget-gauge]")
         panel = page.locator("[data-testid=budget-panel]").bounding_box()
         messages = page.locator("#messages-panel").bounding_box()
@@ -283,4 +285,5 @@ def test_a_sessions_first_view_shows_more_than_the_budget(
         # Chart text keeps its size however wide the screen: no 30 px labels on a wide monitor.
         label = page.locator("[data-testid=budget-gauge] .chart-value").bounding_box()
         assert label is not None and label["height"] <= 16, (width, label)
+        print(f"{width}x{height}: budget panel {panel['height']:.0f} px, messages at {messages['y']:.0f} px")
     assert console.errors == []
