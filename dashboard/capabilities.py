@@ -221,7 +221,7 @@ def _warning_text(warning: Any, *, sample: Any, names: dict[str, str]) -> str:
         )
     if warning.get("code") == "critical_in_middle" and warning.get("item") in names:
         position = warning.get("position")
-        where = f" ({position:.0%})" if isinstance(position, float) else ""
+        where = f" ({position * 100:.0f} %)" if isinstance(position, int | float) else ""
         return (
             f"Critical {names[warning['item']]} sits in the middle of the prompt{where}, "
             "where models attend least."
