@@ -222,3 +222,10 @@ def test_another_tenants_url_answers_a_styled_404_with_the_tenant_switch(
     assert 'name="tenant" value="alice"' in offer and f'name="next" value="{url}"' in offer
     assert web.post("/tenant/switch", {"tenant": "alice", "next": url})["Location"] == url
     assert web.get(url).status_code == 200
+
+
+def test_an_unknown_page_answers_a_styled_404(web_alice: Client) -> None:
+    response = web_alice.get("/no-such-page/")
+    page = response.content.decode()
+    assert response.status_code == 404
+    assert 'data-testid="not-found"' in page and "dashboard.css" in page and "/no-such-page/" in page
