@@ -44,4 +44,5 @@ def test_a_silent_local_redis_stops_the_run_with_the_command_to_run(
 
 def test_the_running_redis_lets_the_run_go_on() -> None:
     environment.redis_ensure(install=False)  # the suite's own Redis answers: no error
-    assert environment._local_redis() is None or environment._answers(environment._local_redis())
+    address = environment._local_redis()
+    assert address is None or environment._answers(address)
