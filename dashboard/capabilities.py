@@ -13,7 +13,7 @@ from typing import Any
 from django.db import transaction
 
 from dashboard import charts
-from dashboard.selectors import fact_keys, session_events
+from dashboard.selectors import experience_problems, fact_keys, session_events
 from dashboard.timeline import event_summary
 from memory.api.shapes import recovered_state_out
 from memory.exceptions import NotFound
@@ -158,17 +158,27 @@ def _placed_span(manifest: dict[str, Any]) -> int:
 
 def manifest_names(*, tenant: Tenant, entries: list[dict[str, Any]]) -> dict[str, str]:
     """A readable name for each manifest item id: a fact's key, an experience's problem, …"""
-    facts = fact_keys(tenant=tenant, fact_ids=[e["id"] for e in entries if e.get("kind") == "pinned_fact"])
+    known = {
+        **fact_keys(tenant=tenant, fact_ids=[e["id"] for e in entries if e.get("kind") == "pinned_fact"]),
+        **experience_problems(
+            tenant=tenant, experience_ids=[e["id"] for e in entries if e.get("kind") == "memory"]
+        ),
+    }
     names = {}
     for entry in entries:
         item_id, kind = str(entry.get("id") or ""), entry.get("kind", "")
-        names[item_id] = _item_name(entry, kind=kind, item_id=item_id, facts=facts)
+        names[item_id] = _item_name(entry, kind=kind, item_id=item_id, known=known)
     return names
 
 
-def _item_name(entry: dict[str, Any], *, kind: str, item_id: str, facts: dict[str, str]) -> str:
+def _item_name(entry: dict[str, Any], *, kind: str, item_id: str, known: dict[str, str]) -> str:
     if kind == "pinned_fact":
-        return f"fact {facts.get(item_id, item_id)}"
+        return f"fact {known.get(item_id, item_id)}"
+    if kind == "memory":
+        return f"experience: {known.get(item_id, item_id)}"
+    if kind == "recall":
+        source = str(entry.get("source") or "item").replace("_", " ")
+        return f"recalled msg #{entry['seq']}" if entry.get("seq") is not None else f"recalled {source}"
     if entry.get("seq") is not None:
         return f"msg #{entry['seq']}"
     if kind == "system_part":
@@ -181,8 +191,6 @@ def _item_name(entry: dict[str, Any], *, kind: str, item_id: str, facts: dict[st
         return f"tools ({entry.get('count', 0)})"
     if kind == "input":
         return "next input"
-    if kind == "memory":
-        return f"experience {item_id}"
     return item_id or kind
 
 

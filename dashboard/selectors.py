@@ -16,7 +16,8 @@ from django.db.models import Count, F, Max, Q
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from memory.models import Agent, Event, Message, Session, SessionStatus, Tenant, TrackedFact
+from dashboard.timeline import shorten
+from memory.models import Agent, Event, Experience, Message, Session, SessionStatus, Tenant, TrackedFact
 from memory.services.recorder import stream_key
 
 MESSAGE_PAGE_SIZE = 50
@@ -212,3 +213,13 @@ def id_owner(*, tenants: Any, session_id: str | None, agent_id: str | None) -> T
         agent = agents.select_related("tenant").first()
         return agent.tenant if agent is not None else None
     return None
+
+
+def experience_problems(*, tenant: Tenant, experience_ids: list[str]) -> dict[str, str]:
+    """The problem each experience solves, by public id, shortened (one query)."""
+    if not experience_ids:
+        return {}
+    rows = Experience.objects.filter(tenant=tenant, public_id__in=experience_ids).values_list(
+        "public_id", "problem"
+    )
+    return {public_id: shorten(problem, 60) for public_id, problem in rows}
