@@ -17,9 +17,15 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django_htmx.middleware import HtmxDetails
 
+from dashboard.selectors import id_owner
 from memory.models import Membership, Tenant
 
 SESSION_KEY = "dashboard_tenant_id"
+# The tenant last picked in this browser outlives the Django session (logging out flushes it),
+# so the next login lands on the tenant the user picked, not the first by name.
+PICK_COOKIE = "ctxapp_tenant"
+PICK_SALT = "dashboard.tenant-pick"
+PICK_MAX_AGE = 365 * 24 * 3600
 
 
 class TenantRequest(HttpRequest):
@@ -54,10 +60,13 @@ def role_for_user(*, user: Any, tenant: Tenant) -> str:
 
 
 def selected_tenant(request: HttpRequest) -> Tenant | None:
-    """The tenant chosen in this browser session, or the user's first tenant; None if they have none."""
+    """The tenant chosen in this browser session; else the one last picked in this browser (if
+    the user may see it); else the user's first tenant. None if they have none."""
     tenant = tenant_for_user(user=request.user, tenant_id=request.session.get(SESSION_KEY))
     if tenant is None:
-        tenant = tenants_for_user(user=request.user).first()
+        picked = request.get_signed_cookie(PICK_COOKIE, default="", salt=PICK_SALT)
+        visible = tenants_for_user(user=request.user)
+        tenant = (visible.filter(slug=picked).first() if picked else None) or visible.first()
         if tenant is not None:
             request.session[SESSION_KEY] = tenant.pk
     return tenant
@@ -70,6 +79,32 @@ def tenant_select(request: HttpRequest, *, slug: str) -> Tenant:
         raise Http404("No such tenant.")
     request.session[SESSION_KEY] = tenant.pk
     return tenant
+
+
+def tenant_pick_remember(request: HttpRequest, response: HttpResponse, *, tenant: Tenant) -> None:
+    """Remember the picked tenant in this browser beyond the session (signed, HTTP-only)."""
+    response.set_signed_cookie(
+        PICK_COOKIE,
+        tenant.slug,
+        salt=PICK_SALT,
+        max_age=PICK_MAX_AGE,
+        httponly=True,
+        samesite="Lax",
+        secure=request.is_secure(),
+    )
+
+
+def not_found_page(request: TenantRequest, *, message: str, owner: Tenant | None) -> HttpResponse:
+    """The dashboard's 404: the page chrome with the tenant switch, what was not found, and the
+    user's other tenant that holds it when there is one (switching lands back on this URL)."""
+    context = {
+        "page": "",
+        "tenant": request.tenant,
+        "tenants": tenants_for_user(user=request.user),
+        "message": message,
+        "owner": owner,
+    }
+    return render(request, "dashboard/not_found.html", context, status=404)
 
 
 def tenant_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -85,6 +120,14 @@ def tenant_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse
         if tenant is None:
             return render(request, "dashboard/no_tenant.html", status=403)
         request.tenant = tenant  # type: ignore[attr-defined]
-        return view(request, *args, **kwargs)
+        try:
+            return view(request, *args, **kwargs)
+        except Http404 as exc:
+            owner = id_owner(
+                tenants=tenants_for_user(user=request.user).exclude(pk=tenant.pk),
+                session_id=kwargs.get("session_id"),
+                agent_id=kwargs.get("external_id"),
+            )
+            return not_found_page(request, message=str(exc) or "Not found.", owner=owner)  # type: ignore[arg-type]
 
     return wrapper

@@ -13,10 +13,11 @@ from typing import Any
 from django.db import transaction
 
 from dashboard import charts
-from dashboard.selectors import session_events
+from dashboard.selectors import experience_problems, fact_keys, session_events
+from dashboard.timeline import event_summary
 from memory.api.shapes import recovered_state_out
 from memory.exceptions import NotFound
-from memory.models import DIGEST_CATEGORIES, Agent, Checkpoint, Session, Tenant
+from memory.models import DIGEST_CATEGORIES, Agent, Checkpoint, Session, SessionStatus, Tenant
 from memory.services import cognition, experience_search
 from memory.services.context import budget_samples_list, context_policy_read
 from memory.services.decay import facts_list
@@ -30,7 +31,10 @@ FACTS_SHOWN = 50
 
 
 def session_budget(*, tenant: Tenant, session: Session) -> Any:
-    """Gauge, stacked components, line over time with summarisation markers, and the forecast."""
+    """Gauge, stacked components, line over time with summarisation markers, and the forecast.
+
+    The share of the budget is computed here once (`charts.share_text`, prompt tokens of the
+    input window) and reused by the gauge, its caption and the manifest's warnings."""
     samples = list(
         reversed(budget_samples_list(tenant=tenant, session=session, limit=BUDGET_SAMPLES_PLOTTED))
     )
@@ -54,9 +58,9 @@ def session_budget(*, tenant: Tenant, session: Session) -> Any:
         if sample.summarisation_queued
     ]
     parts = [(name, int(value)) for name, value in (latest.components or {}).items() if value]
-    forecast = latest.forecast or {}
     return {
         "latest": {"used": latest.prompt_tokens, "limit": latest.input_limit, "sample": latest},
+        "share": charts.share_text(used=latest.prompt_tokens, limit=latest.input_limit),
         "gauge": charts.gauge(used=latest.prompt_tokens, limit=latest.input_limit, threshold=threshold),
         "stacked": charts.stacked_bar(parts=parts, limit=latest.input_limit),
         "line": charts.line_chart(
@@ -66,7 +70,7 @@ def session_budget(*, tenant: Tenant, session: Session) -> Any:
             markers=markers,
         ),
         "markers": markers,
-        "forecast_text": _forecast_text(forecast),
+        "forecast_text": _forecast_text(latest.forecast or {}, status=session.status),
         "reserve": latest.output_reserve,
         "model": latest.model_name,
         "exact": latest.exact,
@@ -74,7 +78,10 @@ def session_budget(*, tenant: Tenant, session: Session) -> Any:
     }
 
 
-def _forecast_text(forecast: dict[str, Any]) -> str:
+def _forecast_text(forecast: dict[str, Any], *, status: str = SessionStatus.OPEN) -> str:
+    if status != SessionStatus.OPEN:
+        # No turn follows on a session that is over: a forecast of turns would be fiction.
+        return f"The session is {status}: no further turns, so no forecast."
     if not forecast:
         return ""
     until = forecast.get("turns_until_summarisation")
@@ -93,18 +100,21 @@ def _forecast_text(forecast: dict[str, Any]) -> str:
 
 
 def session_manifest(*, tenant: Tenant, session: Session) -> Any:
-    """The latest build's manifest: every item, included or dropped, and where critical ones sit.
+    """The latest build's manifest: every item, included or dropped, in prompt order, each named
+    by what it is (a fact's key, `msg #52`, …) and where critical ones sit.
 
-    Positions and the `risky` flag are the engine's (decided with the policy the build used); the
-    shaded middle band is the session's effective context policy."""
+    The `risky` flag is the engine's (decided with the policy the build used); the shaded middle
+    band is the session's effective context policy."""
     latest = next(iter(budget_samples_list(tenant=tenant, session=session, limit=1)), None)
     if latest is None:
         return {"items": []}
     policy = context_policy_read(tenant=tenant, session=session)
     middle = (policy.middle_start, policy.middle_end)
     manifest = latest.manifest or {}
-    total = manifest.get("total_tokens") or latest.prompt_tokens or 1
-    items = [_manifest_row(entry, total=total) for entry in manifest.get("items", [])]
+    entries = manifest.get("items", [])
+    names = manifest_names(tenant=tenant, entries=entries)
+    items = [_manifest_row(entry, span=_placed_span(manifest), names=names) for entry in entries]
+    items.sort(key=_prompt_order)
     strip = charts.position_strip(
         items=[
             (i["label"], i["position"] / 100, True)
@@ -119,34 +129,112 @@ def session_manifest(*, tenant: Tenant, session: Session) -> Any:
         "middle": {"start": round(middle[0] * 100), "end": round(middle[1] * 100)},
         "built_at": latest.created_at,
         "build_id": latest.public_id,
-        "total_tokens": total,
+        "total_tokens": manifest.get("total_tokens") or latest.prompt_tokens,
+        "share": charts.share_text(used=latest.prompt_tokens, limit=latest.input_limit),
         "critical_count": sum(1 for i in items if i["critical"] and i["included"]),
         "risky_count": sum(1 for i in items if i["risky"]),
         "included_count": sum(1 for i in items if i["included"]),
         "dropped_count": sum(1 for i in items if not i["included"]),
-        "warnings": [
-            w.get("message", w.get("code", "")) if isinstance(w, dict) else str(w)
-            for w in latest.warnings or []
-        ],
+        "warnings": [_warning_text(w, sample=latest, names=names) for w in latest.warnings or []],
     }
 
 
-def _manifest_row(entry: dict[str, Any], *, total: int) -> dict[str, Any]:
-    """One manifest entry for the table. The engine records the position of critical items; the
-    others are shown where their offset puts them."""
+def _prompt_order(row: dict[str, Any]) -> tuple[int, int]:
+    """Tools first (sent beside the messages, before them), then the placed items by where they
+    start, then what was left out (in manifest order: the sort is stable)."""
+    if not row["included"]:
+        return (2, 0)
+    return (0, 0) if row["offset"] is None else (1, row["offset"])
+
+
+def _placed_span(manifest: dict[str, Any]) -> int:
+    """Tokens of the placed messages and the reply priming: the length the engine measures
+    positions against, so every row's position is on the same scale as the critical ones'."""
+    ends = [
+        e["offset"] + e.get("tokens", 0) for e in manifest.get("items", []) if e.get("offset") is not None
+    ]
+    return (max(ends) if ends else 0) + int(manifest.get("priming_tokens") or 0) or 1
+
+
+def manifest_names(*, tenant: Tenant, entries: list[dict[str, Any]]) -> dict[str, str]:
+    """A readable name for each manifest item id: a fact's key, an experience's problem, …"""
+    known = {
+        **fact_keys(tenant=tenant, fact_ids=[e["id"] for e in entries if e.get("kind") == "pinned_fact"]),
+        **experience_problems(
+            tenant=tenant, experience_ids=[e["id"] for e in entries if e.get("kind") == "memory"]
+        ),
+    }
+    names = {}
+    for entry in entries:
+        item_id, kind = str(entry.get("id") or ""), entry.get("kind", "")
+        names[item_id] = _item_name(entry, kind=kind, item_id=item_id, known=known)
+    return names
+
+
+def _item_name(entry: dict[str, Any], *, kind: str, item_id: str, known: dict[str, str]) -> str:
+    if kind == "pinned_fact":
+        return f"fact {known.get(item_id, item_id)}"
+    if kind == "memory":
+        return f"experience: {known.get(item_id, item_id)}"
+    if kind == "recall":
+        source = str(entry.get("source") or "item").replace("_", " ")
+        return f"recalled msg #{entry['seq']}" if entry.get("seq") is not None else f"recalled {source}"
+    if entry.get("seq") is not None:
+        return f"msg #{entry['seq']}"
+    if kind == "system_part":
+        return f"system: {item_id.removeprefix('system:')}"
+    if kind == "summary" and entry.get("covers_up_to_seq") is not None:
+        return f"summary of #1 to #{entry['covers_up_to_seq']}"
+    if kind == "summary" and entry.get("source") == "previous_session_digest":
+        return f"digest of session {entry.get('session', '')}"
+    if kind == "tools":
+        return f"tools ({entry.get('count', 0)})"
+    if kind == "input":
+        return "next input"
+    return item_id or kind
+
+
+def _manifest_row(entry: dict[str, Any], *, span: int, names: dict[str, str]) -> dict[str, Any]:
+    """One manifest entry for the table, positioned by where it starts in the prompt."""
+    offset = entry.get("offset")
     position = entry.get("position")
-    if position is None and entry.get("offset") is not None:
-        position = entry["offset"] / total
+    if position is None and offset is not None:
+        position = offset / span
+    kind = entry.get("kind", "")
     return {
-        "label": entry.get("id") or entry.get("kind"),
-        "kind": entry.get("kind", ""),
+        "label": names.get(str(entry.get("id") or ""), kind),
+        "kind": kind,
+        "colour": charts.component_colour(entry.get("component") or kind),
         "tokens": entry.get("tokens", 0),
         "included": entry.get("included", True),
         "critical": entry.get("critical", False),
         "reason": entry.get("reason", ""),
+        "offset": offset if entry.get("included", True) else None,
         "position": position * 100 if position is not None else None,
         "risky": bool(entry.get("risky")),
     }
+
+
+def _warning_text(warning: Any, *, sample: Any, names: dict[str, str]) -> str:
+    """A build warning in the dashboard's words: the budget share is the gauge's, and items are
+    named as in the table."""
+    if not isinstance(warning, dict):
+        return str(warning)
+    if warning.get("code") == "near_limit":
+        left = sample.input_limit - sample.output_reserve - sample.prompt_tokens
+        return (
+            f"The prompt uses {sample.prompt_tokens:,} of the {sample.input_limit:,}-token input window "
+            f"({charts.share_text(used=sample.prompt_tokens, limit=sample.input_limit)}); with "
+            f"{sample.output_reserve:,} kept for the reply, {max(left, 0):,} tokens are left."
+        )
+    if warning.get("code") == "critical_in_middle" and warning.get("item") in names:
+        position = warning.get("position")
+        where = f" ({position * 100:.0f} %)" if isinstance(position, int | float) else ""
+        return (
+            f"Critical {names[warning['item']]} sits in the middle of the prompt{where}, "
+            "where models attend least."
+        )
+    return str(warning.get("message", warning.get("code", "")))
 
 
 def session_summaries(*, tenant: Tenant, session: Session) -> Any:
@@ -188,28 +276,33 @@ def session_digest(*, tenant: Tenant, session: Session) -> Any:
     }
 
 
+DECAY_ORDER = {"decayed": 0, "at_risk": 1, "fresh": 2}
+
+
 def session_facts(*, tenant: Tenant, session: Session) -> Any:
+    """Tracked facts with their decay state, most at risk first: decayed, then at risk, then
+    fresh, each by the user turns left before it decays (fewest first)."""
     _, statuses = facts_list(tenant=tenant, session=session)
-    rows = []
-    for status in statuses[:FACTS_SHOWN]:
-        left = status.threshold - status.rounds_since_reference
-        state = (
-            "decayed" if status.decayed else ("at_risk" if left <= max(2, status.threshold // 4) else "fresh")
-        )
-        rows.append(
-            {
-                "key": status.fact.key,
-                "type": status.fact.fact_type,
-                "content": status.fact.content,
-                "importance": status.fact.importance,
-                "rounds_since": status.rounds_since_reference,
-                "rounds_left": max(left, 0) if not status.decayed else None,
-                "state": state,
-                "recommendation": status.recommendation,
-                "references": status.fact.reference_count,
-            }
-        )
-    return rows
+    rows = [_fact_row(status) for status in statuses]
+    rows.sort(key=lambda r: (DECAY_ORDER[r["state"]], r["rounds_left"] or 0, r["key"]))
+    return rows[:FACTS_SHOWN]
+
+
+def _fact_row(status: Any) -> dict[str, Any]:
+    left = status.threshold - status.rounds_since_reference
+    state = "decayed" if status.decayed else ("at_risk" if left <= max(2, status.threshold // 4) else "fresh")
+    return {
+        "key": status.fact.key,
+        "type": status.fact.fact_type,
+        "content": status.fact.content,
+        "importance": status.fact.importance,
+        "rounds_since": status.rounds_since_reference,
+        "threshold": status.threshold,
+        "rounds_left": max(left, 0) if not status.decayed else None,
+        "state": state,
+        "recommendation": status.recommendation,
+        "references": status.fact.reference_count,
+    }
 
 
 CHECKPOINTS_SHOWN = 50
@@ -248,7 +341,46 @@ def agent_recovered_state(*, tenant: Tenant, agent: Agent) -> Any:
     ).get("last_event_seq"):
         return None
     document.pop("parts", None)
-    return document
+    return {"summary": recovered_summary(document), "document": document}
+
+
+RECOVERED_EVENTS_SHOWN = 5
+
+
+def recovered_summary(document: dict[str, Any]) -> dict[str, Any]:
+    """What a person reads first in a recovered-state document: the goal, the last checkpoint,
+    the open tasks and the latest events (the document itself stays one click away)."""
+    checkpoint = document.get("checkpoint") or {}
+    events = (document.get("events_after_checkpoint") or {}).get("items") or []
+    return {
+        "goal": _goal(document.get("state"), checkpoint.get("state")),
+        "checkpoint": {
+            "seq": checkpoint.get("seq"),
+            "reason": checkpoint.get("reason", ""),
+            "created_at": checkpoint.get("created_at"),
+        }
+        if checkpoint
+        else None,
+        "tasks": [
+            {"title": t.get("title") or t.get("id"), "status": t.get("status", "")}
+            for t in document.get("tasks") or []
+        ],
+        "events": [
+            {"type": e.get("type", ""), "line": event_summary(e.get("type", ""), e.get("payload"))}
+            for e in events[-RECOVERED_EVENTS_SHOWN:]
+        ],
+        "events_total": len(events),
+        "warnings": [w.get("message", "") for w in document.get("warnings") or [] if isinstance(w, dict)],
+    }
+
+
+def _goal(*states: Any) -> str:
+    """The goal of the newest cognitive state that has one (`context.goal`)."""
+    for state in states:
+        goal = ((state or {}).get("context") or {}).get("goal") if isinstance(state, dict) else None
+        if goal:
+            return str(goal)
+    return ""
 
 
 def checkpoint_get(*, tenant: Tenant, agent: Agent, checkpoint_id: str) -> Any | None:

@@ -7,6 +7,7 @@ charts follow the page's palette.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,8 +15,43 @@ from datetime import datetime
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-# A fixed palette for stacked components; the same component keeps its colour everywhere.
-PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
+from memory.services.context_budget import COMPONENTS
+
+PALETTE = [
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#76b7b2",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#8c8c8c",
+]
+# Each budget component keeps one colour wherever it is drawn (legend, bar, manifest), whichever
+# components a build happens to use: the colour follows the name, never the position.
+COMPONENT_COLOURS = {name: PALETTE[index % len(PALETTE)] for index, name in enumerate(COMPONENTS)}
+# Manifest item kinds drawn in their component's colour.
+KIND_COMPONENT = {
+    "system_part": "system",
+    "pinned_fact": "pinned_facts",
+    "memory": "memories",
+}
+
+
+def component_colour(name: str) -> str:
+    """The fixed colour of a component (or a manifest kind, or a score signal); a name not known
+    in advance gets a colour derived from the name itself, so it is stable across builds too."""
+    name = KIND_COMPONENT.get(name, name)
+    if name in COMPONENT_COLOURS:
+        return COMPONENT_COLOURS[name]
+    return PALETTE[zlib.crc32(name.encode()) % len(PALETTE)]
+
+
+def share_text(*, used: int, limit: int) -> str:
+    """`used` as a share of `limit`, the one way the dashboard writes a budget percentage."""
+    return f"{used / limit * 100:.1f} %" if limit > 0 else "—"
 
 
 def _fmt(value: float) -> str:
@@ -37,9 +73,9 @@ def gauge(*, used: int, limit: int, threshold: float = 0.85, width: int = 420) -
     fill_w = min(ratio, 1.0) * width
     level = "ok" if ratio < threshold else ("warn" if ratio < 1.0 else "over")
     x_line = threshold * width
-    pct = f"{ratio * 100:.1f} %"
+    pct = share_text(used=used, limit=limit)
     return mark_safe(
-        f'<svg class="chart gauge" role="img" viewBox="0 0 {width + 2} {height}" width="100%" '
+        f'<svg class="chart gauge" role="img" viewBox="0 0 {width + 2} {height}" width="{width + 2}" '
         f'aria-label="budget {escape(pct)} of {limit} tokens">'
         f'<rect class="gauge-track" x="1" y="{bar_y}" width="{width}" height="{bar_h}" rx="3"/>'
         f'<rect class="gauge-fill gauge-{level}" x="1" y="{bar_y}" width="{fill_w:.1f}" '
@@ -58,7 +94,8 @@ def gauge(*, used: int, limit: int, threshold: float = 0.85, width: int = 420) -
 
 
 def stacked_bar(*, parts: Sequence[tuple[str, int]], limit: int, width: int = 420) -> SafeString:
-    """One bar split into named parts (tokens per component), scaled to `limit`, with a legend."""
+    """One bar split into named parts (tokens per component), scaled to `limit`, with a legend.
+    Each part is drawn in its component's fixed colour (`component_colour`)."""
     bar_h = 22
     total = sum(value for _, value in parts)
     scale = max(limit, total, 1)
@@ -66,7 +103,7 @@ def stacked_bar(*, parts: Sequence[tuple[str, int]], limit: int, width: int = 42
     rects = []
     legend = []
     for index, (name, value) in enumerate(parts):
-        colour = PALETTE[index % len(PALETTE)]
+        colour = component_colour(name)
         w = value / scale * width
         rects.append(
             f'<rect x="{x:.1f}" y="1" width="{w:.1f}" height="{bar_h}" fill="{colour}">'
@@ -82,7 +119,7 @@ def stacked_bar(*, parts: Sequence[tuple[str, int]], limit: int, width: int = 42
     rows = (len(parts) + 2) // 3
     height = bar_h + 12 + rows * 16 + 4
     return mark_safe(
-        f'<svg class="chart stacked" role="img" viewBox="0 0 {width + 2} {height}" width="100%" '
+        f'<svg class="chart stacked" role="img" viewBox="0 0 {width + 2} {height}" width="{width + 2}" '
         f'aria-label="budget by component">'
         f'<rect class="gauge-track" x="1" y="1" width="{width}" height="{bar_h}"/>'
         + "".join(rects)
@@ -157,7 +194,7 @@ def line_chart(
     for t, v in points[-60:]:
         parts.append(f'<circle class="series-dot" cx="{sx(t.timestamp()):.1f}" cy="{sy(v):.1f}" r="2"/>')
     return mark_safe(
-        f'<svg class="chart line" role="img" viewBox="0 0 {width} {height}" width="100%" '
+        f'<svg class="chart line" role="img" viewBox="0 0 {width} {height}" width="{width}" '
         f'aria-label="over time">' + "".join(parts) + "</svg>"
     )
 
@@ -207,7 +244,7 @@ def position_strip(
             f"{position * 100:.0f} %</title></circle>"
         )
     return mark_safe(
-        f'<svg class="chart positions" role="img" viewBox="0 0 {width + 2} {height}" width="100%" '
+        f'<svg class="chart positions" role="img" viewBox="0 0 {width + 2} {height}" width="{width + 2}" '
         f'aria-label="positions in the prompt">' + "".join(parts) + "</svg>"
     )
 
@@ -219,11 +256,11 @@ def contribution_bar(
     height = 12
     x = 0.0
     rects = []
-    for index, (name, value) in enumerate(parts):
+    for name, value in parts:
         w = max(value, 0.0) / full * width if full else 0.0
         rects.append(
             f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="{height}" '
-            f'fill="{PALETTE[index % len(PALETTE)]}">'
+            f'fill="{component_colour(name)}">'
             f"<title>{escape(name)}: {value:.3f}</title></rect>"
         )
         x += w

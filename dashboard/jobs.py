@@ -33,7 +33,8 @@ from django.utils import timezone
 
 from ctxapp.celery import app
 from dashboard.selectors import failed_events
-from memory.models import Event, Experience, JobIntent, JobStatus, Tenant
+from memory.models import Event, Experience, JobIntent, JobStatus, Session, Task, Tenant
+from memory.services import jobs as job_kinds
 from memory.services.experiences import experiences_retry_failed
 
 logger = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class RunningJobs:
     available: bool  # whether the workers could be asked (a broker with a broadcast channel)
     note: str
     jobs: list[dict[str, Any]]  # what the workers report
-    records: list[JobIntent] = field(default_factory=list)  # the tenant's job records taken now
+    records: list[JobRow] = field(default_factory=list)  # the tenant's job records taken now
 
 
 def job_records(*, tenant: Tenant, limit: int = JOB_RECORDS_SHOWN) -> list[JobIntent]:
@@ -136,24 +137,79 @@ def job_records(*, tenant: Tenant, limit: int = JOB_RECORDS_SHOWN) -> list[JobIn
     )
 
 
+# What each job kind does, as an operator would say it.
+KIND_WORDS = {
+    job_kinds.SUMMARISE: "Summarise the session's older messages",
+    job_kinds.DIGEST: "Write the session's digest",
+    job_kinds.DISTILL: "Distil the finished task into experiences",
+    job_kinds.EMBED: "Embed new experiences",
+}
+SUBJECT_MODELS: dict[str, Any] = {"session": Session, "task": Task}
+
+
+@dataclass
+class JobRow:
+    """A job record in words: what it does, for which session or task (linked), its outcome."""
+
+    record: JobIntent
+    what: str
+    subject: str  # "session sess_…", "task task_…", or "" when the job is about no one thing
+    session_id: str = ""  # the public id to link to, for a session's job
+
+
+def job_rows(*, tenant: Tenant, records: list[JobIntent]) -> list[JobRow]:
+    """Name each record's job and subject: keys like `session:12` become the session's public id
+    (one query per subject kind; a subject deleted since shows as "a deleted session")."""
+    pks: dict[str, set[int]] = {}
+    for record in records:
+        prefix, _, pk = record.key.partition(":")
+        if prefix in SUBJECT_MODELS and pk.isdigit():
+            pks.setdefault(prefix, set()).add(int(pk))
+    public = {
+        prefix: dict(
+            SUBJECT_MODELS[prefix].objects.filter(tenant=tenant, pk__in=ids).values_list("pk", "public_id")
+        )
+        for prefix, ids in pks.items()
+    }
+    rows = []
+    for record in records:
+        prefix, _, pk = record.key.partition(":")
+        what = KIND_WORDS.get(record.kind, record.kind.replace(".", " ").replace("_", " "))
+        if prefix not in SUBJECT_MODELS or not pk.isdigit():
+            rows.append(JobRow(record, what, ""))
+            continue
+        public_id = public[prefix].get(int(pk), "")
+        subject = f"{prefix} {public_id}" if public_id else f"a deleted {prefix}"
+        rows.append(JobRow(record, what, subject, public_id if prefix == "session" else ""))
+    return rows
+
+
+NO_BROADCAST = (
+    "Which tasks the workers are running right now can be asked only over Redis or AMQP; this "
+    "installation queues its jobs in PostgreSQL, so the list above (from the job records) is all "
+    "there is."
+)
+
+
 def running_jobs(*, tenant: Tenant) -> RunningJobs:
     """Jobs running now: the tenant's job records a runner has taken (read from the database, so
     they show with any broker), and the tasks the workers report (Celery remote control). Never
     raises."""
-    records = list(
-        JobIntent.objects.filter(tenant=tenant, status=JobStatus.RUNNING).order_by("taken_at", "pk")[
-            :JOB_RECORDS_SHOWN
-        ]
+    records = job_rows(
+        tenant=tenant,
+        records=list(
+            JobIntent.objects.filter(tenant=tenant, status=JobStatus.RUNNING).order_by("taken_at", "pk")[
+                :JOB_RECORDS_SHOWN
+            ]
+        ),
     )
     if not str(settings.CELERY_BROKER_URL).startswith(("redis", "rediss", "amqp")):
-        return RunningJobs(
-            False, "This broker has no broadcast channel, so the workers cannot be asked.", [], records
-        )
+        return RunningJobs(False, NO_BROADCAST, [], records)
     try:
         inspector = app.control.inspect(timeout=INSPECT_TIMEOUT)
         active = inspector.active() or {}
     except Exception as exc:
-        return RunningJobs(False, f"Workers could not be asked: {exc}", [], records)
+        return RunningJobs(False, f"The workers did not answer ({exc}).", [], records)
     jobs = []
     ours = set(queue_names())
     for worker, tasks in active.items():
@@ -172,7 +228,7 @@ def running_jobs(*, tenant: Tenant) -> RunningJobs:
                     "started": datetime.fromtimestamp(started, tz=UTC) if started else None,
                 }
             )
-    note = "" if active else "No worker answered within 0.5 s (none running, or all busy)."
+    note = "" if active else "No worker answered within half a second: none is running, or all are busy."
     return RunningJobs(True, note, jobs, records)
 
 

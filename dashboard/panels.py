@@ -123,7 +123,8 @@ def _jobs_queues(*, tenant: Tenant, **_: Any) -> dict[str, Any]:
 
 
 def _jobs_results(*, tenant: Tenant, **_: Any) -> dict[str, Any]:
-    return {"records": jobs.job_records(tenant=tenant), "results": jobs.job_results(tenant=tenant)}
+    records = jobs.job_rows(tenant=tenant, records=jobs.job_records(tenant=tenant))
+    return {"records": records, "results": jobs.job_results(tenant=tenant)}
 
 
 def _jobs_failed(*, tenant: Tenant, **_: Any) -> dict[str, Any]:

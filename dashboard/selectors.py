@@ -16,7 +16,8 @@ from django.db.models import Count, F, Max, Q
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from memory.models import Agent, Event, Message, Session, SessionStatus, Tenant
+from dashboard.timeline import shorten
+from memory.models import Agent, Event, Experience, Message, Session, SessionStatus, Tenant, TrackedFact
 from memory.services.recorder import stream_key
 
 MESSAGE_PAGE_SIZE = 50
@@ -189,3 +190,36 @@ def event_type_choices(*, tenant: Tenant, agent: Agent) -> list[str]:
     )[:500]
     families = {t.split(".")[0] for t in recent}
     return sorted(families | {t for t in recent})
+
+
+def fact_keys(*, tenant: Tenant, fact_ids: list[str]) -> dict[str, str]:
+    """The key of each tracked fact by public id (one query; foreign or missing ids are absent)."""
+    if not fact_ids:
+        return {}
+    return dict(
+        TrackedFact.objects.filter(tenant=tenant, public_id__in=fact_ids).values_list("public_id", "key")
+    )
+
+
+def id_owner(*, tenants: Any, session_id: str | None, agent_id: str | None) -> Tenant | None:
+    """Which of `tenants` holds this session (or, without one, this agent): the user's other
+    tenant a link points into. One query; None when none of them does."""
+    if session_id:
+        session = Session.objects.filter(tenant__in=tenants, public_id=session_id)
+        row = session.select_related("tenant").first()
+        return row.tenant if row is not None else None
+    if agent_id:
+        agents = Agent.objects.filter(tenant__in=tenants, external_id=agent_id)
+        agent = agents.select_related("tenant").first()
+        return agent.tenant if agent is not None else None
+    return None
+
+
+def experience_problems(*, tenant: Tenant, experience_ids: list[str]) -> dict[str, str]:
+    """The problem each experience solves, by public id, shortened (one query)."""
+    if not experience_ids:
+        return {}
+    rows = Experience.objects.filter(tenant=tenant, public_id__in=experience_ids).values_list(
+        "public_id", "problem"
+    )
+    return {public_id: shorten(problem, 60) for public_id, problem in rows}

@@ -18,6 +18,7 @@ SENTENCES: dict[str, str] = {
     "message.added": "{role} message #{seq}, {tokens} tokens",
     "context.built": "Context built for {gen_ai_request_model}: {prompt_tokens} of {input_limit} tokens",
     "summary.created": "Summary folded {folded_count} messages (up to #{covers_up_to_seq})",
+    "digest.updated": "Digest version {version} written, up to #{covers_up_to_seq} ({method})",
     "checkpoint.created": "Checkpoint #{seq} ({reason})",
     "state.updated": "Cognitive state updated to version {version}",
     "agent.recovered": "Agent recovered from checkpoint #{checkpoint_seq}",

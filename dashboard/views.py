@@ -13,6 +13,8 @@ from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from dashboard import access, capabilities, jobs, panels, selectors
@@ -73,7 +75,13 @@ def overview(request: TenantRequest) -> HttpResponse:
 def tenant_switch(request: HttpRequest) -> HttpResponse:
     tenant = access.tenant_select(request, slug=request.POST.get("tenant", ""))
     flash.info(request, f"Now showing {tenant.name}.")
-    return redirect("dashboard:overview")
+    target = request.POST.get("next", "")
+    # Back to the page the switch was made on (the same id in the other tenant), never off-site.
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        target = reverse("dashboard:overview")
+    response = redirect(target)
+    access.tenant_pick_remember(request, response, tenant=tenant)
+    return response
 
 
 @access.tenant_view

@@ -22,6 +22,12 @@ from rest_framework.test import APIClient
 
 from memory.models import ApiKey, Tenant
 from memory.services.tenancy import api_key_create
+from tests import environment
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Find (or, as root, install) what the selected tests need before any runs: tests/environment.py."""
+    environment.require_for(items)
 
 
 @pytest.fixture(scope="session")

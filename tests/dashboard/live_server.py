@@ -3,6 +3,7 @@ and the screenshot script."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("CTXAPP_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",

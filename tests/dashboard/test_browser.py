@@ -26,6 +26,7 @@ from tests.dashboard.live_server import (
     install_channels_postgres,
     uvicorn_server,
 )
+from tests.environment import chromium_path
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -50,7 +51,7 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        chromium = p.chromium.launch(executable_path=chromium_path() or CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
 
@@ -260,4 +261,39 @@ def test_the_message_stream_stays_in_view_beside_the_panels(
     assert box is not None
     # Scrolled to the bottom of the panels, the messages are still on screen, and fit in it.
     assert box["y"] >= 0 and box["y"] + box["height"] <= 900 + 1
+    assert console.errors == []
+
+
+def test_a_sessions_first_view_shows_more_than_the_budget(
+    alice_setup: dict[str, Any], server: str, browser: Any
+) -> None:
+    session = alice_setup["session"]
+    api = httpx.Client(base_url=server, headers={"Authorization": f"Bearer {alice_setup['key']}"}, timeout=10)
+    for turn in range(3):
+        response = api.post(
+            f"/api/v1/sessions/{session.public_id}/messages",
+            json={"role": "user", "content": f"Turn {turn}: the pool is full."},
+        )
+        assert response.status_code in (200, 201), response.text
+        response = api.post(f"/api/v1/sessions/{session.public_id}/context", json={"input": "What next?"})
+        assert response.status_code == 200, response.text
+    page, console = login(browser, server, "alice")
+    for width, height in [(1440, 900), (2560, 1440)]:
+        page.set_viewport_size({"width": width, "height": height})
+        page.goto(f"{server}/sessions/{session.public_id}/")
+        wait_live(page)  # the re-render on connect has replaced the panels: measure what stays
+        page.wait_for_load_state("networkidle")
+        page.wait_for_selector("[data-testid=budget-gauge]")
+        panel = page.locator("[data-testid=budget-panel]").bounding_box()
+        messages = page.locator("#messages-panel").bounding_box()
+        manifest = page.locator("#panel-session-manifest").bounding_box()
+        assert panel is not None and messages is not None and manifest is not None
+        # The budget panel is a band, not the whole screen: the messages and the manifest start
+        # within the first view, with room to read them.
+        assert panel["height"] <= 340, (width, panel)
+        assert messages["y"] + 200 <= height and manifest["y"] + 200 <= height, (width, messages, manifest)
+        # Chart text keeps its size however wide the screen: no 30 px labels on a wide monitor.
+        label = page.locator("[data-testid=budget-gauge] .chart-value").bounding_box()
+        assert label is not None and label["height"] <= 16, (width, label)
+        print(f"{width}x{height}: budget panel {panel['height']:.0f} px, messages at {messages['y']:.0f} px")
     assert console.errors == []

@@ -32,6 +32,10 @@ def test_the_manifest_shades_the_tenants_own_middle_band(
     page = web_alice.get(f"/sessions/{session_a.public_id}/").content.decode()
     assert "(shaded: 10\u201350 %)" in page and "30\u201370" not in page
     assert "1 in the risky middle" in page
+    # the warning names the item as the table does, with its position written as the table writes it
+    share = f"{safety['position'] * 100:.0f} %"
+    assert f"Critical system: safety sits in the middle of the prompt ({share})" in page
+    assert "system:safety" not in page.split('data-testid="manifest-warnings"')[1].split("</ul>")[0]
     # the shaded band of the position strip spans 10 % to 50 % of its 420 px
     assert '<rect class="risky-zone" x="43.0" y="12" width="168.0"' in page
     assert "middle 10-50 %: easily lost" in page

@@ -29,25 +29,35 @@ def test_it_lists_each_jobs_outcome_from_its_record(
 
     page = web_alice.get("/jobs/").content.decode()
     records = page.split('data-testid="job-records"')[1].split("</table>")[0]
-    assert records.count(DIGEST_JOB) == 2
+    assert records.count("Write the session&#x27;s digest") == 2 and DIGEST_JOB not in records
     assert ">done<" in records and ">failed<" in records
     assert "not-an-id" in records  # the reason it failed
     assert f"&quot;session&quot;: &quot;{session_a.public_id}&quot;" in records  # the done one's result
-    assert DIGEST_JOB not in web_bob.get("/jobs/").content.decode()  # Bob's tenant ran none
+    # the job is for the session, named and linked by its public id, not the record's key
+    assert (
+        f'<a href="/sessions/{session_a.public_id}/">session <code>{session_a.public_id}</code></a>'
+        in records
+    )
+    assert f"session:{session_a.pk}" not in records
+    assert "Write the session" not in web_bob.get("/jobs/").content.decode()  # Bob's tenant ran none
 
 
 def test_the_running_panel_reads_the_job_records_without_redis(
-    web_alice: Client, web_bob: Client, tenant_a: Tenant, settings: Any
+    web_alice: Client, web_bob: Client, tenant_a: Tenant, session_a: Any, settings: Any
 ) -> None:
     settings.CELERY_BROKER_URL = "sqla+postgresql://localhost/ctxapp"  # no broadcast channel to ask
+    key = f"session:{session_a.pk}"
     with transaction.atomic():
         intent_id = jobs.job_enqueue(
-            tenant=tenant_a, kind=DIGEST_JOB, key="session:42", payload={"session": 42}
+            tenant=tenant_a, kind=DIGEST_JOB, key=key, payload={"session": session_a.pk}
         )
     # the mark a runner sets when it takes the job (memory/services/jobs.py job_run)
     JobIntent.objects.filter(pk=intent_id).update(status="running", taken_at=timezone.now(), attempts=1)
 
     panel = web_alice.get("/jobs/running").content.decode()
-    assert 'data-testid="running-records"' in panel and DIGEST_JOB in panel and "session:42" in panel
-    assert "the workers cannot be asked" in panel
-    assert DIGEST_JOB not in web_bob.get("/jobs/running").content.decode()
+    running = panel.split('data-testid="running-records"')[1].split("</table>")[0]
+    assert "Write the session&#x27;s digest" in running and session_a.public_id in running
+    assert key not in panel and DIGEST_JOB not in panel  # words, not record keys and kinds
+    note = panel.split('data-testid="running-note">')[1].split("</p>")[0]
+    assert "queues its jobs in PostgreSQL" in note and "broadcast" not in note
+    assert "Write the session" not in web_bob.get("/jobs/running").content.decode()

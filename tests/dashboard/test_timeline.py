@@ -52,3 +52,8 @@ def test_the_agent_event_log_shows_sentences_with_the_payload_on_expand(
     page = web_alice.get(f"/agents/{session_a.agent.external_id}/").content.decode()
     assert "<summary>Checkpoint #4 (before deploy)</summary>" in page
     assert "&quot;checkpoint&quot;: &quot;ckpt_abc&quot;" in page  # the whole payload, on expand
+
+
+def test_a_digest_update_reads_as_a_sentence() -> None:
+    payload = {"version": 2, "covers_up_to_seq": 76, "method": "offline"}
+    assert event_summary("digest.updated", payload) == "Digest version 2 written, up to #76 (offline)"

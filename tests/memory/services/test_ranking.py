@@ -2,7 +2,7 @@
 
 The unit tests build candidates by hand. The last tests are retrieval-QUALITY FLOORS
 (marker `quality`): they run the offline pipeline of bench/bench_recall_offline.py with the real
-MiniLM embedder over the shared dev sets (`<repo root>/../shared/data`) and fail when recall drops
+MiniLM embedder over the dev sets the repository holds (`tests/data/dev/`) and fail when recall drops
 a few points below what was measured (docs/experiences.md, "Ranking: what we tried").
 """
 
@@ -293,18 +293,15 @@ def test_plan_from_dict_rejects_unknown_and_out_of_range_fields_by_name():
     assert Plan.from_dict(asdict(EXPERIENCE_PLAN)) == EXPERIENCE_PLAN
 
 
-# --- retrieval-quality floors (real embedder, shared dev sets) -----------------------------------
+# --- retrieval-quality floors (real embedder, the repository's dev sets) ---------------------------------
 
 
-def shared_data() -> Path:
-    """`<repo root>/../shared/data` (CI); a worktree at /work/wt/<name> finds /work/shared/data."""
-    for candidate in (REPO.parent / "shared" / "data", REPO.parent.parent / "shared" / "data"):
-        if (candidate / "conversations_dev.locomo.json").is_file():
-            return candidate
-    pytest.fail(
-        f"The shared dev sets are missing: expected {REPO.parent / 'shared' / 'data'} "
-        "(conversations_dev.locomo.json, retrieval_dev.jsonl) beside the repository."
-    )
+DEV_DATA = REPO / "tests" / "data" / "dev"
+
+
+def dev_data() -> Path:
+    """The dev sets the floors were measured on, held by the repository (tests/data/dev)."""
+    return DEV_DATA
 
 
 @pytest.fixture(scope="module")
@@ -324,7 +321,7 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.mark.quality
 def test_quality_floor_locomo_turn_recall_with_the_default_plan(offline):
     embedder = offline.make_embedder("minilm")
-    scopes, questions = offline.load_locomo(embedder, shared_data() / "conversations_dev.locomo.json")
+    scopes, questions = offline.load_locomo(embedder, dev_data() / "conversations_dev.locomo.json")
     assert len(questions) == 200
     measured = offline.evaluate(scopes, questions, DEFAULT_PLAN)
     # Measured 71.5 / 80.7 (docs/experiences.md); floors a few points below guard regressions.
@@ -335,7 +332,7 @@ def test_quality_floor_locomo_turn_recall_with_the_default_plan(offline):
 @pytest.mark.quality
 def test_quality_floor_experiences_with_the_experience_plan(offline):
     embedder = offline.make_embedder("minilm")
-    scope, paraphrases, keywords = offline.load_experiences(embedder, shared_data() / "retrieval_dev.jsonl")
+    scope, paraphrases, keywords = offline.load_experiences(embedder, dev_data() / "retrieval_dev.jsonl")
     paraphrase = offline.evaluate([scope], paraphrases, EXPERIENCE_PLAN)
     keyword = offline.evaluate([scope], keywords, EXPERIENCE_PLAN)
     # Measured paraphrase R@5 95.8, keyword R@1 98.3; floors below that.
