@@ -22,7 +22,7 @@ import json
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -70,7 +70,7 @@ class ServiceBackend:
             (name, value) for name, value in self.scope.get("headers", []) if name in FORWARDED_HEADERS
         ]
         headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        path = API_PREFIX + call.path
+        path = API_PREFIX + unquote(call.path)  # an ASGI scope's path is decoded, as a server's
         request = ASGIRequest(
             {
                 **self.scope,
@@ -104,7 +104,7 @@ class ServiceBackend:
 
 def _admit(scope: dict[str, Any]) -> tuple[ApiKey | None, Any]:
     """(the key, None) when this request may pass, else (None, the API's error Response)."""
-    request = Request(ASGIRequest({**scope, "method": "GET"}, io.BytesIO()))
+    request = Request(ASGIRequest(scope, io.BytesIO()))  # headers and address only: no body is read
     close_old_connections()
     try:
         return _authenticated(request), None

@@ -224,8 +224,9 @@ TOOLS: tuple[ToolSpec, ...] = (
             "past sessions), session summaries, tracked facts and stored experiences. Scope: `session` "
             'with sessions="all" (default) searches every session of that session\'s user (or agent, when '
             'it has no user), sessions="current" only that session; `agent` and `user_id` narrow to that '
-            "agent's / user's sessions; nothing searches the whole tenant. Returns `results`, best first: "
-            "kind, id, session, seq, occurred_at, speaker, text, score and each signal's contribution."
+            "agent's / user's sessions; without any of them the whole tenant is searched. Returns "
+            "`results`, best first: kind, id, session, seq, occurred_at, speaker, text, score and each "
+            "signal's contribution."
         ),
         properties={
             "query": _string("What to look for (non-empty).", max_length=QUERY_MAX_LENGTH),
@@ -460,8 +461,14 @@ class ClientBackend:
 
     async def scopes(self) -> frozenset[str]:
         if self._scopes is None:
-            tenant = await self.send(Call("GET", "/tenant"))
-            self._scopes = frozenset(tenant["scopes"])
+            try:
+                tenant = await self.send(Call("GET", "/tenant"))
+                self._scopes = frozenset(tenant["scopes"])
+            except ToolError as exc:
+                if not str(exc).startswith("forbidden:"):
+                    raise
+                # GET /tenant needs `read`; a key refused it has neither read nor admin: write only.
+                self._scopes = frozenset({"write"})
         return self._scopes
 
 
