@@ -522,6 +522,7 @@ def limited_server(keys: dict[str, Any]) -> Iterator[str]:
     env = {
         **worker_env(),
         "CTXAPP_THROTTLE_KEY_RATE": "6/d",  # a day's window: none ends during the test
+        "CTXAPP_MAX_BODY_BYTES": "65536",
         "CTXAPP_MCP_STREAMS_PER_KEY": "1",
         "CTXAPP_MCP_STREAMS_TOTAL": "2",
         "CTXAPP_MCP_STREAM_IDLE_SECONDS": "3",
@@ -585,3 +586,14 @@ def test_event_streams_are_capped_and_end_when_idle(limited_server: str, keys: d
         # ended streams no longer count: a new one is accepted
         with stream(http, keys["alice_key"]) as again:
             assert again.status_code == 200
+
+
+def test_a_body_over_the_limit_is_refused_on_mcp_as_on_the_api(
+    limited_server: str, keys: dict[str, Any]
+) -> None:
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {keys['alice_key']}"}
+    big = {**TOOLS_LIST, "params": {"padding": "x" * 70_000}}
+    for path in ("/mcp", "/api/v1/sessions"):
+        response = httpx.post(f"{limited_server}{path}", json=big, headers=headers, timeout=30)
+        assert response.status_code == 413, path
+        assert response.json()["error"]["code"] == "payload_too_large", path

@@ -9,6 +9,7 @@ Each tool call is answered in-process by the REST view of its route (`ServiceBac
 serializer validates the arguments, its checks (scopes, agent binding, tenant) apply, its errors
 are the tool's errors. The rate limits count the MCP request once, at the gate.
 
+A body over `CTXAPP_MAX_BODY_BYTES` (by its Content-Length) is refused with 413, as on /api/v1.
 `GET /mcp` (an event stream) is capped per key and in total, and ends after an idle timeout
 (`CTXAPP_MCP_STREAM*`). Imported by ctxapp/asgi.py once Django is set up; `ctxapp mcp` (stdio)
 does not import it.
@@ -34,7 +35,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.request import Request
 
-from ctxapp.api_errors import error_body, exception_handler, handler404
+from ctxapp.api_errors import error_body, exception_handler, handler404, too_large_response
 from ctxapp.integrations.mcp_tools import Call, build_server, current_backend, tool_error
 from memory.api import throttles
 from memory.api.auth import ApiKeyAuthentication
@@ -132,6 +133,14 @@ def _authenticated(request: Request) -> ApiKey:
         waits = [wait for throttle in exceeded if (wait := throttle.wait()) is not None]
         raise drf_exceptions.Throttled(wait=max(waits) if waits else None)
     return api_key
+
+
+def _announced_length(scope: dict[str, Any]) -> int:
+    """The request's Content-Length (0 without one)."""
+    for name, value in scope.get("headers", []):
+        if name == b"content-length" and value.isdigit():
+            return int(value)
+    return 0
 
 
 async def _send_response(send: Any, response: Any) -> None:
@@ -247,6 +256,9 @@ class McpHttpApp:
             await asyncio.Event().wait()  # until the loop ends
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if _announced_length(scope) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:  # as BodySizeLimitMiddleware
+            await _send_json(send, 413, json.loads(too_large_response().content))
+            return
         api_key, refused = await sync_to_async(_admit, thread_sensitive=False)(scope)
         if api_key is None:
             await _send_response(send, refused)
