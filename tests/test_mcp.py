@@ -358,24 +358,33 @@ def test_ctxapp_mcp_without_a_key_says_so(tmp_path: Any) -> None:
 # --- what an LLM host sees: schemas, annotations, errors -------------------------------------
 
 
-def _rest_bounds() -> dict[tuple[str, str], tuple[Any, Any]]:
-    """(tool, parameter) → (minimum, maximum) of the REST input serializer the tool's call goes to."""
+def _rest_fields() -> dict[tuple[str, str], Any]:
+    """(tool, parameter) → the field of the REST input serializer that validates it."""
+    from memory.api.context import SessionContextApi
     from memory.api.decay import FactsApi
-    from memory.api.experience_serializers import ExperienceItemSerializer
-    from memory.api.memory import MemorySearchApi
+    from memory.api.experiences import ExperienceListApi
+    from memory.api.memory import MemorySearchApi, ScopeSerializer
+    from memory.api.sessions import SessionListCreateApi
 
-    search: Any = MemorySearchApi.InputSerializer().fields
-    facts: Any = FactsApi.ListQuerySerializer().fields
-    experience: Any = ExperienceItemSerializer().fields
-    return {
-        ("memory_search", "limit"): (search["limit"].min_value, search["limit"].max_value),
-        ("memory_search", "neighbours"): (search["neighbours"].min_value, search["neighbours"].max_value),
-        ("decay_report", "limit"): (facts["limit"].min_value, facts["limit"].max_value),
-        ("experience_record", "confidence"): (
-            experience["confidence"].min_value,
-            experience["confidence"].max_value,
+    def fields(serializer: Any, names: dict[str, str]) -> dict[str, Any]:
+        declared = serializer().fields
+        return {parameter: declared[name] for parameter, name in names.items()}
+
+    same = lambda *names: {name: name for name in names}  # noqa: E731
+    by_tool = {
+        "memory_search": {
+            **fields(MemorySearchApi.InputSerializer, same("query", "limit", "neighbours")),
+            **fields(ScopeSerializer, same("agent", "user_id", "session", "sessions")),
+        },
+        "session_start": fields(SessionListCreateApi.InputSerializer, same("agent", "user_id", "model")),
+        "context_build": fields(SessionContextApi.InputSerializer, same("input", "model")),
+        "experience_record": fields(
+            ExperienceListApi.InputSerializer, same("problem", "solution", "cause", "confidence", "user_id")
         ),
+        "decay_report": fields(FactsApi.ListQuerySerializer, same("cursor", "limit")),
+        "remember": fields(FactsApi.InputSerializer, {"key": "key"}),
     }
+    return {(tool, parameter): field for tool, named in by_tool.items() for parameter, field in named.items()}
 
 
 @pytest.mark.parametrize("transport", ["http", "stdio"])
@@ -398,10 +407,13 @@ def test_every_tool_is_described_bounded_and_annotated(
         assert None not in hints, name
         for parameter, schema in tool.input_schema["properties"].items():
             assert len(schema.get("description", "")) > 10, (name, parameter)
-    for (name, parameter), (low, high) in _rest_bounds().items():
+    for (name, parameter), field in _rest_fields().items():  # the REST serializer's bounds, no others
         schema = tools[name].input_schema["properties"][parameter]
-        assert (schema["minimum"], schema["maximum"]) == (low, high), (name, parameter)
-    assert tools["memory_search"].input_schema["properties"]["query"]["maxLength"] == 4000
+        bounds = (schema.get("minimum"), schema.get("maximum"), schema.get("maxLength"))
+        rest = (getattr(field, "min_value", None), getattr(field, "max_value", None),
+                getattr(field, "max_length", None))  # fmt: skip
+        assert bounds == rest, (name, parameter)
+    assert tools["memory_search"].input_schema["properties"]["limit"]["maximum"] == 100
     read_only = {name for name, tool in tools.items() if tool.annotations.read_only_hint}
     assert read_only == {"memory_search", "recovered_state", "decay_report"}
     assert not any(tool.annotations.destructive_hint for tool in tools.values())

@@ -198,7 +198,7 @@ def _decay_report(arguments: dict[str, Any]) -> Call:
 
 
 SESSION_ARG = _string("The session id (`sess_…`) from session_start.")
-AGENT_ARG = _string("The agent's external id (your name for it).", max_length=NAME_MAX_LENGTH)
+AGENT_ARG = _string("The agent's external id (your name for it).")
 
 ID_ARGUMENTS = {"session": SESSION_ARG, "agent": AGENT_ARG}
 
@@ -236,7 +236,7 @@ TOOLS: tuple[ToolSpec, ...] = (
                 enum=("all", "current"),
                 default="all",
             ),
-            "agent": _string("Only this agent's sessions.", max_length=NAME_MAX_LENGTH),
+            "agent": _string("Only this agent's sessions."),
             "user_id": _string("Only this user's sessions."),
             "kinds": {
                 "type": "array",
@@ -317,7 +317,7 @@ TOOLS: tuple[ToolSpec, ...] = (
             "Returns the session; pass its `id` to remember, context_build, decay_report and session_end."
         ),
         properties={
-            "agent": AGENT_ARG,
+            "agent": AGENT_ARG | {"maxLength": NAME_MAX_LENGTH},
             "user_id": _string("The user the session is with.", max_length=NAME_MAX_LENGTH),
             "model": _string("The model the agent uses (its token budget).", max_length=NAME_MAX_LENGTH),
         },
