@@ -13,6 +13,7 @@ import httpx
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.stdio import stdio_client as stdio_client_transport
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
@@ -134,13 +135,13 @@ def _assert_conversation(seen: dict[str, Any], tenant: Tenant) -> None:
     found = {(hit["kind"], hit["id"]) for hit in seen["search"]["results"]}
     assert ("experience", seen["experience"]["id"]) in found
     assert ("message", f"{session.public_id}:1") in found  # the turn itself, found by its words
-    assert set(
-        seen["tools"]["memory_search"].input_schema["properties"]["kinds"]["anyOf"][0]["items"]["enum"]
-    ) == {"message", "summary", "fact", "experience"}
+    assert set(seen["tools"]["memory_search"].input_schema["properties"]["kinds"]["items"]["enum"]) == {
+        "message", "summary", "fact", "experience"}  # fmt: skip
     assert seen["decay"]["session"] == session.public_id and seen["decay"]["items"] == []
+    assert "next_cursor" in seen["decay"] and seen["decay"]["next_cursor"] is None
     assert seen["recovered"]["session"]["id"] == session.public_id
     assert seen["ended"]["status"] == "ended"
-    assert seen["missing"].is_error and "not_found" in seen["missing"].content[0].text
+    assert seen["missing"].is_error and seen["missing"].content[0].text.startswith("not_found: ")
 
 
 def test_streamable_http_tools_work_for_the_keys_tenant(server: str, keys: dict[str, Any]) -> None:
@@ -172,7 +173,7 @@ def test_http_without_a_usable_key_is_refused_with_json(
     assert response.status_code == 401
     assert response.headers["content-type"] == "application/json"
     error = response.json()["error"]
-    assert error["code"] == "not_authenticated" and error["message"]
+    assert error["code"] == ("unauthenticated" if header is None else "invalid_api_key") and error["message"]
     if header == f"Bearer {keys['revoked_key']}":
         assert "revoked" in error["message"]
 
@@ -187,13 +188,21 @@ def test_the_sdk_client_with_a_bad_key_fails_to_connect(server: str, keys: dict[
     assert refused.group_contains(MCPError, depth=None)
 
 
-def test_a_read_only_key_cannot_write(server: str, keys: dict[str, Any]) -> None:
-    async def go() -> Any:
-        async with http_client(server, keys["read_only"]) as client:
-            return await client.call_tool("session_start", {"agent": "reader"})
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_a_read_only_key_is_shown_and_allowed_only_the_read_tools(
+    server: str, keys: dict[str, Any], transport: str
+) -> None:
+    make = http_client if transport == "http" else stdio_client
 
-    result = asyncio.run(go())
-    assert result.is_error and "write" in result.content[0].text
+    async def go() -> tuple[set[str], Any]:
+        async with make(server, keys["read_only"]) as client:
+            listed = {tool.name for tool in (await client.list_tools()).tools}
+            return listed, await client.call_tool("session_start", {"agent": "reader"})
+
+    listed, result = asyncio.run(go())
+    assert listed == {"memory_search", "recovered_state", "decay_report"}
+    assert result.is_error and result.content[0].text.startswith("forbidden: ")
+    assert "'write' scope" in result.content[0].text
     assert not Session.objects.exists()
 
 
@@ -344,3 +353,259 @@ def test_ctxapp_mcp_without_a_key_says_so(tmp_path: Any) -> None:
     )
     assert result.returncode == 2 and "No API key" in result.stderr and "Traceback" not in result.stderr
     assert result.stdout == ""  # nothing that an MCP client would misread as a message
+
+
+# --- what an LLM host sees: schemas, annotations, errors -------------------------------------
+
+
+def _rest_fields() -> dict[tuple[str, str], Any]:
+    """(tool, parameter) → the field of the REST input serializer that validates it."""
+    from memory.api.context import SessionContextApi
+    from memory.api.decay import FactsApi
+    from memory.api.experiences import ExperienceListApi
+    from memory.api.memory import MemorySearchApi, ScopeSerializer
+    from memory.api.sessions import SessionListCreateApi
+
+    def fields(serializer: Any, names: dict[str, str]) -> dict[str, Any]:
+        declared = serializer().fields
+        return {parameter: declared[name] for parameter, name in names.items()}
+
+    same = lambda *names: {name: name for name in names}  # noqa: E731
+    by_tool = {
+        "memory_search": {
+            **fields(MemorySearchApi.InputSerializer, same("query", "limit", "neighbours")),
+            **fields(ScopeSerializer, same("agent", "user_id", "session", "sessions")),
+        },
+        "session_start": fields(SessionListCreateApi.InputSerializer, same("agent", "user_id", "model")),
+        "context_build": fields(SessionContextApi.InputSerializer, same("input", "model")),
+        "experience_record": fields(
+            ExperienceListApi.InputSerializer, same("problem", "solution", "cause", "confidence", "user_id")
+        ),
+        "decay_report": fields(FactsApi.ListQuerySerializer, same("cursor", "limit")),
+        "remember": fields(FactsApi.InputSerializer, {"key": "key"}),
+    }
+    return {(tool, parameter): field for tool, named in by_tool.items() for parameter, field in named.items()}
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_every_tool_is_described_bounded_and_annotated(
+    server: str, keys: dict[str, Any], transport: str
+) -> None:
+    make = http_client if transport == "http" else stdio_client
+
+    async def go() -> Any:
+        async with make(server, keys["alice_key"]) as client:
+            return (await client.list_tools()).tools
+
+    tools = {tool.name: tool for tool in asyncio.run(go())}
+    assert set(tools) == TOOLS
+    for name, tool in tools.items():
+        assert tool.description and "\n" not in tool.description and "  " not in tool.description, name
+        assert tool.annotations is not None, name
+        hints = (tool.annotations.read_only_hint, tool.annotations.destructive_hint,
+                 tool.annotations.idempotent_hint)  # fmt: skip
+        assert None not in hints, name
+        for parameter, schema in tool.input_schema["properties"].items():
+            assert len(schema.get("description", "")) > 10, (name, parameter)
+    for (name, parameter), field in _rest_fields().items():  # the REST serializer's bounds, no others
+        schema = tools[name].input_schema["properties"][parameter]
+        bounds = (schema.get("minimum"), schema.get("maximum"), schema.get("maxLength"))
+        rest = (getattr(field, "min_value", None), getattr(field, "max_value", None),
+                getattr(field, "max_length", None))  # fmt: skip
+        assert bounds == rest, (name, parameter)
+    assert tools["memory_search"].input_schema["properties"]["limit"]["maximum"] == 100
+    read_only = {name for name, tool in tools.items() if tool.annotations.read_only_hint}
+    assert read_only == {"memory_search", "recovered_state", "decay_report"}
+    assert not any(tool.annotations.destructive_hint for tool in tools.values())
+
+
+# Each bad call, and the REST request with the same body, which must be refused the same way.
+BAD_CALLS: list[tuple[str, str, dict[str, Any], str, str, dict[str, Any]]] = [
+    # (case, tool, arguments, REST method, REST path ({sid}: the session), REST body)
+    ("nul content", "remember", {"content": "a\u0000b"}, "POST", "/sessions/{sid}/messages",
+     {"role": "user", "content": "a\u0000b"}),
+    ("nul model", "context_build", {"model": "\u0000"}, "POST", "/sessions/{sid}/context",
+     {"model": "\u0000"}),
+    ("nul query", "memory_search", {"query": "deploy \u0000"}, "POST", "/memory/search",
+     {"query": "deploy \u0000"}),
+    ("missing problem", "experience_record", {"solution": "s"}, "POST", "/experiences", {"solution": "s"}),
+    ("mistyped limit", "memory_search", {"query": "x", "limit": "ten"}, "POST", "/memory/search",
+     {"query": "x", "limit": "ten"}),
+    ("limit over", "memory_search", {"query": "x", "limit": 101}, "POST", "/memory/search",
+     {"query": "x", "limit": 101}),
+    ("confidence over", "experience_record", {"problem": "p", "confidence": 1.5}, "POST", "/experiences",
+     {"problem": "p", "confidence": 1.5}),
+    ("fact type", "remember", {"content": "c", "kind": "fact", "fact_type": "Not A Type", "key": "k"},
+     "POST", "/sessions/{sid}/facts", {"content": "c", "type": "Not A Type", "key": "k"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_bad_arguments_are_refused_as_rest_refuses_them(
+    server: str, keys: dict[str, Any], transport: str
+) -> None:
+    make = http_client if transport == "http" else stdio_client
+    headers = {"Authorization": f"Bearer {keys['alice_key']}"}
+    sid = httpx.post(f"{server}/api/v1/sessions", json={"agent": "strict-bot"}, headers=headers).json()["id"]
+
+    async def go() -> dict[str, Any]:
+        async with make(server, keys["alice_key"]) as client:
+            seen = {}
+            for case, tool, arguments, *_ in BAD_CALLS:
+                needs_session = tool in {"remember", "context_build"}
+                seen[case] = await client.call_tool(
+                    tool, {**arguments, **({"session": sid} if needs_session else {})}
+                )
+            seen["unknown argument"] = await client.call_tool("session_start", {"agent": "a", "agnet": "b"})
+            seen["no session"] = await client.call_tool("remember", {"content": "hello"})
+            seen["nul session"] = await client.call_tool("session_end", {"session": "sess_\u0000"})
+            return seen
+
+    seen = asyncio.run(go())
+    for case, _, _, method, path, body in BAD_CALLS:
+        rest = httpx.request(method, f"{server}/api/v1{path.format(sid=sid)}", json=body, headers=headers)
+        assert 400 <= rest.status_code < 500, (case, rest.text)
+        error = rest.json()["error"]
+        assert seen[case].is_error, case
+        assert seen[case].content[0].text == f"{error['code']}: {error['message']}", case
+    assert seen["nul content"].content[0].text.startswith("validation_error: content: ")
+    assert seen["unknown argument"].content[0].text.startswith("validation_error: agnet: Unknown field.")
+    assert seen["no session"].content[0].text == "validation_error: session: This field is required."
+    assert seen["nul session"].content[0].text.startswith("not_found: ")
+    assert Message.objects.count() == 0 and TrackedFact.objects.count() == 0
+    assert not Experience.objects.exists()
+
+
+def test_the_stdio_server_does_not_log_each_http_request(
+    server: str, keys: dict[str, Any], tmp_path: Any
+) -> None:
+    env = {"CTXAPP_URL": server, "CTXAPP_API_KEY": keys["alice_key"], "CTXAPP_DATA_DIR": "/nonexistent"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "ctxapp.cli", "mcp"], env=env)
+    errors = tmp_path / "stderr.txt"
+
+    async def go() -> None:
+        with errors.open("w") as errlog:
+            async with Client(stdio_client_transport(params, errlog=errlog)) as client:
+                await client.list_tools()
+                data(await client.call_tool("session_start", {"agent": "quiet-bot"}))
+
+    asyncio.run(go())
+    assert Session.objects.filter(agent__external_id="quiet-bot").exists()  # requests were made
+    assert "HTTP Request" not in errors.read_text()
+
+
+# --- one auth vocabulary, and the limits of /api/v1 on /mcp ------------------------------------
+
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+TOOLS_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+
+
+def _post(base: str, path: str, key: str | None) -> httpx.Response:
+    headers = dict(MCP_HEADERS)
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    body: Any = TOOLS_LIST if path == "/mcp" else {}
+    if path == "/api/v1/sessions":
+        body = {"agent": "vocab-bot"}
+    return httpx.post(f"{base}{path}", json=body, headers=headers, timeout=30)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/sessions", "/mcp", "/v1/traces"])
+def test_a_missing_and_a_wrong_key_have_one_code_on_every_surface(
+    server: str, keys: dict[str, Any], path: str
+) -> None:
+    missing = _post(server, path, None)
+    wrong = _post(server, path, "ctx_0000dead_notakey")
+    assert (missing.status_code, missing.json()["error"]["code"]) == (401, "unauthenticated")
+    assert (wrong.status_code, wrong.json()["error"]["code"]) == (401, "invalid_api_key")
+    assert wrong.headers["www-authenticate"] == 'Bearer realm="api"'
+
+
+@pytest.fixture
+def lockout_server(keys: dict[str, Any]) -> Iterator[str]:
+    # An hour's window: none ends during the test (a minute's could). Only this server counts
+    # failures per hour, so the lockout of 127.0.0.1 it leaves behind reaches no other test.
+    with uvicorn_server({**worker_env(), "CTXAPP_THROTTLE_AUTH_FAILURE_RATE": "3/h"}) as base:
+        yield base
+
+
+@pytest.fixture
+def limited_server(keys: dict[str, Any]) -> Iterator[str]:
+    env = {
+        **worker_env(),
+        "CTXAPP_THROTTLE_KEY_RATE": "6/d",  # a day's window: none ends during the test
+        "CTXAPP_MAX_BODY_BYTES": "65536",
+        "CTXAPP_MCP_STREAMS_PER_KEY": "1",
+        "CTXAPP_MCP_STREAMS_TOTAL": "2",
+        "CTXAPP_MCP_STREAM_IDLE_SECONDS": "3",
+    }
+    with uvicorn_server(env) as base:
+        yield base
+
+
+def test_wrong_keys_on_mcp_lock_the_address_out_as_on_the_api(
+    lockout_server: str, keys: dict[str, Any]
+) -> None:
+    limited_server = lockout_server
+    answers = [_post(limited_server, "/mcp", "ctx_0000dead_notakey").status_code for _ in range(4)]
+    assert answers == [401, 401, 401, 429]
+    # the address is locked out: a good key is refused too, on /mcp and on /api/v1 alike
+    locked = _post(limited_server, "/mcp", keys["alice_key"])
+    assert locked.status_code == 429 and locked.json()["error"]["code"] == "rate_limited"
+    assert int(locked.headers["retry-after"]) > 0
+    assert _post(limited_server, "/api/v1/sessions", keys["alice_key"]).status_code == 429
+
+
+def test_mcp_requests_count_against_the_keys_rate_limit(limited_server: str, keys: dict[str, Any]) -> None:
+    answers = [_post(limited_server, "/mcp", keys["bob_key"]).status_code for _ in range(7)]
+    assert answers == [200] * 6 + [429]
+    # the same limit as /api/v1: the key is over it there too, another key is not
+    assert _post(limited_server, "/api/v1/sessions", keys["bob_key"]).status_code == 429
+    assert _post(limited_server, "/mcp", keys["alice_key"]).status_code == 200
+
+
+def test_event_streams_are_capped_and_end_when_idle(limited_server: str, keys: dict[str, Any]) -> None:
+    _, carol = api_key_create(tenant=keys["alice"], name="carol")
+    headers = {"Accept": "text/event-stream"}
+
+    def stream(http: httpx.Client, key: str) -> Any:
+        return http.stream(
+            "GET", f"{limited_server}/mcp", headers={**headers, "Authorization": f"Bearer {key}"}
+        )
+
+    with httpx.Client(timeout=30) as http:
+        with stream(http, keys["alice_key"]) as first:
+            assert first.status_code == 200
+            second = http.get(
+                f"{limited_server}/mcp", headers={**headers, "Authorization": f"Bearer {keys['alice_key']}"}
+            )
+            assert (
+                second.status_code == 429 and "This API key has reached" in second.json()["error"]["message"]
+            )
+            with stream(http, keys["bob_key"]) as other:
+                assert other.status_code == 200  # another key: its own cap; two streams in total
+                third = http.get(
+                    f"{limited_server}/mcp", headers={**headers, "Authorization": f"Bearer {carol}"}
+                )
+                assert (
+                    third.status_code == 429 and "The server has reached" in third.json()["error"]["message"]
+                )
+                # idle (no event, pings aside): the server ends the stream by itself (read timeout 30 s)
+                for _ in other.iter_bytes():
+                    pass
+            for _ in first.iter_bytes():
+                pass
+        # ended streams no longer count: a new one is accepted
+        with stream(http, keys["alice_key"]) as again:
+            assert again.status_code == 200
+
+
+def test_a_body_over_the_limit_is_refused_on_mcp_as_on_the_api(
+    limited_server: str, keys: dict[str, Any]
+) -> None:
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {keys['alice_key']}"}
+    big = {**TOOLS_LIST, "params": {"padding": "x" * 70_000}}
+    for path in ("/mcp", "/api/v1/sessions"):
+        response = httpx.post(f"{limited_server}{path}", json=big, headers=headers, timeout=30)
+        assert response.status_code == 413, path
+        assert response.json()["error"]["code"] == "payload_too_large", path

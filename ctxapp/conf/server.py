@@ -226,6 +226,27 @@ class ServerSettings:
         "answers 429 until the window passes (guessing keys).",
         group="api",
     )
+    mcp_streams_per_key: int = setting(
+        "CTXAPP_MCP_STREAMS_PER_KEY",
+        parse_positive_int,
+        4,
+        "Open `GET /mcp` event streams per API key (per server process); more → 429.",
+        group="api",
+    )
+    mcp_streams_total: int = setting(
+        "CTXAPP_MCP_STREAMS_TOTAL",
+        parse_positive_int,
+        100,
+        "Open `GET /mcp` event streams of all keys together (per server process); more → 429.",
+        group="api",
+    )
+    mcp_stream_idle_seconds: float = setting(
+        "CTXAPP_MCP_STREAM_IDLE_SECONDS",
+        parse_positive_float,
+        300.0,
+        "A `GET /mcp` event stream that sends no event (keep-alive pings do not count) for this long ends.",
+        group="api",
+    )
     num_proxies: int = setting(
         "CTXAPP_NUM_PROXIES",
         parse_int,

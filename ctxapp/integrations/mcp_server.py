@@ -1,203 +1,230 @@
 """The MCP server's streamable HTTP transport at `/mcp` in the ASGI app (the tools: mcp_tools.py).
 
-The bearer API key is checked exactly like /api/v1 (hashed lookup, scopes, revocation, expiry;
-401 JSON otherwise), and the tools call the memory services in-process for the key's tenant
-(`ServiceBackend`), each call in its own transaction. Imported by ctxapp/asgi.py once Django is
-set up; `ctxapp mcp` (stdio) does not import it.
+Every request passes the same gate as /api/v1 before the SDK sees it: the bearer key's checks
+(hashed lookup, scopes, revocation, expiry), the failed-authentication throttle of the client
+address, and the per-key and per-address rate limits (memory/api/throttles.py); refusals are the
+API's JSON errors (401 `unauthenticated` / `invalid_api_key`, 429 `rate_limited`).
+
+Each tool call is answered in-process by the REST view of its route (`ServiceBackend`): the view's
+serializer validates the arguments, its checks (scopes, agent binding, tenant) apply, its errors
+are the tool's errors. The rate limits count the MCP request once, at the gate.
+
+A body over `CTXAPP_MAX_BODY_BYTES` (by its Content-Length) is refused with 413, as on /api/v1.
+`GET /mcp` (an event stream) is capped per key and in total, and ends after an idle timeout
+(`CTXAPP_MCP_STREAM*`). Imported by ctxapp/asgi.py once Django is set up; `ctxapp mcp` (stdio)
+does not import it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote, urlencode
 
 from asgiref.sync import sync_to_async
-from django.core.serializers.json import DjangoJSONEncoder
-from django.db import close_old_connections, transaction
-from mcp.server.mcpserver.exceptions import ToolError
+from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
+from django.db import close_old_connections
+from django.http import HttpResponse
+from django.urls import Resolver404, resolve
 from mcp.server.transport_security import TransportSecuritySettings
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework import exceptions as drf_exceptions
+from rest_framework.request import Request
 
-from ctxapp.integrations.mcp_tools import Backend, build_server, current_backend
-from memory.api.auth import api_key_authenticate
-from memory.api.context_shapes import built_context_out
-from memory.api.decay import FactOutputSerializer, _status_of
-from memory.api.experiences import ExperienceDetailSerializer
-from memory.api.memory import search_result_out
-from memory.api.message_inputs import message_inputs_validate
-from memory.api.shapes import message_out, recovered_state_out, session_out
-from memory.exceptions import AgentMismatch, DomainError
-from memory.models import ApiKeyScope, ExtractionMethod
-from memory.selectors.sessions import session_get
-from memory.services import context, decay, experiences, memory_search, recovery, sessions
+from ctxapp.api_errors import error_body, exception_handler, handler404, too_large_response
+from ctxapp.integrations.mcp_tools import Call, build_server, current_backend, tool_error
+from memory.api import throttles
+from memory.api.auth import ApiKeyAuthentication
+from memory.models import ApiKey
 
-T = TypeVar("T")
+API_PREFIX = "/api/v1"
+# Headers of the /mcp request that its tool calls carry to the REST view (who and from where).
+FORWARDED_HEADERS = frozenset({b"authorization", b"x-forwarded-for", b"user-agent", b"host"})
 
 
 class ServiceBackend:
-    """In-process: the memory services for the tenant of an authenticated API key."""
+    """In-process: each tool call is the REST view of its route, for the /mcp request's key."""
 
-    def __init__(self, api_key: Any) -> None:
+    def __init__(self, api_key: ApiKey, scope: dict[str, Any]) -> None:
         self.api_key = api_key
-        self.tenant = api_key.tenant
+        self.scope = scope
 
-    async def run(self, fn: Callable[[Backend], T]) -> T:
-        try:
-            return await sync_to_async(self._in_transaction, thread_sensitive=False)(fn)
-        except DomainError as exc:
-            raise ToolError(f"{exc.code}: {exc.message}") from None
+    async def scopes(self) -> frozenset[str]:
+        return frozenset(self.api_key.effective_scopes)
 
-    def _in_transaction(self, fn: Callable[[Backend], T]) -> T:
-        """One backend call in a worker thread, in a transaction (all or nothing)."""
+    async def send(self, call: Call) -> Any:
+        response = await sync_to_async(self._view_response, thread_sensitive=False)(call)
+        body = json.loads(response.content) if response.content else None
+        if response.status_code >= 400:
+            error = (body or {}).get("error") or {}
+            raise tool_error(error.get("code", "error"), error.get("message", ""))
+        return body
+
+    def _view_response(self, call: Call) -> HttpResponse:
+        """The REST view's answer to `call`, as /api/v1 would give it (without counting it again)."""
+        payload = b"" if call.body is None else json.dumps(call.body).encode()
+        headers = [
+            (name, value) for name, value in self.scope.get("headers", []) if name in FORWARDED_HEADERS
+        ]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        path = API_PREFIX + unquote(call.path)  # an ASGI scope's path is decoded, as a server's
+        request = ASGIRequest(
+            {
+                **self.scope,
+                "method": call.method,
+                "path": path,
+                "root_path": "",
+                "query_string": urlencode(call.params or {}).encode(),
+                "headers": headers,
+            },
+            io.BytesIO(payload),
+        )
         close_old_connections()
         try:
-            with transaction.atomic():
-                return fn(self)
+            if "\x00" in request.path_info:  # as UnstorableTextMiddleware: no id holds a NUL
+                return handler404(request)
+            try:
+                match = resolve(request.path_info)
+            except Resolver404:
+                return handler404(request)
+            view_class = match.func.view_class  # type: ignore[attr-defined]
+            # The /mcp request was counted by the rate limits at the gate: not again per tool call.
+            view = view_class.as_view(throttle_classes=(), **match.func.view_initkwargs)  # type: ignore[attr-defined]
+            response: HttpResponse = view(request, *match.args, **match.kwargs)  # rendered: base.py
+            return response
         finally:
             close_old_connections()
 
-    def _require(self, scope: str) -> None:
-        scopes = self.api_key.effective_scopes
-        if ApiKeyScope.ADMIN not in scopes and scope not in scopes:
-            raise ToolError(f"permission_denied: this API key lacks the '{scope}' scope this tool needs.")
 
-    def _act_as(self, agent: str) -> None:
-        """A key bound to an agent acts only as that agent (as on /api/v1)."""
-        bound = self.api_key.agent_external_id
-        if bound and agent != bound:
-            raise AgentMismatch(
-                f"This API key is bound to agent {bound!r}; it cannot act as {agent!r}.",
-                details={"bound_agent": bound, "requested_agent": agent},
-            )
-
-    def _session(self, session: str, *, touch: bool = True) -> Any:
-        if touch:
-            row = sessions.session_access(tenant=self.tenant, session_id=session)
-        else:
-            row = session_get(tenant=self.tenant, session_id=session)
-        if self.api_key.agent_external_id:
-            self._act_as(row.agent.external_id)
-        return row
-
-    def search(
-        self, *, query: str, scope: dict[str, Any], kinds: list[str] | None, limit: int, neighbours: int
-    ) -> dict[str, Any]:
-        self._require("read")
-        bound = self.api_key.agent_external_id
-        if bound:  # a key bound to an agent searches only that agent's memory (as on /api/v1)
-            self._act_as(scope.get("agent") or bound)
-            if scope.get("session"):  # nor another agent's session (even with sessions="current")
-                self._session(scope["session"], touch=False)
-            scope = {**scope, "agent": bound}
-        return _search(
-            tenant=self.tenant, query=query, scope=scope, kinds=kinds, limit=limit, neighbours=neighbours
-        )
-
-    def message_append(self, *, session: str, role: str, content: str) -> dict[str, Any]:
-        self._require("write")
-        items, _ = message_inputs_validate({"role": role, "content": content})
-        messages = sessions.messages_append(tenant=self.tenant, session=self._session(session), items=items)
-        return message_out(messages[0])
-
-    def fact_register(self, *, session: str, key: str, fact_type: str, content: str) -> dict[str, Any]:
-        self._require("write")
-        row = self._session(session)
-        registration = decay.fact_register(
-            tenant=self.tenant, session=row, key=key, fact_type=fact_type, content=content
-        )
-        body = dict(FactOutputSerializer(_status_of(self.tenant, row, registration.fact)).data)
-        body["created"] = registration.created
-        return body
-
-    def context_build(self, *, session: str, input: str, model: str | None) -> dict[str, Any]:
-        self._require("write")
-        built = context.context_build(
-            tenant=self.tenant, session=self._session(session), next_input=input, model_name=model or ""
-        )
-        return _json(built_context_out(built))
-
-    def session_start(self, *, agent: str, user_id: str | None, model: str | None) -> dict[str, Any]:
-        self._require("write")
-        self._act_as(agent)
-        session = sessions.session_create(
-            tenant=self.tenant, agent_external_id=agent, user_id=user_id or "", model_name=model or ""
-        )
-        return session_out(session)
-
-    def session_end(self, *, session: str) -> dict[str, Any]:
-        self._require("write")
-        row = self._session(session, touch=False)
-        return session_out(sessions.session_end(tenant=self.tenant, session=row))
-
-    def experience_record(
-        self, *, problem: str, solution: str, cause: str, confidence: float, user_id: str | None
-    ) -> dict[str, Any]:
-        self._require("write")
-        result = experiences.experience_create(
-            tenant=self.tenant,
-            problem=problem,
-            solution=solution,
-            cause=cause,
-            confidence=confidence,
-            user_id=user_id or "",
-            extraction_method=ExtractionMethod.MANUAL,
-        )
-        body = dict(ExperienceDetailSerializer(result.experience).data)
-        body["outcome"] = result.outcome
-        return _json(body)
-
-    def recovered_state(self, *, agent: str) -> dict[str, Any]:
-        self._require("read")
-        self._act_as(agent)
-        row = sessions.agent_get(tenant=self.tenant, external_id=agent)
-        # A bound key is the agent itself: it also gets its private context and inbox, as on /api/v1.
-        caller = row if self.api_key.agent_external_id else None
-        result = recovery.recovered_state(tenant=self.tenant, agent=row, caller=caller)
-        return _json(recovered_state_out(result))
-
-    def decay_report(self, *, session: str) -> dict[str, Any]:
-        self._require("read")
-        row = self._session(session)
-        current, statuses = decay.facts_list(tenant=self.tenant, session=row, decayed=True)
-        return {
-            "session": row.public_id,
-            "round": current,
-            "items": [dict(FactOutputSerializer(status).data) for status in statuses],
-        }
+# --- the gate: authentication and rate limits, as on /api/v1 -----------------------------------
 
 
-def _search(
-    *, tenant: Any, query: str, scope: dict[str, Any], kinds: list[str] | None, limit: int, neighbours: int
-) -> dict[str, Any]:
-    """Memory search for the HTTP transport: the service behind POST /api/v1/memory/search, same body."""
-    result = memory_search.memory_search(
-        tenant=tenant,
-        query=query,
-        scope=memory_search.SearchScope(
-            agent=scope.get("agent") or None,
-            user_id=scope.get("user_id"),
-            session=scope.get("session") or None,
-            sessions=scope.get("sessions", "all"),
-        ),
-        kinds=kinds,
-        limit=limit,
-        neighbours=neighbours,
-    )
-    return _json(search_result_out(result))
+def _admit(scope: dict[str, Any]) -> tuple[ApiKey | None, Any]:
+    """(the key, None) when this request may pass, else (None, the API's error Response)."""
+    request = Request(ASGIRequest(scope, io.BytesIO()))  # headers and address only: no body is read
+    close_old_connections()
+    try:
+        return _authenticated(request), None
+    except drf_exceptions.APIException as exc:
+        return None, exception_handler(exc, {"view": None})
+    finally:
+        close_old_connections()
 
 
-def _json(value: Any) -> Any:
-    """Plain JSON types (datetimes, UUIDs, ReturnDicts → str / dict), as the REST API would send."""
-    return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
+def _authenticated(request: Request) -> ApiKey:
+    throttles.auth_failures_defer(request)
+    try:
+        found = ApiKeyAuthentication().authenticate(request)
+        if found is None:
+            raise drf_exceptions.NotAuthenticated()
+    except (drf_exceptions.NotAuthenticated, drf_exceptions.AuthenticationFailed):
+        throttles.auth_failures_settle(request)  # an address over its rate gets 429 first
+        throttles.auth_failure_record(request)
+        raise
+    _, api_key = found
+    request.auth = api_key
+    limits = [throttles.ApiKeyRateThrottle(), throttles.ClientAddressRateThrottle()]
+    exceeded = throttles.throttles_exceeded(request, None, limits)
+    if exceeded:
+        waits = [wait for throttle in exceeded if (wait := throttle.wait()) is not None]
+        raise drf_exceptions.Throttled(wait=max(waits) if waits else None)
+    return api_key
+
+
+def _announced_length(scope: dict[str, Any]) -> int:
+    """The request's Content-Length (0 without one)."""
+    for name, value in scope.get("headers", []):
+        if name == b"content-length" and value.isdigit():
+            return int(value)
+    return 0
+
+
+async def _send_response(send: Any, response: Any) -> None:
+    """An /api/v1 error Response (from the API's exception handler) over raw ASGI."""
+    payload = json.dumps(response.data).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    headers += [
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in response.items()
+        if name.lower() != "content-type"  # not rendered yet: its type is not the JSON's
+    ]
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def _send_json(send: Any, status: int, body: dict[str, Any]) -> None:
+    payload = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+# --- GET /mcp event streams: capped, and ended when idle --------------------------------------
+
+
+class StreamLimits:
+    """The open event streams of this process, per key prefix and in total."""
+
+    def __init__(self) -> None:
+        self.open: Counter[str] = Counter()
+
+    def refusal(self, prefix: str) -> str | None:
+        """Why one more stream of this key is refused, or None."""
+        conf = settings.CTXAPP
+        if self.open[prefix] >= conf.mcp_streams_per_key:
+            return f"This API key has reached its limit of {conf.mcp_streams_per_key} open event streams."
+        if sum(self.open.values()) >= conf.mcp_streams_total:
+            return f"The server has reached its limit of {conf.mcp_streams_total} open event streams."
+        return None
+
+
+async def _stream_until_idle(
+    handle: Callable[[Any, Any], Awaitable[None]], receive: Any, send: Any, idle_seconds: float
+) -> None:
+    """Run `handle` (an event stream) until it ends or sends no event for `idle_seconds`.
+
+    Idle, the stream is told its client went away (the SDK's stream then stops), and the response
+    is finished here, so the client sees the stream end. Keep-alive pings (SSE comments) are not
+    events.
+    """
+    loop = asyncio.get_running_loop()
+    last_event = loop.time()
+    finished = False
+
+    async def watched_send(message: dict[str, Any]) -> None:
+        nonlocal last_event, finished
+        body = message.get("body", b"")
+        if body and not body.lstrip().startswith(b":"):
+            last_event = loop.time()
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            finished = True
+        await send(message)
+
+    async def idle_receive() -> dict[str, Any]:
+        waiting = asyncio.ensure_future(receive())
+        while True:
+            left = last_event + idle_seconds - loop.time()
+            if left <= 0:
+                waiting.cancel()
+                return {"type": "http.disconnect"}
+            done, _ = await asyncio.wait({waiting}, timeout=left)
+            if done:
+                return waiting.result()
+
+    await handle(idle_receive, watched_send)
+    if not finished:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 # --- streamable HTTP at /mcp ------------------------------------------------------------------
 
 
 class McpHttpApp:
-    """ASGI app for /mcp: bearer-key authentication, then the SDK's streamable HTTP transport.
+    """ASGI app for /mcp: the gate, then the SDK's streamable HTTP transport.
 
     Stateless JSON mode: every POST is self-contained, so any uvicorn worker can answer it. The
     SDK's session manager needs a running task group; it is started on the server's loop by the
@@ -212,6 +239,7 @@ class McpHttpApp:
             # The bearer key is the protection: a browser page cannot send it cross-origin.
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
+        self.streams = StreamLimits()
         self._started: asyncio.Event | None = None
         self._runner: asyncio.Task[None] | None = None
 
@@ -228,54 +256,38 @@ class McpHttpApp:
             await asyncio.Event().wait()  # until the loop ends
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        api_key, problem = await sync_to_async(_authenticate, thread_sensitive=False)(scope)
+        if _announced_length(scope) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:  # as BodySizeLimitMiddleware
+            await _send_json(send, 413, json.loads(too_large_response().content))
+            return
+        api_key, refused = await sync_to_async(_admit, thread_sensitive=False)(scope)
         if api_key is None:
-            await _send_json(send, 401, {"error": {"code": "not_authenticated", "message": problem}})
+            await _send_response(send, refused)
             return
         await self._ensure_started()
-        token = current_backend.set(ServiceBackend(api_key))
+        token = current_backend.set(ServiceBackend(api_key, scope))
         try:
-            await self.server.session_manager.handle_request(scope, receive, send)
+            if scope.get("method") == "GET":
+                await self._stream(api_key.prefix, scope, receive, send)
+            else:
+                await self.server.session_manager.handle_request(scope, receive, send)
         finally:
             current_backend.reset(token)
 
-
-def _authenticate(scope: Any) -> tuple[Any, str]:
-    """(ApiKey, "") for a usable bearer key, else (None, why) — the same checks as /api/v1."""
-    header = ""
-    for name, value in scope.get("headers", []):
-        if name == b"authorization":
-            header = value.decode("latin-1")
-    scheme, _, raw = header.partition(" ")
-    if not header:
-        return None, "Authentication credentials were not provided: send 'Authorization: Bearer <api key>'."
-    if scheme.lower() != "bearer" or not raw.strip():
-        return None, "Malformed Authorization header: expected 'Authorization: Bearer <api key>'."
-    close_old_connections()
-    try:
-        return api_key_authenticate(raw.strip()), ""
-    except AuthenticationFailed as exc:
-        return None, str(exc.detail)
-    finally:
-        close_old_connections()
-
-
-async def _send_json(send: Any, status: int, body: dict[str, Any]) -> None:
-    if "details" not in body.get("error", {"details": None}):
-        body["error"]["details"] = {}
-    payload = json.dumps(body).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(payload)).encode()),
-                (b"www-authenticate", b'Bearer realm="api"'),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": payload})
+    async def _stream(self, prefix: str, scope: Any, receive: Any, send: Any) -> None:
+        refusal = self.streams.refusal(prefix)
+        if refusal is not None:
+            await _send_json(send, 429, error_body("rate_limited", refusal))
+            return
+        self.streams.open[prefix] += 1
+        try:
+            await _stream_until_idle(
+                lambda r, s: self.server.session_manager.handle_request(scope, r, s),
+                receive,
+                send,
+                settings.CTXAPP.mcp_stream_idle_seconds,
+            )
+        finally:
+            self.streams.open[prefix] -= 1
 
 
 _http_app: McpHttpApp | None = None

@@ -2,14 +2,16 @@
 
 Two transports share one set of tools (`build_server`):
 
-- streamable HTTP at `/mcp` in the ASGI app (ctxapp/integrations/mcp_server.py): the tools call the memory
-  services in-process for the tenant of the request's API key;
-- stdio (`ctxapp mcp`, `run_stdio` here): the tools call the REST API through
+- streamable HTTP at `/mcp` in the ASGI app (ctxapp/integrations/mcp_server.py): each tool call is
+  answered in-process by the REST view of its route, for the request's API key;
+- stdio (`ctxapp mcp`, `run_stdio` here): each tool call is one REST request through
   `ctxapp.client.Client` (`ClientBackend`), with the URL and key from `CTXAPP_URL` / `CTXAPP_API_KEY`.
 
-A tool only shapes arguments and picks the backend of the current call (a context variable set by
-the transport); each backend method is one service (or one REST) call, and the backend's `run`
-says where the call runs and turns its errors into tool errors. This module needs no Django.
+A tool only turns its arguments into one REST request (method, path, body or query); the REST
+view's input serializer validates them, so a tool accepts exactly what the API accepts and
+refuses the rest with the API's own `code: message`, over both transports alike. The arguments
+are therefore not validated by the SDK (pydantic): the schemas listed to the client describe them
+(types, bounds, descriptions) and the API enforces them. This module needs no Django.
 """
 
 from __future__ import annotations
@@ -17,17 +19,21 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import json
+import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol
+from urllib.parse import quote
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
 from ctxapp.client import Client, CtxappError
-
-T = TypeVar("T")
+from ctxapp.client._core import Request, operation
 
 INSTRUCTIONS = (
     "ctxapp is the agent's memory. Start a session with session_start, store each turn with remember, "
@@ -37,27 +43,32 @@ INSTRUCTIONS = (
     "recovered_state returns everything needed to resume."
 )
 
+# The bounds of the REST input serializers (tests/test_mcp.py holds them equal).
+SEARCH_MAX_LIMIT = 100
+SEARCH_MAX_NEIGHBOURS = 5
+QUERY_MAX_LENGTH = 4000
+FACTS_MAX_LIMIT = 1000
+NAME_MAX_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class Call:
+    """One REST request under /api/v1: what a tool call becomes."""
+
+    method: str
+    path: str
+    body: dict[str, Any] | None = None
+    params: dict[str, Any] | None = None
+
 
 class Backend(Protocol):
-    """What the tools need; one call each. Every method returns JSON-ready data or raises."""
+    """Where a tool's REST request is answered. Errors come back as ToolError('code: message')."""
 
-    async def run(self, fn: Callable[[Backend], T]) -> T:
-        """Call `fn(self)` off the event loop; errors a client can act on become ToolErrors."""
+    async def send(self, call: Call) -> Any: ...
+
+    async def scopes(self) -> frozenset[str]:
+        """The scopes of the caller's API key (`read`, `write`, `admin`)."""
         ...
-
-    def search(
-        self, *, query: str, scope: dict[str, Any], kinds: list[str] | None, limit: int, neighbours: int
-    ) -> dict[str, Any]: ...
-    def message_append(self, *, session: str, role: str, content: str) -> dict[str, Any]: ...
-    def fact_register(self, *, session: str, key: str, fact_type: str, content: str) -> dict[str, Any]: ...
-    def context_build(self, *, session: str, input: str, model: str | None) -> dict[str, Any]: ...
-    def session_start(self, *, agent: str, user_id: str | None, model: str | None) -> dict[str, Any]: ...
-    def session_end(self, *, session: str) -> dict[str, Any]: ...
-    def experience_record(
-        self, *, problem: str, solution: str, cause: str, confidence: float, user_id: str | None
-    ) -> dict[str, Any]: ...
-    def recovered_state(self, *, agent: str) -> dict[str, Any]: ...
-    def decay_report(self, *, session: str) -> dict[str, Any]: ...
 
 
 current_backend: contextvars.ContextVar[Backend] = contextvars.ContextVar("ctxapp_mcp_backend")
@@ -70,191 +81,351 @@ def fact_key(fact_type: str, content: str) -> str:
     return f"{fact_type}:{'-'.join(words) or 'fact'}-{digest}"[:200]
 
 
-class ClientBackend:
-    """Over the REST API with the Python client (the stdio transport)."""
+def tool_error(code: str, message: str) -> ToolError:
+    return ToolError(f"{code}: {message}")
 
-    def __init__(self, client: Any) -> None:
-        self.client = client
 
-    async def run(self, fn: Callable[[Backend], T]) -> T:
-        try:
-            return await asyncio.to_thread(fn, self)
-        except CtxappError as exc:
-            raise ToolError(f"{exc.code}: {exc}") from None
+# --- the tools: JSON schema, annotations, and the REST request each call becomes ---------------
 
-    def search(
-        self, *, query: str, scope: dict[str, Any], kinds: list[str] | None, limit: int, neighbours: int
-    ) -> dict[str, Any]:
-        return dict(
-            self.client.memory_search(
-                query, scope=scope or None, kinds=kinds, limit=limit, neighbours=neighbours or None
+
+def _string(
+    description: str, *, max_length: int | None = None, enum: Sequence[str] = (), default: str | None = None
+) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string", "description": description}
+    if default is not None:
+        schema["default"] = default
+    if max_length is not None:
+        schema["maxLength"] = max_length
+    if enum:
+        schema["enum"] = list(enum)
+    return schema
+
+
+def _integer(description: str, *, minimum: int, maximum: int, default: int | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer", "description": description, "minimum": minimum}
+    schema["maximum"] = maximum
+    if default is not None:
+        schema["default"] = default
+    return schema
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    properties: dict[str, dict[str, Any]]
+    request: Callable[[dict[str, Any]], Call]
+    scope: str  # the API key scope its REST route needs: `read` tools change nothing
+    path_arguments: tuple[str, ...] = ()  # parts of the route's URL (required)
+    required: tuple[str, ...] = ()  # required body fields
+    idempotent: bool = True  # the same call again changes nothing more
+
+    @property
+    def annotations(self) -> ToolAnnotations:
+        return ToolAnnotations(
+            read_only_hint=self.scope == "read",
+            destructive_hint=False,  # no tool deletes or overwrites: sessions end, facts update by key
+            idempotent_hint=self.idempotent,
+            open_world_hint=False,
+        )
+
+    def listed(self) -> Tool:
+        schema: dict[str, Any] = {"type": "object", "properties": self.properties}
+        schema |= {"required": [*self.path_arguments, *self.required], "additionalProperties": False}
+        return Tool(
+            name=self.name,
+            description=self.description,
+            input_schema=schema,
+            output_schema={"type": "object"},
+            annotations=self.annotations,
+        )
+
+    def call(self, arguments: dict[str, Any]) -> Call:
+        """The REST request for these arguments; only the URL's own parts are checked here."""
+        unknown = sorted(set(arguments) - set(self.properties))
+        if unknown:
+            raise tool_error(
+                "validation_error",
+                f"{unknown[0]}: Unknown field. Known: {', '.join(sorted(self.properties))}.",
             )
+        for name in self.path_arguments:
+            value = arguments.get(name)
+            if value is None:
+                raise tool_error("validation_error", f"{name}: This field is required.")
+            if not isinstance(value, str) or not value:
+                raise tool_error("validation_error", f"{name}: Must be a non-empty string.")
+        return self.request(arguments)
+
+
+def _given(
+    arguments: dict[str, Any], names: Sequence[str], rename: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The body fields among `arguments` (as given: the REST serializer judges them)."""
+    rename = rename or {}
+    return {rename.get(name, name): arguments[name] for name in names if name in arguments}
+
+
+def _segment(value: str) -> str:
+    return quote(value, safe="")
+
+
+def _search(arguments: dict[str, Any]) -> Call:
+    body = _given(arguments, ("query", "kinds", "limit", "neighbours"))
+    scope = _given(arguments, ("agent", "user_id", "session", "sessions"))
+    if scope:
+        body["scope"] = scope
+    return Call("POST", "/memory/search", body=body)
+
+
+def _remember(arguments: dict[str, Any]) -> Call:
+    session = _segment(arguments["session"])
+    kind = arguments.get("kind", "message")
+    if kind == "message":
+        body = {"role": "user", **_given(arguments, ("role", "content"))}
+        return Call("POST", f"/sessions/{session}/messages", body=body)
+    if kind != "fact":
+        raise tool_error("validation_error", f'kind: "{kind}" is not a valid choice.')
+    body = _given(arguments, ("key", "content", "fact_type"), {"fact_type": "type"})
+    body.setdefault("type", "constraint")
+    if "key" not in body and isinstance(body.get("content"), str) and isinstance(body["type"], str):
+        body["key"] = fact_key(body["type"], body["content"])
+    return Call("POST", f"/sessions/{session}/facts", body=body)
+
+
+def _decay_report(arguments: dict[str, Any]) -> Call:
+    params = {"decayed": "true", **_given(arguments, ("cursor", "limit"))}
+    return Call("GET", f"/sessions/{_segment(arguments['session'])}/facts", params=params)
+
+
+SESSION_ARG = _string("The session id (`sess_…`) from session_start.")
+AGENT_ARG = _string("The agent's external id (your name for it).")
+
+ID_ARGUMENTS = {"session": SESSION_ARG, "agent": AGENT_ARG}
+
+
+def _by_id(name: str, description: str, route: tuple[str, str, str], *, scope: str) -> ToolSpec:
+    """A tool whose one argument is the id in its route (`route`: method, path template, argument)."""
+    method, template, argument = route
+    return ToolSpec(
+        name=name,
+        description=description,
+        properties={argument: ID_ARGUMENTS[argument]},
+        scope=scope,
+        request=lambda a: Call(method, template.format(_segment(a[argument]))),
+        path_arguments=(argument,),
+    )
+
+
+TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        name="memory_search",
+        description=(
+            "Search the agent's memory by meaning and keywords: earlier conversation turns (also from "
+            "past sessions), session summaries, tracked facts and stored experiences. Scope: `session` "
+            'with sessions="all" (default) searches every session of that session\'s user (or agent, when '
+            'it has no user), sessions="current" only that session; `agent` and `user_id` narrow to that '
+            "agent's / user's sessions; without any of them the whole tenant is searched. Returns "
+            "`results`, best first: kind, id, session, seq, occurred_at, speaker, text, score and each "
+            "signal's contribution."
+        ),
+        properties={
+            "query": _string("What to look for (non-empty).", max_length=QUERY_MAX_LENGTH),
+            "session": _string("Search around this session (see `sessions`)."),
+            "sessions": _string(
+                "`all`: every session of the session's user (or agent); `current`: only `session`.",
+                enum=("all", "current"),
+                default="all",
+            ),
+            "agent": _string("Only this agent's sessions."),
+            "user_id": _string("Only this user's sessions."),
+            "kinds": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["message", "summary", "fact", "experience"]},
+                "minItems": 1,
+                "description": "Which kinds of memory to search (default: all four).",
+            },
+            "limit": _integer("How many results at most.", minimum=1, maximum=SEARCH_MAX_LIMIT, default=10),
+            "neighbours": _integer(
+                "Turns to include either side of each message hit.",
+                minimum=0,
+                maximum=SEARCH_MAX_NEIGHBOURS,
+                default=0,
+            ),
+        },
+        required=("query",),
+        scope="read",
+        request=_search,
+    ),
+    ToolSpec(
+        name="remember",
+        description=(
+            'Store something in a session: a conversation turn (kind="message", with its role), or a '
+            'fact to keep in view (kind="fact", with its fact_type; the optional key identifies it, so '
+            "registering the same key again updates it). Returns the stored message (with its seq) or "
+            "the tracked fact."
+        ),
+        properties={
+            "session": SESSION_ARG,
+            "content": _string("The message text, or the fact's text."),
+            "kind": _string(
+                "`message`: a conversation turn; `fact`: a fact to keep in view.",
+                enum=("message", "fact"),
+                default="message",
+            ),
+            "role": _string(
+                "Who said it (kind=message).", enum=("user", "assistant", "system", "tool"), default="user"
+            ),
+            "fact_type": _string(
+                "The fact's type (kind=fact), lowercase: constraint, decision, goal, preference, …",
+                max_length=64,
+                default="constraint",
+            ),
+            "key": _string(
+                "The fact's key (kind=fact); default: derived from its type and text.",
+                max_length=NAME_MAX_LENGTH,
+            ),
+        },
+        required=("content",),
+        scope="write",
+        idempotent=False,
+        request=_remember,
+        path_arguments=("session",),
+    ),
+    ToolSpec(
+        name="context_build",
+        description=(
+            "Build the next prompt for a session within the model's token budget. Returns `messages` "
+            "(ready for the model), the `manifest` (what was included and why), the `budget` (tokens, "
+            "utilisation) and `warnings`."
+        ),
+        properties={
+            "session": SESSION_ARG,
+            "input": _string("The upcoming user message (what the prompt is for)."),
+            "model": _string("The model the prompt is for (its budget); default: the session's model."),
+        },
+        scope="write",
+        idempotent=False,
+        request=lambda a: Call(
+            "POST", f"/sessions/{_segment(a['session'])}/context", body=_given(a, ("input", "model"))
+        ),
+        path_arguments=("session",),
+    ),
+    ToolSpec(
+        name="session_start",
+        description=(
+            "Open a new session for an agent (created on first use), optionally for a user and a model. "
+            "Returns the session; pass its `id` to remember, context_build, decay_report and session_end."
+        ),
+        properties={
+            "agent": AGENT_ARG | {"maxLength": NAME_MAX_LENGTH},
+            "user_id": _string("The user the session is with.", max_length=NAME_MAX_LENGTH),
+            "model": _string("The model the agent uses (its token budget).", max_length=NAME_MAX_LENGTH),
+        },
+        required=("agent",),
+        scope="write",
+        idempotent=False,
+        request=lambda a: Call("POST", "/sessions", body=_given(a, ("agent", "user_id", "model"))),
+    ),
+    _by_id(
+        "session_end",
+        "End a session: its important facts are promoted to long-term memory. Ending twice is harmless.",
+        ("POST", "/sessions/{}/end", "session"),
+        scope="write",
+    ),
+    ToolSpec(
+        name="experience_record",
+        description=(
+            "Record a lesson in long-term memory: a problem, its cause and the solution that worked. An "
+            "exact duplicate merges into the existing experience (`outcome`)."
+        ),
+        properties={
+            "problem": _string("What went wrong or was asked (non-empty).", max_length=10_000),
+            "solution": _string("What worked.", max_length=20_000),
+            "cause": _string("Why it happened.", max_length=10_000),
+            "confidence": {
+                "type": "number",
+                "minimum": 0,
+                "maximum": 1,
+                "default": 0.5,
+                "description": "How sure you are that the solution works, 0 to 1.",
+            },
+            "user_id": _string("The user it is about (default: every user).", max_length=NAME_MAX_LENGTH),
+        },
+        required=("problem",),
+        scope="write",
+        request=lambda a: Call(
+            "POST", "/experiences", body=_given(a, ("problem", "solution", "cause", "confidence", "user_id"))
+        ),
+    ),
+    _by_id(
+        "recovered_state",
+        "Everything an agent needs to resume after a crash: the fold of its events, its latest "
+        "checkpoint and current state, its latest session with recent messages, and its open tasks.",
+        ("GET", "/agents/{}/recovered-state", "agent"),
+        scope="read",
+    ),
+    ToolSpec(
+        name="decay_report",
+        description=(
+            "The session's tracked facts that have decayed (not referenced for too many rounds), most "
+            "urgent first, each with a recommendation (restate_now, consider_restating, no_action). "
+            "`next_cursor` (null on the last page) is the `cursor` of the next page."
+        ),
+        properties={
+            "session": SESSION_ARG,
+            "cursor": _string("The `next_cursor` of the previous page."),
+            "limit": _integer("Facts per page (default 100).", minimum=1, maximum=FACTS_MAX_LIMIT),
+        },
+        scope="read",
+        request=_decay_report,
+        path_arguments=("session",),
+    ),
+)
+
+
+def tools_allowed(scopes: frozenset[str]) -> list[ToolSpec]:
+    """The tools a key with these scopes may call (`admin` may call all)."""
+    return [spec for spec in TOOLS if "admin" in scopes or spec.scope in scopes]
+
+
+class CtxappMCPServer(MCPServer):
+    """MCPServer whose tools are `TOOLS`: listed for the caller's key, each call one REST request."""
+
+    async def list_tools(self) -> list[Tool]:
+        backend = _backend()
+        return [spec.listed() for spec in tools_allowed(await backend.scopes())]
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> CallToolResult:
+        try:
+            result = await _tool_call(name, arguments)
+        except ToolError as exc:
+            return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+        body = result if isinstance(result, dict) else {"result": result}
+        return CallToolResult(
+            content=[TextContent(type="text", text=json.dumps(body, indent=2))], structured_content=body
         )
 
-    def message_append(self, *, session: str, role: str, content: str) -> dict[str, Any]:
-        return dict(self.client.message_append(session, role=role, content=content))
 
-    def fact_register(self, *, session: str, key: str, fact_type: str, content: str) -> dict[str, Any]:
-        return self.client.fact_register(session, key=key, type=fact_type, content=content)
-
-    def context_build(self, *, session: str, input: str, model: str | None) -> dict[str, Any]:
-        return self.client.context_build(session, input, model=model or None)
-
-    def session_start(self, *, agent: str, user_id: str | None, model: str | None) -> dict[str, Any]:
-        return dict(self.client.session_create(agent, user_id=user_id, model=model or None))
-
-    def session_end(self, *, session: str) -> dict[str, Any]:
-        return dict(self.client.session_end(session))
-
-    def experience_record(
-        self, *, problem: str, solution: str, cause: str, confidence: float, user_id: str | None
-    ) -> dict[str, Any]:
-        return self.client.experience_create(
-            problem, solution=solution, cause=cause, confidence=confidence, user_id=user_id
-        )
-
-    def recovered_state(self, *, agent: str) -> dict[str, Any]:
-        return self.client.recovered_state(agent)
-
-    def decay_report(self, *, session: str) -> dict[str, Any]:
-        return self.client.decay_report(session)
-
-
-# --- tools ------------------------------------------------------------------------------------
-
-
-async def _call(fn: Callable[[Backend], T]) -> T:
+def _backend() -> Backend:
     backend = current_backend.get(None)
     if backend is None:
-        raise ToolError("ctxapp: this MCP connection is not authenticated.")
-    return await backend.run(fn)
+        raise tool_error("unauthenticated", "this MCP connection is not authenticated.")
+    return backend
+
+
+async def _tool_call(name: str, arguments: dict[str, Any]) -> Any:
+    backend = _backend()
+    spec = next((s for s in TOOLS if s.name == name), None)
+    if spec is None:
+        raise tool_error("not_found", f"No tool named {name!r}.")
+    if spec not in tools_allowed(await backend.scopes()):
+        raise tool_error("forbidden", f"This API key lacks the '{spec.scope}' scope this tool needs.")
+    return await backend.send(spec.call(arguments))
 
 
 def build_server() -> MCPServer:
     """The MCP server with ctxapp's tools; each call uses the backend its transport set."""
-    server: MCPServer = MCPServer("ctxapp", instructions=INSTRUCTIONS, version=_version())
-
-    @server.tool()
-    async def memory_search(
-        query: str,
-        session: str | None = None,
-        sessions: Literal["all", "current"] = "all",
-        agent: str | None = None,
-        user_id: str | None = None,
-        kinds: list[Literal["message", "summary", "fact", "experience"]] | None = None,
-        limit: int = 10,
-        neighbours: int = 0,
-    ) -> dict[str, Any]:
-        """Search the agent's memory by meaning and keywords: earlier conversation turns (also from past
-        sessions), session summaries, tracked facts and stored experiences.
-
-        Scope: `session` with sessions="all" (default) searches every session of that session's user
-        (or agent, when it has no user), sessions="current" only that session; `agent` and `user_id`
-        narrow to that agent's / user's sessions; nothing searches the whole tenant. `kinds` picks any
-        of message, summary, fact, experience (default all); `limit` is 1 to 100; `neighbours` (0 to
-        5) adds that many turns either side of each message hit.
-        Returns `results`, best first: kind, id, session, seq, occurred_at, speaker, text, score and
-        each signal's contribution.
-        """
-        if not query.strip():
-            raise ToolError("validation_error: query must not be empty.")
-        if not 1 <= limit <= 100:
-            raise ToolError("validation_error: limit must be between 1 and 100.")
-        if not 0 <= neighbours <= 5:
-            raise ToolError("validation_error: neighbours must be between 0 and 5.")
-        if sessions == "current" and not session:
-            raise ToolError("validation_error: sessions='current' needs a session.")
-        scope: dict[str, Any] = {
-            k: v for k, v in {"agent": agent, "user_id": user_id, "session": session}.items() if v is not None
-        }
-        if session:
-            scope["sessions"] = sessions
-        chosen: list[str] | None = [str(k) for k in kinds] if kinds else None
-        return await _call(
-            lambda b: b.search(query=query, scope=scope, kinds=chosen, limit=limit, neighbours=neighbours)
-        )
-
-    @server.tool()
-    async def remember(
-        session: str,
-        content: str,
-        kind: Literal["message", "fact"] = "message",
-        role: Literal["user", "assistant", "system", "tool"] = "user",
-        fact_type: str = "constraint",
-        key: str | None = None,
-    ) -> dict[str, Any]:
-        """Store something in a session: a conversation turn (kind="message", with its role), or a fact
-        to keep in view (kind="fact": fact_type such as constraint, decision, goal, preference; the
-        optional key identifies it, so registering the same key again updates it).
-
-        Returns the stored message (with its seq) or the tracked fact.
-        """
-        if kind == "fact":
-            fact = key or fact_key(fact_type, content)
-            return await _call(
-                lambda b: b.fact_register(session=session, key=fact, fact_type=fact_type, content=content)
-            )
-        return await _call(lambda b: b.message_append(session=session, role=role, content=content))
-
-    @server.tool()
-    async def context_build(session: str, input: str = "", model: str | None = None) -> dict[str, Any]:
-        """Build the next prompt for a session within the model's token budget.
-
-        `input` is the upcoming user message. Returns `messages` (ready for the model), the `manifest`
-        (what was included and why), the `budget` (tokens, utilisation) and `warnings`.
-        """
-        return await _call(lambda b: b.context_build(session=session, input=input, model=model))
-
-    @server.tool()
-    async def session_start(
-        agent: str, user_id: str | None = None, model: str | None = None
-    ) -> dict[str, Any]:
-        """Open a new session for an agent (created on first use), optionally for a user and a model.
-
-        Returns the session; pass its `id` to remember, context_build, decay_report and session_end.
-        """
-        return await _call(lambda b: b.session_start(agent=agent, user_id=user_id, model=model))
-
-    @server.tool()
-    async def session_end(session: str) -> dict[str, Any]:
-        """End a session: its important facts are promoted to long-term memory. Ending twice is harmless."""
-        return await _call(lambda b: b.session_end(session=session))
-
-    @server.tool()
-    async def experience_record(
-        problem: str,
-        solution: str = "",
-        cause: str = "",
-        confidence: float = 0.5,
-        user_id: str | None = None,
-    ) -> dict[str, Any]:
-        """Record a lesson in long-term memory: a problem, its cause and the solution that worked.
-
-        `confidence` is 0 to 1. An exact duplicate merges into the existing experience (`outcome`).
-        """
-        if not problem.strip():
-            raise ToolError("validation_error: problem must not be empty.")
-        if not 0.0 <= confidence <= 1.0:
-            raise ToolError("validation_error: confidence must be between 0 and 1.")
-        return await _call(
-            lambda b: b.experience_record(
-                problem=problem, solution=solution, cause=cause, confidence=confidence, user_id=user_id
-            )
-        )
-
-    @server.tool()
-    async def recovered_state(agent: str) -> dict[str, Any]:
-        """Everything an agent needs to resume after a crash: the fold of its events, its latest
-        checkpoint and current state, its latest session with recent messages, and its open tasks."""
-        return await _call(lambda b: b.recovered_state(agent=agent))
-
-    @server.tool()
-    async def decay_report(session: str) -> dict[str, Any]:
-        """The session's tracked facts that have decayed (not referenced for too many rounds), most
-        urgent first, each with a recommendation (restate_now, consider_restating, no_action)."""
-        return await _call(lambda b: b.decay_report(session=session))
-
-    return server
+    return CtxappMCPServer("ctxapp", instructions=INSTRUCTIONS, version=_version())
 
 
 def _version() -> str:
@@ -267,9 +438,46 @@ def _version() -> str:
 # --- stdio: `ctxapp mcp` ----------------------------------------------------------------------
 
 
+class ToolClient(Client):
+    """The Python client, with the one operation the tools need: any request under /api/v1."""
+
+    @operation
+    def tool_request(call: Call) -> Request[Any]:
+        return Request(call.method, call.path, params=call.params, json=call.body)
+
+
+class ClientBackend:
+    """Over the REST API with the Python client (the stdio transport)."""
+
+    def __init__(self, client: ToolClient) -> None:
+        self.client = client
+        self._scopes: frozenset[str] | None = None
+
+    async def send(self, call: Call) -> Any:
+        try:
+            return await asyncio.to_thread(self.client.tool_request, call)
+        except CtxappError as exc:
+            raise tool_error(exc.code, exc.message) from None
+
+    async def scopes(self) -> frozenset[str]:
+        if self._scopes is None:
+            try:
+                tenant = await self.send(Call("GET", "/tenant"))
+                self._scopes = frozenset(tenant["scopes"])
+            except ToolError as exc:
+                if not str(exc).startswith("forbidden:"):
+                    raise
+                # GET /tenant needs `read`; a key refused it has neither read nor admin: write only.
+                self._scopes = frozenset({"write"})
+        return self._scopes
+
+
 def run_stdio(*, url: str, api_key: str) -> None:
     """Serve the tools on stdin/stdout, calling the REST API at `url` with `api_key`."""
+    # One line per HTTP request at INFO would fill the host's log of this server's stderr.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     server = build_server()
-    with Client(url, api_key) as client:
+    client = ToolClient(url, api_key)
+    with client:
         current_backend.set(ClientBackend(client))
         server.run("stdio")
