@@ -184,20 +184,6 @@ class Codec:
         }
 
 
-class _WritesRange:
-    """The writes events loaded so far (seq > `after`), in stream order, and their index."""
-
-    def __init__(self) -> None:
-        self.after: int | None = None
-        self.events: list[dict[str, Any]] = []
-        self.index: dict[tuple[str, str], list[PendingWrite]] = {}
-
-    def extend(self, after: int, earlier: list[dict[str, Any]], codec: Codec) -> None:
-        self.events = earlier + self.events
-        self.after = after
-        self.index = codec.writes_index(self.events)
-
-
 def _matches(item: dict[str, Any], checkpoint_ns: str | None) -> bool:
     """Could this checkpoint (metadata only) be in `checkpoint_ns` (None: any)? The reason may be
     truncated, so a long namespace is confirmed from the state."""
@@ -283,23 +269,18 @@ def _all_checkpoints(agent: str) -> Steps:
         return []
 
 
-# Pending writes of a checkpoint are the writes events after its own `checkpoint.created`
-# event. Walking checkpoints newest first, each older one extends the loaded range backwards
-# (events after its seq, up to where the range already starts) instead of re-reading it all.
-def _writes_load(agent: str, loaded: _WritesRange, after: int, codec: Codec) -> Steps:
-    if loaded.after is not None and after >= loaded.after:
-        return
-    earlier: list[dict[str, Any]] = []
-    cursor: int | None = after
+# Pending writes are keyed by (namespace, checkpoint id, task id, index), as in LangGraph's own
+# savers, whatever their position in the stream: under durability "async" and "exit" LangGraph
+# stores a step's writes before (or without) the checkpoint they belong to, so every writes event
+# of the thread is read, once per operation and only when a checkpoint is found.
+def _writes_load(agent: str, codec: Codec) -> Steps:
+    events: list[dict[str, Any]] = []
+    cursor: int | None = 0
     while cursor is not None:
-        page = yield Call("events_list", (agent,), {"after": cursor, "type": WRITES_EVENT})
-        cursor = page["next_after"]
-        for event in page["items"]:
-            if loaded.after is not None and event["seq"] > loaded.after:
-                cursor = None
-                break
-            earlier.append(dict(event))
-    loaded.extend(after, earlier, codec)
+        page = yield Call("events_list", (agent,), {"after": cursor, "limit": PAGE, "type": WRITES_EVENT})
+        events.extend(page["items"])
+        cursor = page["next_after"] if page["items"] else None
+    return codec.writes_index(events)
 
 
 def tuples_steps(
@@ -322,7 +303,7 @@ def tuples_steps(
         checkpoint_id=checkpoint_id,
         before=before,
     )
-    loaded = _WritesRange()
+    index: dict[tuple[str, str], list[PendingWrite]] | None = None
     count = 0
     for row in rows:
         state = (yield Call("checkpoint_get", (agent, row["seq"])))["state"]
@@ -331,8 +312,9 @@ def tuples_steps(
             continue
         if not _filter_ok(codec.unpack(document["metadata"]), filter):
             continue
-        yield from _writes_load(agent, loaded, row["covers_event_seq"], codec)
-        yield codec.checkpoint_tuple(state, loaded.index)
+        if index is None:
+            index = yield from _writes_load(agent, codec)
+        yield codec.checkpoint_tuple(state, index)
         count += 1
         if limit is not None and count >= limit:
             return
