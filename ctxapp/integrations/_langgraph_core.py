@@ -6,11 +6,12 @@ client calls (`Call`), which the sync and async drivers in langgraph.py carry ou
 from __future__ import annotations
 
 import base64
+import hashlib
 import math
-import re
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -28,9 +29,8 @@ from ctxapp.client import AsyncClient, Client, CtxappError, NotFound
 
 REASON = "langgraph"
 WRITES_EVENT = "agent.langgraph.writes"
-THREAD_EVENT = "agent.langgraph.thread"
 REASON_MAX = 200
-SAFE_THREAD = re.compile(r"^[A-Za-z0-9._:@+=-]{1,150}$")
+AGENT_ID_MAX = 200
 PAGE = 1000
 
 
@@ -49,6 +49,11 @@ def _plain(value: Any) -> bool:
     return False
 
 
+def segment(agent_id: str) -> str:
+    """An agent id as one URL path segment."""
+    return quote(agent_id, safe="")
+
+
 def _reason(checkpoint_ns: str) -> str:
     return (f"{REASON} {checkpoint_ns}" if checkpoint_ns else REASON)[:REASON_MAX]
 
@@ -60,11 +65,20 @@ class Codec:
         self.serde = serde
         self.agent_prefix = agent_prefix
 
-    def agent(self, thread_id: Any) -> str:
+    def agent_id(self, thread_id: Any) -> str:
+        """The thread's agent id: the prefix and the thread id as given, but for the characters an
+        agent id cannot hold ('/', control characters) and '%', percent-encoded."""
         text = str(thread_id)
-        if SAFE_THREAD.match(text):
-            return self.agent_prefix + text
-        return self.agent_prefix + "b64-" + base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+        name = self.agent_prefix + "".join(
+            c if c.isprintable() and c not in "/%" else quote(c, safe="") for c in text
+        )
+        if len(name) <= AGENT_ID_MAX:  # longer: cut, and told apart by a digest of the whole id
+            return name
+        return name[: AGENT_ID_MAX - 17] + "~" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def agent(self, thread_id: Any) -> str:
+        """The thread's agent as a URL path segment."""
+        return segment(self.agent_id(thread_id))
 
     def pack(self, value: Any) -> dict[str, Any]:
         if _plain(value):
@@ -142,9 +156,6 @@ class Codec:
         }
         return self.agent(config["configurable"]["thread_id"]), body
 
-    def thread_payload(self, config: RunnableConfig) -> dict[str, Any]:
-        return {"thread_id": str(config["configurable"]["thread_id"])}
-
     def writes_payload(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
     ) -> dict[str, Any]:
@@ -160,12 +171,12 @@ class Codec:
             ],
         }
 
-    def writes_index(self, events: list[dict[str, Any]]) -> dict[tuple[str, str], list[PendingWrite]]:
-        """Pending writes per (namespace, checkpoint id), from `agent.langgraph.writes` events in
-        stream order: a regular write is kept once per (task, index), a special one replaced."""
+    def writes_index(self, payloads: list[dict[str, Any]]) -> dict[tuple[str, str], list[PendingWrite]]:
+        """Pending writes per (namespace, checkpoint id), from the payloads of
+        `agent.langgraph.writes` events in stream order: a regular write is kept once per (task,
+        index), a special one replaced."""
         stored: dict[tuple[str, str], dict[tuple[str, int], tuple[str, str, Any, str]]] = {}
-        for event in events:
-            payload = event.get("payload") or {}
+        for payload in payloads:
             key = (payload.get("checkpoint_ns", ""), payload.get("checkpoint_id", ""))
             bucket = stored.setdefault(key, {})
             for index, channel, value in payload.get("writes", []):
@@ -269,23 +280,50 @@ def _all_checkpoints(agent: str) -> Steps:
         return []
 
 
-# Pending writes are keyed by (namespace, checkpoint id, task id, index), as in LangGraph's own
-# savers, whatever their position in the stream: under durability "async" and "exit" LangGraph
-# stores a step's writes before (or without) the checkpoint they belong to, so every writes event
-# of the thread is read, once per operation and only when a checkpoint is found.
-def _writes_load(agent: str, codec: Codec) -> Steps:
-    events: list[dict[str, Any]] = []
+def _all_writes(agent: str) -> Steps:
+    """The payloads of every writes event of the agent, in stream order."""
+    payloads: list[dict[str, Any]] = []
     cursor: int | None = 0
-    while cursor is not None:
-        page = yield Call("events_list", (agent,), {"after": cursor, "limit": PAGE, "type": WRITES_EVENT})
-        events.extend(page["items"])
-        cursor = page["next_after"] if page["items"] else None
-    return codec.writes_index(events)
+    try:
+        while cursor is not None:
+            page = yield Call("events_list", (agent,), {"after": cursor, "limit": PAGE, "type": WRITES_EVENT})
+            payloads.extend(event.get("payload") or {} for event in page["items"])
+            cursor = page["next_after"] if page["items"] else None
+    except NotFound:
+        return []
+    return payloads
 
 
-def tuples_steps(
+def _thread_exists(codec: Codec, thread_id: Any, known: set[str]) -> Steps:
+    """Does the thread's agent exist? Asked once per saver and agent (a lookup that answers an
+    empty page rather than 404 for a thread not yet written)."""
+    agent_id = codec.agent_id(thread_id)
+    if agent_id in known:
+        return True
+    page = yield Call("agent_ids_list", (), {"exact": agent_id, "limit": 1})
+    if page["items"]:
+        known.add(agent_id)
+        return True
+    return False
+
+
+def _thread_agents(codec: Codec) -> Steps:
+    """The URL segments of every thread's agent (the agents whose id starts with the prefix)."""
+    agents: list[str] = []
+    cursor = None
+    while True:
+        page = yield Call(
+            "agent_ids_list", (), {"prefix": codec.agent_prefix, "cursor": cursor, "limit": PAGE}
+        )
+        agents.extend(segment(agent_id) for agent_id in page["items"])
+        cursor = page["next_cursor"]
+        if not cursor:
+            return agents
+
+
+def _agent_tuples(
     codec: Codec,
-    thread_id: str,
+    agent: str,
     checkpoint_ns: str | None,
     checkpoint_id: str | None,
     *,
@@ -293,10 +331,8 @@ def tuples_steps(
     filter: dict[str, Any] | None,
     limit: int | None,
 ) -> Steps:
-    """The thread's checkpoints that match, newest first, as CheckpointTuples (at most `limit`)."""
-    if limit is not None and limit <= 0:
-        return
-    agent = codec.agent(thread_id)
+    """The agent's checkpoints that match, newest first, as CheckpointTuples (at most `limit`);
+    returns how many it yielded."""
     rows = _candidates(
         (yield from _all_checkpoints(agent)),
         checkpoint_ns=checkpoint_ns,
@@ -306,6 +342,8 @@ def tuples_steps(
     index: dict[tuple[str, str], list[PendingWrite]] | None = None
     count = 0
     for row in rows:
+        if limit is not None and count >= limit:
+            break
         state = (yield Call("checkpoint_get", (agent, row["seq"])))["state"]
         document = state["working_memory"]["langgraph"]
         if checkpoint_ns is not None and document["checkpoint_ns"] != checkpoint_ns:
@@ -313,22 +351,49 @@ def tuples_steps(
         if not _filter_ok(codec.unpack(document["metadata"]), filter):
             continue
         if index is None:
-            index = yield from _writes_load(agent, codec)
+            index = codec.writes_index((yield from _all_writes(agent)))
         yield codec.checkpoint_tuple(state, index)
         count += 1
-        if limit is not None and count >= limit:
-            return
+    return count
+
+
+def tuples_steps(
+    codec: Codec,
+    thread_id: Any,
+    checkpoint_ns: str | None,
+    checkpoint_id: str | None,
+    *,
+    before: str | None,
+    filter: dict[str, Any] | None,
+    limit: int | None,
+    known: set[str],
+) -> Steps:
+    """The checkpoints that match, newest first, as CheckpointTuples (at most `limit`): of one
+    thread, or (thread_id None) of every thread, one thread after another."""
+    if limit is not None and limit <= 0:
+        return
+    if thread_id is None:
+        agents = yield from _thread_agents(codec)
+    elif (yield from _thread_exists(codec, thread_id, known)):
+        agents = [codec.agent(thread_id)]
+    else:
+        agents = []
+    for agent in agents:
+        found = yield from _agent_tuples(
+            codec, agent, checkpoint_ns, checkpoint_id, before=before, filter=filter, limit=limit
+        )
+        if limit is not None:
+            limit -= found
+            if limit <= 0:
+                return
 
 
 def put_steps(
     codec: Codec, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
 ) -> Steps:
+    """One checkpoint; the thread's agent is created by the first (no lookup first)."""
     agent, body = codec.checkpoint_body(config, checkpoint, metadata)
-    try:
-        yield Call("checkpoint_create", (agent,), body)
-    except NotFound:  # a new thread: its agent comes into being with an event
-        yield Call("event_emit", (agent, THREAD_EVENT, codec.thread_payload(config)))
-        yield Call("checkpoint_create", (agent,), body)
+    yield Call("checkpoint_create", (agent,), body)
 
 
 def put_writes_steps(
@@ -336,3 +401,115 @@ def put_writes_steps(
 ) -> Steps:
     agent = codec.agent(config["configurable"]["thread_id"])
     yield Call("event_emit", (agent, WRITES_EVENT, codec.writes_payload(config, writes, task_id, task_path)))
+
+
+def delete_thread_steps(codec: Codec, thread_id: Any, known: set[str]) -> Steps:
+    """Delete the thread's agent: its checkpoints and writes events with it."""
+    known.discard(codec.agent_id(thread_id))
+    try:
+        yield Call("agent_delete", (codec.agent(thread_id),))
+    except NotFound:
+        return
+
+
+# --- whole threads: copy, prune, delete runs ---------------------------------------------------
+# ctxapp keeps a thread's checkpoints as a delta chain and its writes as events, neither edited in
+# place: these operations read the thread, then write the part that stays into a new agent (the
+# thread deleted first when it is rewritten in place). Not atomic: a concurrent run on a thread
+# being pruned can lose what it writes meanwhile.
+
+
+@dataclass
+class _Stored:
+    """A thread as stored: each checkpoint's row and state, oldest first, and its writes."""
+
+    checkpoints: list[tuple[dict[str, Any], dict[str, Any]]]
+    writes: list[dict[str, Any]]
+
+
+def _thread_read(agent: str) -> Steps:
+    rows = sorted((yield from _all_checkpoints(agent)), key=lambda row: row["seq"])
+    checkpoints = []
+    for row in rows:
+        if _matches(row, None):
+            checkpoints.append((row, (yield Call("checkpoint_get", (agent, row["seq"])))["state"]))
+    return _Stored(checkpoints, (yield from _all_writes(agent)))
+
+
+def _document(state: dict[str, Any]) -> dict[str, Any]:
+    document: dict[str, Any] = state["working_memory"]["langgraph"]
+    return document
+
+
+def _thread_write(agent: str, stored: _Stored, thread_id: str | None = None) -> Steps:
+    """Write `stored` to the agent (as thread `thread_id` when given)."""
+    for row, state in stored.checkpoints:
+        if thread_id is not None:
+            state = {**state, "working_memory": {"langgraph": {**_document(state), "thread_id": thread_id}}}
+        body = {"reason": row["reason"], "step": row.get("step"), "produced_by": row["produced_by"]}
+        yield Call("checkpoint_create", (agent,), {**body, "state": state})
+    for payload in stored.writes:
+        yield Call("event_emit", (agent, WRITES_EVENT, payload))
+
+
+def _keeping(stored: _Stored, keep: set[tuple[str, str]]) -> _Stored:
+    """The checkpoints whose (namespace, checkpoint id) is in `keep`, with their writes only."""
+    return _Stored(
+        [(row, state) for row, state in stored.checkpoints if _key(_document(state)) in keep],
+        [payload for payload in stored.writes if _key(payload) in keep],
+    )
+
+
+def _key(document: dict[str, Any]) -> tuple[str, str]:
+    return (document.get("checkpoint_ns", ""), document.get("checkpoint_id", ""))
+
+
+def _thread_rewrite(agent: str, stored: _Stored, keep: set[tuple[str, str]]) -> Steps:
+    """Keep only `keep` of the stored thread (nothing left: the thread is deleted)."""
+    if keep == {_key(_document(state)) for _, state in stored.checkpoints}:
+        return
+    try:
+        yield Call("agent_delete", (agent,))
+    except NotFound:
+        return
+    yield from _thread_write(agent, _keeping(stored, keep))
+
+
+def copy_thread_steps(codec: Codec, source: Any, target: Any) -> Steps:
+    """Every checkpoint and write of `source` into `target`, checkpoint ids kept."""
+    stored = yield from _thread_read(codec.agent(source))
+    yield from _thread_write(codec.agent(target), stored, thread_id=str(target))
+
+
+def prune_steps(codec: Codec, thread_ids: Sequence[Any], strategy: str, known: set[str]) -> Steps:
+    """`keep_latest`: only the newest checkpoint of each namespace stays (with its writes);
+    `delete`: the threads are deleted."""
+    if strategy not in ("keep_latest", "delete"):
+        raise ValueError(f"Unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'.")
+    for thread_id in thread_ids:
+        if strategy == "delete":
+            yield from delete_thread_steps(codec, thread_id, known)
+            continue
+        agent = codec.agent(thread_id)
+        stored = yield from _thread_read(agent)
+        newest: dict[str, str] = {}
+        for _, state in stored.checkpoints:
+            ns, checkpoint_id = _key(_document(state))
+            newest[ns] = max(newest.get(ns, ""), checkpoint_id)
+        yield from _thread_rewrite(agent, stored, set(newest.items()))
+
+
+def delete_for_runs_steps(codec: Codec, run_ids: Sequence[str]) -> Steps:
+    """Remove, from every thread, the checkpoints whose metadata `run_id` is one of `run_ids`,
+    with their writes."""
+    doomed = {str(run_id) for run_id in run_ids}
+    if not doomed:
+        return
+    for agent in (yield from _thread_agents(codec)):
+        stored = yield from _thread_read(agent)
+        keep = {
+            _key(_document(state))
+            for _, state in stored.checkpoints
+            if str(codec.unpack(_document(state)["metadata"]).get("run_id")) not in doomed
+        }
+        yield from _thread_rewrite(agent, stored, keep)
