@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client as DjangoClient
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.conformance import checkpointer_test, validate
@@ -17,7 +19,7 @@ from langgraph.graph import END, START, StateGraph
 
 from ctxapp.client import AsyncClient, Client
 from ctxapp.integrations.langgraph import CtxappSaver
-from memory.models import Agent, Checkpoint, Event
+from memory.models import Agent, Checkpoint, Event, Membership, MembershipRole, Tenant
 
 WHEN = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
 
@@ -297,3 +299,25 @@ def test_a_subgraph_interrupted_inside_resumes_with_its_namespace(server: str, a
     )
     assert "langgraph" in reasons
     assert any(reason.startswith("langgraph payment:") for reason in reasons)
+
+
+def test_the_dashboard_shows_stored_values_decoded(server: str, alice_key: str) -> None:
+    saver = CtxappSaver(Client(server, alice_key))
+    config = {"configurable": {"thread_id": "dash", "checkpoint_ns": ""}}
+    values = {"messages": [HumanMessage("Where is my parcel?", id="m1")], "at": WHEN, "n": 1}
+    saver.put(config, _checkpoint(**values), {"source": "input", "step": -1}, {})
+    packed = Checkpoint.objects.get(agent__external_id="langgraph-dash")
+    assert '"b64"' in packed.payload  # stored through LangGraph's serde, base64
+
+    user = get_user_model().objects.create_user(username="alice", password="correct horse battery")
+    Membership.objects.create(
+        user=user, tenant=Tenant.objects.get(slug="alice"), role=MembershipRole.OPERATOR
+    )
+    web = DjangoClient()
+    web.force_login(user)
+    page = web.get(f"/agents/langgraph-dash/checkpoints/{packed.seq}")
+    assert page.status_code == 200
+    shown = page.content.decode()
+    assert "Where is my parcel?" in shown and "HumanMessage" in shown
+    assert "2026-12-01T09:30:00+00:00" in shown
+    assert '"b64"' not in shown
