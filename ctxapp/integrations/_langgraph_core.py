@@ -29,6 +29,7 @@ from ctxapp.client import AsyncClient, Client, CtxappError, NotFound
 
 REASON = "langgraph"
 WRITES_EVENT = "agent.langgraph.writes"
+THREAD_EVENT = "agent.langgraph.thread"
 REASON_MAX = 200
 AGENT_ID_MAX = 200
 PAGE = 1000
@@ -204,6 +205,11 @@ def _matches(item: dict[str, Any], checkpoint_ns: str | None) -> bool:
     return checkpoint_ns is None or reason == _reason(checkpoint_ns)
 
 
+def is_langgraph_checkpoint(item: dict[str, Any]) -> bool:
+    """Was this checkpoint (metadata only) put by the saver, in any namespace?"""
+    return _matches(item, None)
+
+
 def _candidates(
     items: list[dict[str, Any]],
     *,
@@ -265,7 +271,7 @@ def resume(steps: Steps, answer: Any = None, error: CtxappError | None = None) -
         return DONE
 
 
-def _all_checkpoints(agent: str) -> Steps:
+def all_checkpoints(agent: str) -> Steps:
     """Every checkpoint (metadata) of the agent, page by page; none for an agent not yet created."""
     items: list[dict[str, Any]] = []
     cursor = None
@@ -280,7 +286,7 @@ def _all_checkpoints(agent: str) -> Steps:
         return []
 
 
-def _all_writes(agent: str) -> Steps:
+def all_writes(agent: str) -> Steps:
     """The payloads of every writes event of the agent, in stream order."""
     payloads: list[dict[str, Any]] = []
     cursor: int | None = 0
@@ -307,7 +313,7 @@ def _thread_exists(codec: Codec, thread_id: Any, known: set[str]) -> Steps:
     return False
 
 
-def _thread_agents(codec: Codec) -> Steps:
+def thread_agents(codec: Codec) -> Steps:
     """The URL segments of every thread's agent (the agents whose id starts with the prefix)."""
     agents: list[str] = []
     cursor = None
@@ -334,7 +340,7 @@ def _agent_tuples(
     """The agent's checkpoints that match, newest first, as CheckpointTuples (at most `limit`);
     returns how many it yielded."""
     rows = _candidates(
-        (yield from _all_checkpoints(agent)),
+        (yield from all_checkpoints(agent)),
         checkpoint_ns=checkpoint_ns,
         checkpoint_id=checkpoint_id,
         before=before,
@@ -351,7 +357,7 @@ def _agent_tuples(
         if not _filter_ok(codec.unpack(document["metadata"]), filter):
             continue
         if index is None:
-            index = codec.writes_index((yield from _all_writes(agent)))
+            index = codec.writes_index((yield from all_writes(agent)))
         yield codec.checkpoint_tuple(state, index)
         count += 1
     return count
@@ -373,7 +379,7 @@ def tuples_steps(
     if limit is not None and limit <= 0:
         return
     if thread_id is None:
-        agents = yield from _thread_agents(codec)
+        agents = yield from thread_agents(codec)
     elif (yield from _thread_exists(codec, thread_id, known)):
         agents = [codec.agent(thread_id)]
     else:
@@ -389,10 +395,22 @@ def tuples_steps(
 
 
 def put_steps(
-    codec: Codec, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
+    codec: Codec,
+    config: RunnableConfig,
+    checkpoint: Checkpoint,
+    metadata: CheckpointMetadata,
+    known: set[str],
 ) -> Steps:
-    """One checkpoint; the thread's agent is created by the first (no lookup first)."""
+    """One checkpoint. Before the first of a thread this saver has not seen, an event creates the
+    thread's agent if it does not exist yet (an event's POST creates its agent; a checkpoint's
+    does not), so no request fails."""
     agent, body = codec.checkpoint_body(config, checkpoint, metadata)
+    agent_id = codec.agent_id(config["configurable"]["thread_id"])
+    if agent_id not in known:
+        yield Call(
+            "event_emit", (agent, THREAD_EVENT, {"thread_id": str(config["configurable"]["thread_id"])})
+        )
+        known.add(agent_id)
     yield Call("checkpoint_create", (agent,), body)
 
 
@@ -410,106 +428,3 @@ def delete_thread_steps(codec: Codec, thread_id: Any, known: set[str]) -> Steps:
         yield Call("agent_delete", (codec.agent(thread_id),))
     except NotFound:
         return
-
-
-# --- whole threads: copy, prune, delete runs ---------------------------------------------------
-# ctxapp keeps a thread's checkpoints as a delta chain and its writes as events, neither edited in
-# place: these operations read the thread, then write the part that stays into a new agent (the
-# thread deleted first when it is rewritten in place). Not atomic: a concurrent run on a thread
-# being pruned can lose what it writes meanwhile.
-
-
-@dataclass
-class _Stored:
-    """A thread as stored: each checkpoint's row and state, oldest first, and its writes."""
-
-    checkpoints: list[tuple[dict[str, Any], dict[str, Any]]]
-    writes: list[dict[str, Any]]
-
-
-def _thread_read(agent: str) -> Steps:
-    rows = sorted((yield from _all_checkpoints(agent)), key=lambda row: row["seq"])
-    checkpoints = []
-    for row in rows:
-        if _matches(row, None):
-            checkpoints.append((row, (yield Call("checkpoint_get", (agent, row["seq"])))["state"]))
-    return _Stored(checkpoints, (yield from _all_writes(agent)))
-
-
-def _document(state: dict[str, Any]) -> dict[str, Any]:
-    document: dict[str, Any] = state["working_memory"]["langgraph"]
-    return document
-
-
-def _thread_write(agent: str, stored: _Stored, thread_id: str | None = None) -> Steps:
-    """Write `stored` to the agent (as thread `thread_id` when given)."""
-    for row, state in stored.checkpoints:
-        if thread_id is not None:
-            state = {**state, "working_memory": {"langgraph": {**_document(state), "thread_id": thread_id}}}
-        body = {"reason": row["reason"], "step": row.get("step"), "produced_by": row["produced_by"]}
-        yield Call("checkpoint_create", (agent,), {**body, "state": state})
-    for payload in stored.writes:
-        yield Call("event_emit", (agent, WRITES_EVENT, payload))
-
-
-def _keeping(stored: _Stored, keep: set[tuple[str, str]]) -> _Stored:
-    """The checkpoints whose (namespace, checkpoint id) is in `keep`, with their writes only."""
-    return _Stored(
-        [(row, state) for row, state in stored.checkpoints if _key(_document(state)) in keep],
-        [payload for payload in stored.writes if _key(payload) in keep],
-    )
-
-
-def _key(document: dict[str, Any]) -> tuple[str, str]:
-    return (document.get("checkpoint_ns", ""), document.get("checkpoint_id", ""))
-
-
-def _thread_rewrite(agent: str, stored: _Stored, keep: set[tuple[str, str]]) -> Steps:
-    """Keep only `keep` of the stored thread (nothing left: the thread is deleted)."""
-    if keep == {_key(_document(state)) for _, state in stored.checkpoints}:
-        return
-    try:
-        yield Call("agent_delete", (agent,))
-    except NotFound:
-        return
-    yield from _thread_write(agent, _keeping(stored, keep))
-
-
-def copy_thread_steps(codec: Codec, source: Any, target: Any) -> Steps:
-    """Every checkpoint and write of `source` into `target`, checkpoint ids kept."""
-    stored = yield from _thread_read(codec.agent(source))
-    yield from _thread_write(codec.agent(target), stored, thread_id=str(target))
-
-
-def prune_steps(codec: Codec, thread_ids: Sequence[Any], strategy: str, known: set[str]) -> Steps:
-    """`keep_latest`: only the newest checkpoint of each namespace stays (with its writes);
-    `delete`: the threads are deleted."""
-    if strategy not in ("keep_latest", "delete"):
-        raise ValueError(f"Unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'.")
-    for thread_id in thread_ids:
-        if strategy == "delete":
-            yield from delete_thread_steps(codec, thread_id, known)
-            continue
-        agent = codec.agent(thread_id)
-        stored = yield from _thread_read(agent)
-        newest: dict[str, str] = {}
-        for _, state in stored.checkpoints:
-            ns, checkpoint_id = _key(_document(state))
-            newest[ns] = max(newest.get(ns, ""), checkpoint_id)
-        yield from _thread_rewrite(agent, stored, set(newest.items()))
-
-
-def delete_for_runs_steps(codec: Codec, run_ids: Sequence[str]) -> Steps:
-    """Remove, from every thread, the checkpoints whose metadata `run_id` is one of `run_ids`,
-    with their writes."""
-    doomed = {str(run_id) for run_id in run_ids}
-    if not doomed:
-        return
-    for agent in (yield from _thread_agents(codec)):
-        stored = yield from _thread_read(agent)
-        keep = {
-            _key(_document(state))
-            for _, state in stored.checkpoints
-            if str(codec.unpack(_document(state)["metadata"]).get("run_id")) not in doomed
-        }
-        yield from _thread_rewrite(agent, stored, keep)

@@ -51,15 +51,13 @@ from ctxapp.integrations._langgraph_core import (
     Call,
     Codec,
     Steps,
-    copy_thread_steps,
-    delete_for_runs_steps,
     delete_thread_steps,
-    prune_steps,
     put_steps,
     put_writes_steps,
     resume,
     tuples_steps,
 )
+from ctxapp.integrations._langgraph_threads import copy_thread_steps, delete_for_runs_steps, prune_steps
 
 __all__ = ["CtxappSaver"]
 
@@ -187,8 +185,7 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        self._run(put_steps(self.codec, config, checkpoint, metadata))
-        self._known.add(self.codec.agent_id(config["configurable"]["thread_id"]))
+        self._run(put_steps(self.codec, config, checkpoint, metadata, self._known))
         return self._stored_config(config, checkpoint)
 
     def put_writes(
@@ -237,8 +234,7 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        await self._arun(put_steps(self.codec, config, checkpoint, metadata))
-        self._known.add(self.codec.agent_id(config["configurable"]["thread_id"]))
+        await self._arun(put_steps(self.codec, config, checkpoint, metadata, self._known))
         return self._stored_config(config, checkpoint)
 
     async def aput_writes(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
 from django.urls import path
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
@@ -33,7 +32,6 @@ from memory.api.shapes import (
 )
 from memory.exceptions import InvalidInput
 from memory.services import cognition, recovery
-from memory.services.sessions import agent_get_or_create
 
 
 def dotted_path(path: str) -> bool:
@@ -199,13 +197,10 @@ class AgentCheckpointsApi(AgentScopedView):
         request=InputSerializer,
         responses={201: CheckpointOutputSerializer},
         summary="Take a checkpoint of the agent's cognitive state",
-        description="The agent is created on first use, as by its first event.",
     )
     def post(self, request: Any, agent: str) -> Response:
         data = self.validate(self.InputSerializer)
-        with transaction.atomic():  # a refused checkpoint must not leave a new agent behind
-            row = agent_get_or_create(tenant=self.tenant, external_id=agent)
-            checkpoint = cognition.checkpoint_create(tenant=self.tenant, agent=row, **data)
+        checkpoint = cognition.checkpoint_create(tenant=self.tenant, agent=self.agent(agent), **data)
         return Response(checkpoint_out(checkpoint), status=201)
 
 

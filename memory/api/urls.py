@@ -13,4 +13,5 @@ urlpatterns = [
     path("", include("memory.api.digest")),
     path("", include("memory.api.memory")),
     path("", include("memory.api.agent_lifecycle")),
+    path("", include("memory.api.store")),
 ]

@@ -13,24 +13,20 @@ pytestmark = pytest.mark.django_db
 STATE = {"schema_version": 1, "working_memory": {"draft": "Hello"}}
 
 
-def _fill(api: APIClient, agent: str) -> None:
-    assert api.post(f"/api/v1/agents/{agent}/checkpoints", {"state": STATE}, format="json").status_code == 201
+def _create(api: APIClient, agent: str) -> None:
+    """The agent comes into being with its first event."""
     assert (
         api.post(f"/api/v1/agents/{agent}/events", {"type": "agent.tool.called"}, format="json").status_code
         == 201
     )
+
+
+def _fill(api: APIClient, agent: str) -> None:
+    _create(api, agent)
+    assert api.post(f"/api/v1/agents/{agent}/checkpoints", {"state": STATE}, format="json").status_code == 201
     session = api.post("/api/v1/sessions", {"agent": agent}, format="json").json()["id"]
     sent = api.post(f"/api/v1/sessions/{session}/messages", {"role": "user", "content": "hi"}, format="json")
     assert sent.status_code in (200, 201), sent.content
-
-
-def test_a_checkpoint_of_a_new_agent_creates_it(api_a, tenant_a):
-    response = api_a.post("/api/v1/agents/brand new/checkpoints", {"state": STATE}, format="json")
-    assert response.status_code == 201, response.content
-    assert Agent.objects.filter(tenant=tenant_a, external_id="brand new").exists()
-    refused = api_a.post("/api/v1/agents/other/checkpoints", {"state": STATE, "patch": []}, format="json")
-    assert refused.status_code == 422
-    assert not Agent.objects.filter(external_id="other").exists()  # a refused checkpoint leaves none
 
 
 def test_deleting_an_agent_removes_what_it_kept_and_its_stream(api_a, tenant_a):
@@ -46,10 +42,9 @@ def test_deleting_an_agent_removes_what_it_kept_and_its_stream(api_a, tenant_a):
     audit = Event.objects.get(type="agent.deleted")
     assert audit.payload["agent"] == "doomed" and audit.payload["checkpoints"] == 1
     # The same id again starts from nothing: no old event comes back.
-    api_a.post("/api/v1/agents/doomed/checkpoints", {"state": STATE}, format="json")
+    _create(api_a, "doomed")
     assert [e["type"] for e in api_a.get("/api/v1/agents/doomed/events").json()["items"]] == [
-        "state.updated",
-        "checkpoint.created",
+        "agent.tool.called"
     ]
     missing = api_a.delete("/api/v1/agents/nobody")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
@@ -65,7 +60,7 @@ def test_another_tenants_agent_is_not_found_and_stays(api_a, api_b):
 
 def test_agent_ids_by_prefix_or_exact_paged(api_a):
     for name in ("lg-a", "lg-b", "lg-c", "other"):
-        api_a.post(f"/api/v1/agents/{name}/checkpoints", {"state": STATE}, format="json")
+        _create(api_a, name)
     first = api_a.get("/api/v1/agent-ids", {"prefix": "lg-", "limit": 2}).json()
     assert first["items"] == ["lg-c", "lg-b"] and first["next_cursor"]
     rest = api_a.get(
