@@ -10,8 +10,8 @@
 
 Mapping (docs/integrations.md, "LangChain and LangGraph"):
 
-- a LangGraph thread is a ctxapp agent, `<agent_prefix><thread_id>` (a thread id with characters
-  that cannot appear in a URL path is base64url-encoded, `b64-…`), created on first use;
+- a LangGraph thread is a ctxapp agent, `<agent_prefix><thread_id>`, the thread id as given but
+  for '/' and '%' (percent-encoded), created by an event before the saver's first put;
 - each `put` is one ctxapp checkpoint of that agent (`POST /api/v1/agents/{agent}/checkpoints`,
   so the thread gets ctxapp's delta storage, diff and dashboard timeline). Its cognitive state's
   `working_memory.langgraph` holds the thread, namespace, checkpoint id and parent id, the
@@ -21,12 +21,11 @@ Mapping (docs/integrations.md, "LangChain and LangGraph"):
   `produced_by` the checkpoint id, `step` the metadata's step;
 - `put_writes` records one `agent.langgraph.writes` event on the agent's stream (checkpoint id,
   namespace, task id and path, and the writes in the same encoding); `get_tuple` and `list` read
-  them back from the events after the checkpoint (`covers_event_seq`), sorted as LangGraph sorts
-  them, a regular write kept once per (task, index) and a special one (error, interrupt…) replaced.
-
-Not supported: `list(None, …)` (listing every thread; ctxapp lists checkpoints per agent) raises
-ValueError; `delete_thread` is not implemented (LangGraph's base raises NotImplementedError):
-checkpoints follow ctxapp's retention policy, and events are never deleted.
+  them back keyed by (namespace, checkpoint id, task id, index), wherever they sit in the stream,
+  sorted as LangGraph sorts them, a regular write kept once per (task, index) and a special one
+  (error, interrupt…) replaced;
+- `list(None)` lists every thread (agents with the prefix); `delete_thread` deletes the agent;
+  `copy_thread`, `prune` and `delete_for_runs` rewrite whole threads (_langgraph_threads.py).
 """
 
 from __future__ import annotations
