@@ -405,13 +405,17 @@ def put_steps(
     thread's agent if it does not exist yet (an event's POST creates its agent; a checkpoint's
     does not), so no request fails."""
     agent, body = codec.checkpoint_body(config, checkpoint, metadata)
-    agent_id = codec.agent_id(config["configurable"]["thread_id"])
+    thread_id = config["configurable"]["thread_id"]
+    agent_id = codec.agent_id(thread_id)
+    created = Call("event_emit", (agent, THREAD_EVENT, {"thread_id": str(thread_id)}))
     if agent_id not in known:
-        yield Call(
-            "event_emit", (agent, THREAD_EVENT, {"thread_id": str(config["configurable"]["thread_id"])})
-        )
+        yield created
         known.add(agent_id)
-    yield Call("checkpoint_create", (agent,), body)
+    try:
+        yield Call("checkpoint_create", (agent,), body)
+    except NotFound:  # the thread was deleted elsewhere since this saver saw it
+        yield created
+        yield Call("checkpoint_create", (agent,), body)
 
 
 def put_writes_steps(

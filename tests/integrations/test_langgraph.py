@@ -321,3 +321,14 @@ def test_the_dashboard_shows_stored_values_decoded(server: str, alice_key: str) 
     assert "Where is my parcel?" in shown and "HumanMessage" in shown
     assert "2026-12-01T09:30:00+00:00" in shown
     assert '"b64"' not in shown
+
+
+def test_a_thread_deleted_by_another_saver_can_be_written_again(server: str, alice_key: str) -> None:
+    first, other = CtxappSaver(Client(server, alice_key)), CtxappSaver(Client(server, alice_key))
+    config = {"configurable": {"thread_id": "shared", "checkpoint_ns": ""}}
+    first.put(config, _checkpoint(n=1), {"source": "input", "step": -1}, {})
+    other.delete_thread("shared")
+    assert first.get_tuple(config) is None
+    first.put(config, _checkpoint(n=2), {"source": "input", "step": -1}, {})
+    found = other.get_tuple(config)
+    assert found is not None and found.checkpoint["channel_values"] == {"n": 2}
