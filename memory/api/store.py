@@ -6,6 +6,7 @@ result per operation, in order. A key bound to an agent has a store of its own.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.urls import path
@@ -19,6 +20,7 @@ from memory.models import ApiKeyScope, StoreItem
 from memory.services import store
 
 MAX_OPS = 100
+MAX_TTL_MINUTES = 60 * 24 * 365 * 100  # a century
 
 
 class StrictSerializer(serializers.Serializer):
@@ -55,7 +57,19 @@ class PutOpSerializer(StrictSerializer):
         max_length=50,
         help_text="What search by meaning embeds (none: the item is found by namespace and filter only).",
     )
-    ttl = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0.0001)
+    ttl = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=0.0001,
+        max_value=MAX_TTL_MINUTES,
+        help_text="Minutes the item lives (refreshed by reads that ask for it); none: forever.",
+    )
+
+    def validate_ttl(self, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise serializers.ValidationError("Must be a finite number of minutes.")
+        return value
 
 
 class SearchOpSerializer(StrictSerializer):

@@ -175,6 +175,9 @@ def test_bad_operations_are_refused_whole(server: str, alice_key: str) -> None:
     with pytest.raises(CtxappError) as unknown:
         client.store_batch([{"op": "get", "namespace": ["a"], "key": "k", "colour": "red"}])
     assert unknown.value.status == 422 and "colour" in str(unknown.value.details)
+    with pytest.raises(CtxappError) as forever:
+        client.store_batch([{"op": "put", "namespace": ["a"], "key": "k", "value": {}, "ttl": 1e300}])
+    assert forever.value.status == 422 and "ttl" in str(forever.value.details)
     reader_secret = api_key_create(tenant=Tenant.objects.get(slug="alice"), name="r", scopes=["read"])[1]
     reader = CtxappStore(Client(server, reader_secret))
     assert reader.get(("a",), "k") is None
