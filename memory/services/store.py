@@ -240,4 +240,15 @@ def store_batch(*, scope: StoreScope, ops: list[Op]) -> list[Any]:
                 results.append(store_namespaces(scope=scope, listing=op))
         for put in puts.values():
             store_put(scope=scope, put=put)
+        if puts:
+            store_expired_purge(scope=scope)
     return results
+
+
+def store_expired_purge(*, scope: StoreScope, limit: int = 1000) -> int:
+    """Delete up to `limit` of the owner's items past their TTL (run by each batch that writes,
+    so a store in use does not keep what it can no longer answer); how many went."""
+    doomed = StoreItem.objects.filter(tenant=scope.tenant, owner=scope.owner, expires_at__lte=timezone.now())
+    pks = list(doomed.values_list("pk", flat=True)[:limit])
+    deleted, _ = StoreItem.objects.filter(pk__in=pks).delete()
+    return deleted

@@ -142,6 +142,10 @@ def test_items_expire_after_their_ttl_and_a_read_refreshes_it(server: str, alice
     later = StoreItem.objects.get(key="long").expires_at
     store.get(("t",), "long", refresh_ttl=False)
     assert StoreItem.objects.get(key="long").expires_at == later
+    # The expired row is gone once the store is written again.
+    assert StoreItem.objects.filter(key="short").exists()
+    store.put(("t",), "another", {"v": 3})
+    assert not StoreItem.objects.filter(key="short").exists()
 
 
 def test_another_tenant_and_a_bound_key_have_stores_of_their_own(
