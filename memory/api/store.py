@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from django.urls import path
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.response import Response
 
@@ -99,6 +99,15 @@ OP_SERIALIZERS: dict[str, type[StrictSerializer]] = {
 }
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "description": "One operation: `op` (get, put, search, list_namespaces) and its fields.",
+        "properties": {"op": {"type": "string", "enum": list(OP_SERIALIZERS)}},
+        "required": ["op"],
+        "additionalProperties": True,
+    }
+)
 class OpField(serializers.Field):
     """One operation, validated by the serializer its `op` names, into a store.Op."""
 
