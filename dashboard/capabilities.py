@@ -13,6 +13,7 @@ from typing import Any
 from django.db import transaction
 
 from dashboard import charts
+from dashboard.langgraph_values import langgraph_values_decoded
 from dashboard.selectors import experience_problems, fact_keys, session_events
 from dashboard.timeline import event_summary
 from memory.api.shapes import recovered_state_out
@@ -394,7 +395,7 @@ def checkpoint_get(*, tenant: Tenant, agent: Agent, checkpoint_id: str) -> Any |
         "id": checkpoint.public_id,
         "reason": checkpoint.reason,
         "created_at": checkpoint.created_at,
-        "state": cognition.checkpoint_state(checkpoint=checkpoint),
+        "state": langgraph_values_decoded(cognition.checkpoint_state(checkpoint=checkpoint)),
     }
 
 

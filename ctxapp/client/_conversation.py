@@ -106,6 +106,21 @@ class ConversationOps:
         return Request("DELETE", f"/sessions/{session_id}", idempotency_key=idempotency_key)
 
     @operation
+    def agent_delete(agent: str, *, idempotency_key: str | None = None) -> Request[None]:
+        """Delete the agent and everything kept under it (sessions, state, checkpoints, its events)."""
+        return Request("DELETE", f"/agents/{agent}", idempotency_key=idempotency_key)
+
+    @operation
+    def agent_ids_list(
+        *, prefix: str = "", exact: str | None = None, cursor: str | None = None, limit: int | None = None
+    ) -> Request[dict[str, Any]]:
+        """One page of the ids of the tenant's agents that start with `prefix` (or are `exact`:
+        an empty page when it does not exist), newest first."""
+        return Request(
+            "GET", "/agent-ids", params={"prefix": prefix, "exact": exact, "cursor": cursor, "limit": limit}
+        )
+
+    @operation
     def agent_latest_session(agent: str) -> Request[SessionOut]:
         """The agent's most recently created session; NotFound (code `no_session`) when none."""
         return Request("GET", f"/agents/{agent}/latest-session")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ctxapp.client._core import Request, as_dict, drop_none, operation
+from ctxapp.client._core import Request, as_dict, drop_none, field, operation
 from ctxapp.client.types import ExperienceBulkOut, ExperiencePolicyOut, Page
 
 
@@ -193,6 +193,11 @@ class KnowledgeOps:
         """Make a checkpoint's state current again (a new state version and a new checkpoint)."""
         body = drop_none({"checkpoint": str(checkpoint), "reason": reason})
         return Request("POST", f"/agents/{agent}/state/restore", json=body, idempotency_key=idempotency_key)
+
+    @operation
+    def store_batch(ops: list[dict[str, Any]]) -> Request[list[Any]]:
+        """Key-value store operations (get, put, search, list_namespaces), one result each, in order."""
+        return Request("POST", "/store/batch", json={"ops": ops}, parse=field("results"))
 
     @operation
     def checkpoint_create(

@@ -6,11 +6,12 @@ client calls (`Call`), which the sync and async drivers in langgraph.py carry ou
 from __future__ import annotations
 
 import base64
+import hashlib
 import math
-import re
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -30,7 +31,7 @@ REASON = "langgraph"
 WRITES_EVENT = "agent.langgraph.writes"
 THREAD_EVENT = "agent.langgraph.thread"
 REASON_MAX = 200
-SAFE_THREAD = re.compile(r"^[A-Za-z0-9._:@+=-]{1,150}$")
+AGENT_ID_MAX = 200
 PAGE = 1000
 
 
@@ -49,6 +50,11 @@ def _plain(value: Any) -> bool:
     return False
 
 
+def segment(agent_id: str) -> str:
+    """An agent id as one URL path segment."""
+    return quote(agent_id, safe="")
+
+
 def _reason(checkpoint_ns: str) -> str:
     return (f"{REASON} {checkpoint_ns}" if checkpoint_ns else REASON)[:REASON_MAX]
 
@@ -60,11 +66,20 @@ class Codec:
         self.serde = serde
         self.agent_prefix = agent_prefix
 
-    def agent(self, thread_id: Any) -> str:
+    def agent_id(self, thread_id: Any) -> str:
+        """The thread's agent id: the prefix and the thread id as given, but for the characters an
+        agent id cannot hold ('/', control characters) and '%', percent-encoded."""
         text = str(thread_id)
-        if SAFE_THREAD.match(text):
-            return self.agent_prefix + text
-        return self.agent_prefix + "b64-" + base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+        name = self.agent_prefix + "".join(
+            c if c.isprintable() and c not in "/%" else quote(c, safe="") for c in text
+        )
+        if len(name) <= AGENT_ID_MAX:  # longer: cut, and told apart by a digest of the whole id
+            return name
+        return name[: AGENT_ID_MAX - 17] + "~" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def agent(self, thread_id: Any) -> str:
+        """The thread's agent as a URL path segment."""
+        return segment(self.agent_id(thread_id))
 
     def pack(self, value: Any) -> dict[str, Any]:
         if _plain(value):
@@ -142,9 +157,6 @@ class Codec:
         }
         return self.agent(config["configurable"]["thread_id"]), body
 
-    def thread_payload(self, config: RunnableConfig) -> dict[str, Any]:
-        return {"thread_id": str(config["configurable"]["thread_id"])}
-
     def writes_payload(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
     ) -> dict[str, Any]:
@@ -160,12 +172,12 @@ class Codec:
             ],
         }
 
-    def writes_index(self, events: list[dict[str, Any]]) -> dict[tuple[str, str], list[PendingWrite]]:
-        """Pending writes per (namespace, checkpoint id), from `agent.langgraph.writes` events in
-        stream order: a regular write is kept once per (task, index), a special one replaced."""
+    def writes_index(self, payloads: list[dict[str, Any]]) -> dict[tuple[str, str], list[PendingWrite]]:
+        """Pending writes per (namespace, checkpoint id), from the payloads of
+        `agent.langgraph.writes` events in stream order: a regular write is kept once per (task,
+        index), a special one replaced."""
         stored: dict[tuple[str, str], dict[tuple[str, int], tuple[str, str, Any, str]]] = {}
-        for event in events:
-            payload = event.get("payload") or {}
+        for payload in payloads:
             key = (payload.get("checkpoint_ns", ""), payload.get("checkpoint_id", ""))
             bucket = stored.setdefault(key, {})
             for index, channel, value in payload.get("writes", []):
@@ -184,20 +196,6 @@ class Codec:
         }
 
 
-class _WritesRange:
-    """The writes events loaded so far (seq > `after`), in stream order, and their index."""
-
-    def __init__(self) -> None:
-        self.after: int | None = None
-        self.events: list[dict[str, Any]] = []
-        self.index: dict[tuple[str, str], list[PendingWrite]] = {}
-
-    def extend(self, after: int, earlier: list[dict[str, Any]], codec: Codec) -> None:
-        self.events = earlier + self.events
-        self.after = after
-        self.index = codec.writes_index(self.events)
-
-
 def _matches(item: dict[str, Any], checkpoint_ns: str | None) -> bool:
     """Could this checkpoint (metadata only) be in `checkpoint_ns` (None: any)? The reason may be
     truncated, so a long namespace is confirmed from the state."""
@@ -205,6 +203,11 @@ def _matches(item: dict[str, Any], checkpoint_ns: str | None) -> bool:
     if not (reason == REASON or reason.startswith(REASON + " ")):
         return False
     return checkpoint_ns is None or reason == _reason(checkpoint_ns)
+
+
+def is_langgraph_checkpoint(item: dict[str, Any]) -> bool:
+    """Was this checkpoint (metadata only) put by the saver, in any namespace?"""
+    return _matches(item, None)
 
 
 def _candidates(
@@ -268,7 +271,7 @@ def resume(steps: Steps, answer: Any = None, error: CtxappError | None = None) -
         return DONE
 
 
-def _all_checkpoints(agent: str) -> Steps:
+def all_checkpoints(agent: str) -> Steps:
     """Every checkpoint (metadata) of the agent, page by page; none for an agent not yet created."""
     items: list[dict[str, Any]] = []
     cursor = None
@@ -283,28 +286,50 @@ def _all_checkpoints(agent: str) -> Steps:
         return []
 
 
-# Pending writes of a checkpoint are the writes events after its own `checkpoint.created`
-# event. Walking checkpoints newest first, each older one extends the loaded range backwards
-# (events after its seq, up to where the range already starts) instead of re-reading it all.
-def _writes_load(agent: str, loaded: _WritesRange, after: int, codec: Codec) -> Steps:
-    if loaded.after is not None and after >= loaded.after:
-        return
-    earlier: list[dict[str, Any]] = []
-    cursor: int | None = after
-    while cursor is not None:
-        page = yield Call("events_list", (agent,), {"after": cursor, "type": WRITES_EVENT})
-        cursor = page["next_after"]
-        for event in page["items"]:
-            if loaded.after is not None and event["seq"] > loaded.after:
-                cursor = None
-                break
-            earlier.append(dict(event))
-    loaded.extend(after, earlier, codec)
+def all_writes(agent: str) -> Steps:
+    """The payloads of every writes event of the agent, in stream order."""
+    payloads: list[dict[str, Any]] = []
+    cursor: int | None = 0
+    try:
+        while cursor is not None:
+            page = yield Call("events_list", (agent,), {"after": cursor, "limit": PAGE, "type": WRITES_EVENT})
+            payloads.extend(event.get("payload") or {} for event in page["items"])
+            cursor = page["next_after"] if page["items"] else None
+    except NotFound:
+        return []
+    return payloads
 
 
-def tuples_steps(
+def _thread_exists(codec: Codec, thread_id: Any, known: set[str]) -> Steps:
+    """Does the thread's agent exist? Asked once per saver and agent (a lookup that answers an
+    empty page rather than 404 for a thread not yet written)."""
+    agent_id = codec.agent_id(thread_id)
+    if agent_id in known:
+        return True
+    page = yield Call("agent_ids_list", (), {"exact": agent_id, "limit": 1})
+    if page["items"]:
+        known.add(agent_id)
+        return True
+    return False
+
+
+def thread_agents(codec: Codec) -> Steps:
+    """The URL segments of every thread's agent (the agents whose id starts with the prefix)."""
+    agents: list[str] = []
+    cursor = None
+    while True:
+        page = yield Call(
+            "agent_ids_list", (), {"prefix": codec.agent_prefix, "cursor": cursor, "limit": PAGE}
+        )
+        agents.extend(segment(agent_id) for agent_id in page["items"])
+        cursor = page["next_cursor"]
+        if not cursor:
+            return agents
+
+
+def _agent_tuples(
     codec: Codec,
-    thread_id: str,
+    agent: str,
     checkpoint_ns: str | None,
     checkpoint_id: str | None,
     *,
@@ -312,40 +337,84 @@ def tuples_steps(
     filter: dict[str, Any] | None,
     limit: int | None,
 ) -> Steps:
-    """The thread's checkpoints that match, newest first, as CheckpointTuples (at most `limit`)."""
-    if limit is not None and limit <= 0:
-        return
-    agent = codec.agent(thread_id)
+    """The agent's checkpoints that match, newest first, as CheckpointTuples (at most `limit`);
+    returns how many it yielded."""
     rows = _candidates(
-        (yield from _all_checkpoints(agent)),
+        (yield from all_checkpoints(agent)),
         checkpoint_ns=checkpoint_ns,
         checkpoint_id=checkpoint_id,
         before=before,
     )
-    loaded = _WritesRange()
+    index: dict[tuple[str, str], list[PendingWrite]] | None = None
     count = 0
     for row in rows:
+        if limit is not None and count >= limit:
+            break
         state = (yield Call("checkpoint_get", (agent, row["seq"])))["state"]
         document = state["working_memory"]["langgraph"]
         if checkpoint_ns is not None and document["checkpoint_ns"] != checkpoint_ns:
             continue
         if not _filter_ok(codec.unpack(document["metadata"]), filter):
             continue
-        yield from _writes_load(agent, loaded, row["covers_event_seq"], codec)
-        yield codec.checkpoint_tuple(state, loaded.index)
+        if index is None:
+            index = codec.writes_index((yield from all_writes(agent)))
+        yield codec.checkpoint_tuple(state, index)
         count += 1
-        if limit is not None and count >= limit:
-            return
+    return count
+
+
+def tuples_steps(
+    codec: Codec,
+    thread_id: Any,
+    checkpoint_ns: str | None,
+    checkpoint_id: str | None,
+    *,
+    before: str | None,
+    filter: dict[str, Any] | None,
+    limit: int | None,
+    known: set[str],
+) -> Steps:
+    """The checkpoints that match, newest first, as CheckpointTuples (at most `limit`): of one
+    thread, or (thread_id None) of every thread, one thread after another."""
+    if limit is not None and limit <= 0:
+        return
+    if thread_id is None:
+        agents = yield from thread_agents(codec)
+    elif (yield from _thread_exists(codec, thread_id, known)):
+        agents = [codec.agent(thread_id)]
+    else:
+        agents = []
+    for agent in agents:
+        found = yield from _agent_tuples(
+            codec, agent, checkpoint_ns, checkpoint_id, before=before, filter=filter, limit=limit
+        )
+        if limit is not None:
+            limit -= found
+            if limit <= 0:
+                return
 
 
 def put_steps(
-    codec: Codec, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
+    codec: Codec,
+    config: RunnableConfig,
+    checkpoint: Checkpoint,
+    metadata: CheckpointMetadata,
+    known: set[str],
 ) -> Steps:
+    """One checkpoint. Before the first of a thread this saver has not seen, an event creates the
+    thread's agent if it does not exist yet (an event's POST creates its agent; a checkpoint's
+    does not), so no request fails."""
     agent, body = codec.checkpoint_body(config, checkpoint, metadata)
+    thread_id = config["configurable"]["thread_id"]
+    agent_id = codec.agent_id(thread_id)
+    created = Call("event_emit", (agent, THREAD_EVENT, {"thread_id": str(thread_id)}))
+    if agent_id not in known:
+        yield created
+        known.add(agent_id)
     try:
         yield Call("checkpoint_create", (agent,), body)
-    except NotFound:  # a new thread: its agent comes into being with an event
-        yield Call("event_emit", (agent, THREAD_EVENT, codec.thread_payload(config)))
+    except NotFound:  # the thread was deleted elsewhere since this saver saw it
+        yield created
         yield Call("checkpoint_create", (agent,), body)
 
 
@@ -354,3 +423,12 @@ def put_writes_steps(
 ) -> Steps:
     agent = codec.agent(config["configurable"]["thread_id"])
     yield Call("event_emit", (agent, WRITES_EVENT, codec.writes_payload(config, writes, task_id, task_path)))
+
+
+def delete_thread_steps(codec: Codec, thread_id: Any, known: set[str]) -> Steps:
+    """Delete the thread's agent: its checkpoints and writes events with it."""
+    known.discard(codec.agent_id(thread_id))
+    try:
+        yield Call("agent_delete", (codec.agent(thread_id),))
+    except NotFound:
+        return

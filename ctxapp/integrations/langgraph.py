@@ -10,8 +10,8 @@
 
 Mapping (docs/integrations.md, "LangChain and LangGraph"):
 
-- a LangGraph thread is a ctxapp agent, `<agent_prefix><thread_id>` (a thread id with characters
-  that cannot appear in a URL path is base64url-encoded, `b64-…`), created on first use;
+- a LangGraph thread is a ctxapp agent, `<agent_prefix><thread_id>`, the thread id as given but
+  for '/' and '%' (percent-encoded), created by an event before the saver's first put;
 - each `put` is one ctxapp checkpoint of that agent (`POST /api/v1/agents/{agent}/checkpoints`,
   so the thread gets ctxapp's delta storage, diff and dashboard timeline). Its cognitive state's
   `working_memory.langgraph` holds the thread, namespace, checkpoint id and parent id, the
@@ -21,12 +21,11 @@ Mapping (docs/integrations.md, "LangChain and LangGraph"):
   `produced_by` the checkpoint id, `step` the metadata's step;
 - `put_writes` records one `agent.langgraph.writes` event on the agent's stream (checkpoint id,
   namespace, task id and path, and the writes in the same encoding); `get_tuple` and `list` read
-  them back from the events after the checkpoint (`covers_event_seq`), sorted as LangGraph sorts
-  them, a regular write kept once per (task, index) and a special one (error, interrupt…) replaced.
-
-Not supported: `list(None, …)` (listing every thread; ctxapp lists checkpoints per agent) raises
-ValueError; `delete_thread` is not implemented (LangGraph's base raises NotImplementedError):
-checkpoints follow ctxapp's retention policy, and events are never deleted.
+  them back keyed by (namespace, checkpoint id, task id, index), wherever they sit in the stream,
+  sorted as LangGraph sorts them, a regular write kept once per (task, index) and a special one
+  (error, interrupt…) replaced;
+- `list(None)` lists every thread (agents with the prefix); `delete_thread` deletes the agent;
+  `copy_thread`, `prune` and `delete_for_runs` rewrite whole threads (_langgraph_threads.py).
 """
 
 from __future__ import annotations
@@ -51,11 +50,13 @@ from ctxapp.integrations._langgraph_core import (
     Call,
     Codec,
     Steps,
+    delete_thread_steps,
     put_steps,
     put_writes_steps,
     resume,
     tuples_steps,
 )
+from ctxapp.integrations._langgraph_threads import copy_thread_steps, delete_for_runs_steps, prune_steps
 
 __all__ = ["CtxappSaver"]
 
@@ -114,6 +115,7 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         self.client = client
         self.async_client = async_client
         self.codec = Codec(self.serde, agent_prefix)
+        self._known: set[str] = set()  # agent ids known to exist (no lookup before their reads)
 
     # --- helpers -----------------------------------------------------------------------------
     @property
@@ -137,22 +139,28 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
         exact_ns: bool = False,
     ) -> Steps:
-        """The `_tuples` steps for a `get_tuple` (exact_ns: no namespace is the root one) or a `list`."""
-        if config is None:
-            raise ValueError(
-                "CtxappSaver lists the checkpoints of one thread: pass {'configurable': {'thread_id': …}}."
-            )
-        configurable = config["configurable"]
+        """The steps of a `get_tuple` (exact_ns: no namespace is the root one) or a `list` (config
+        None: every thread)."""
+        configurable = (config or {}).get("configurable", {})
         checkpoint_ns = configurable.get("checkpoint_ns")
         return tuples_steps(
             self.codec,
-            str(configurable["thread_id"]),
+            configurable.get("thread_id"),
             (checkpoint_ns or "") if exact_ns else checkpoint_ns,
-            get_checkpoint_id(config),
+            get_checkpoint_id(config) if config else None,
             before=get_checkpoint_id(before) if before else None,
             filter=filter,
             limit=limit,
+            known=self._known,
         )
+
+    def _run(self, steps: Steps) -> None:
+        for _ in _drive(steps, self._sync):
+            pass
+
+    async def _arun(self, steps: Steps) -> None:
+        async for _ in _adrive(steps, self._async):
+            pass
 
     # --- sync ----------------------------------------------------------------------------------
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -176,8 +184,7 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        for _ in _drive(put_steps(self.codec, config, checkpoint, metadata), self._sync):
-            pass
+        self._run(put_steps(self.codec, config, checkpoint, metadata, self._known))
         return self._stored_config(config, checkpoint)
 
     def put_writes(
@@ -187,8 +194,19 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        for _ in _drive(put_writes_steps(self.codec, config, writes, task_id, task_path), self._sync):
-            pass
+        self._run(put_writes_steps(self.codec, config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._run(delete_thread_steps(self.codec, thread_id, self._known))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._run(copy_thread_steps(self.codec, source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._run(prune_steps(self.codec, thread_ids, strategy, self._known))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._run(delete_for_runs_steps(self.codec, run_ids))
 
     # --- async ---------------------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -215,8 +233,7 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        async for _ in _adrive(put_steps(self.codec, config, checkpoint, metadata), self._async):
-            pass
+        await self._arun(put_steps(self.codec, config, checkpoint, metadata, self._known))
         return self._stored_config(config, checkpoint)
 
     async def aput_writes(
@@ -226,10 +243,20 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        async for _ in _adrive(put_writes_steps(self.codec, config, writes, task_id, task_path), self._async):
-            pass
+        await self._arun(put_writes_steps(self.codec, config, writes, task_id, task_path))
 
-    # --- shared --------------------------------------------------------------------------------
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._arun(delete_thread_steps(self.codec, thread_id, self._known))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self._arun(copy_thread_steps(self.codec, source_thread_id, target_thread_id))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await self._arun(prune_steps(self.codec, thread_ids, strategy, self._known))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await self._arun(delete_for_runs_steps(self.codec, run_ids))
+
     # --- shared --------------------------------------------------------------------------------
     @staticmethod
     def _stored_config(config: RunnableConfig, checkpoint: Checkpoint) -> RunnableConfig:

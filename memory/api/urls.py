@@ -12,4 +12,6 @@ urlpatterns = [
     path("", include("memory.api.decay")),
     path("", include("memory.api.digest")),
     path("", include("memory.api.memory")),
+    path("", include("memory.api.agent_lifecycle")),
+    path("", include("memory.api.store")),
 ]

@@ -10,4 +10,5 @@ from memory.models.otel import *  # noqa: F403
 from memory.models.recorder import *  # noqa: F403
 from memory.models.search_stats import *  # noqa: F403
 from memory.models.sessions import *  # noqa: F403
+from memory.models.store import *  # noqa: F403
 from memory.models.tenancy import *  # noqa: F403

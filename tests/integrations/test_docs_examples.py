@@ -37,12 +37,18 @@ def _run(code: str, server: str, key: str) -> str:
 
 def test_there_is_one_example_per_adapter() -> None:
     examples = _examples()
-    assert len(examples) == 4
-    for name in ("OTLPSpanExporter", "CtxappSaver", "CtxappChatMessageHistory", "CtxappRetriever"):
+    assert len(examples) == 5
+    for name in (
+        "OTLPSpanExporter",
+        "CtxappSaver",
+        "CtxappStore",
+        "CtxappChatMessageHistory",
+        "CtxappRetriever",
+    ):
         assert sum(name in code for code in examples) == 1, name
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(5))
 def test_the_example_runs_as_printed(server: str, alice_key: str, index: int) -> None:
     code = _examples()[index]
     out = _run(code, server, alice_key)
@@ -54,6 +60,8 @@ def test_the_example_runs_as_printed(server: str, alice_key: str, index: int) ->
         ]
     elif "CtxappSaver" in code:
         assert out.splitlines() == ["('book',)", "['planned', 'booked']"]
+    elif "CtxappStore" in code:
+        assert out.splitlines() == ["m1 Allergic to peanuts", "[('users', 'u-docs', 'memories')]"]
     elif "CtxappChatMessageHistory" in code:
         lines = out.splitlines()
         assert re.fullmatch(r"sess_\S+ 4", lines[0]), lines
