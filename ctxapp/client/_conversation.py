@@ -63,11 +63,15 @@ class ConversationOps:
         model: str | None = None,
         metadata: dict[str, Any] | None = None,
         ttl_seconds: int | None = None,
+        key: str | None = None,
         idempotency_key: str | None = None,
     ) -> Request[SessionOut]:
+        """Open a session; with `key` (the app's own id, unique per agent) the agent's session
+        with that key when it has one (answered 200, unchanged), so the call is idempotent."""
         body = drop_none(
             {
                 "agent": agent,
+                "key": key,
                 "user_id": user_id,
                 "model": model,
                 "metadata": metadata,

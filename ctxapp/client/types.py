@@ -9,6 +9,7 @@ from typing import Any, TypedDict
 class SessionOut(TypedDict):
     id: str
     agent: str
+    key: str | None
     user_id: str
     model: str
     metadata: dict[str, Any]

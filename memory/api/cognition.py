@@ -22,7 +22,7 @@ from memory.api.agent_scope import (
     IF_MATCH_PARAM,
     AgentScopedView,
 )
-from memory.api.base import MAX_BIGINT, CursorSerializer, keyset_page
+from memory.api.base import MAX_BIGINT, BodySerializer, CursorSerializer, keyset_page
 from memory.api.parsers import JsonPatchParser, TextSafeJSONParser
 from memory.api.shapes import (
     CheckpointOutputSerializer,
@@ -91,7 +91,9 @@ class AgentStateApi(AgentScopedView):
             out["upgraded_from"] = view.upgraded_from
         return Response(out)
 
-    class PatchSerializer(serializers.Serializer):
+    class PatchSerializer(BodySerializer):
+        json_unbounded_fields = frozenset({"patch"})  # the state: a document
+
         class Meta:
             ref_name = "AgentStatePatchInput"
 
@@ -120,7 +122,7 @@ class AgentStateApi(AgentScopedView):
 
 
 class AgentStateRestoreApi(AgentScopedView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "AgentStateRestoreInput"
 
@@ -152,10 +154,11 @@ class AgentCheckpointsApi(AgentScopedView):
     idempotent_optimistic = True  # a hot path: one statement for its Idempotency-Key
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "AgentCheckpointsInput"
 
+        json_unbounded_fields = frozenset({"state", "patch"})  # the state: a document
         reason = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
         step = serializers.IntegerField(
             required=False, allow_null=True, default=None, min_value=-MAX_BIGINT, max_value=MAX_BIGINT
@@ -270,7 +273,7 @@ class AgentRecoveredStateApi(AgentScopedView):
 
 
 class AgentReducersApi(AgentScopedView):
-    class ReducerSerializer(serializers.Serializer):
+    class ReducerSerializer(BodySerializer):
         class Meta:
             ref_name = "AgentReducersReducer"
 
@@ -300,7 +303,7 @@ class AgentReducersApi(AgentScopedView):
                 )
             return value
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "AgentReducersInput"
 

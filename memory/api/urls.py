@@ -4,6 +4,7 @@ from django.urls import include, path
 
 urlpatterns = [
     path("", include("memory.api.tenancy")),
+    path("", include("memory.api.agents")),
     path("", include("memory.api.sessions")),
     path("", include("memory.api.context")),
     path("", include("memory.api.experiences")),
