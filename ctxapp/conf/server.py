@@ -188,7 +188,7 @@ class ServerSettings:
         parse_positive_int,
         64 * 1024,
         "Largest free JSON value of a request field (session, task and experience `metadata`, "
-        "OpenAI-style `usage`, …) as compact JSON; larger → 413 `payload_too_large` naming the field.",
+        "OpenAI-style `usage`, …) as compact UTF-8 JSON; larger → 422 `validation_error` naming the field.",
         group="api",
     )
     message_max_bytes: int = setting(

@@ -6,6 +6,7 @@ Every lookup is scoped to the tenant: another tenant's id raises NotFound exactl
 from __future__ import annotations
 
 from django.db.models import Count, IntegerField, Max, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
 from memory.exceptions import NoSession, NotFound
 from memory.models import Agent, Message, Session, Task, Tenant
@@ -28,7 +29,9 @@ def agents_list(*, tenant: Tenant, external_id: str | None = None) -> QuerySet[A
     if external_id is not None:
         queryset = queryset.filter(external_id=external_id)
     return queryset.annotate(
-        session_count=Subquery(sessions.annotate(n=Count("pk")).values("n"), output_field=IntegerField()),
+        session_count=Coalesce(
+            Subquery(sessions.annotate(n=Count("pk")).values("n"), output_field=IntegerField()), 0
+        ),
         last_active_at=Subquery(sessions.annotate(at=Max("last_accessed_at")).values("at")),
     )
 

@@ -7,15 +7,15 @@ needed next (PostgreSQL: "deadlock detected" on memory_eventstream). Real thread
 
 from __future__ import annotations
 
-import threading
+import functools
 
 import pytest
-from django.db import connection
 
 from memory.models import Event, Experience, Session, SessionStatus
 from memory.services import decay
 from memory.services.experiences import experiences_promote
 from memory.services.sessions import session_create, session_end
+from tests.helpers import run_together
 
 KEYS = ["db", "queue", "region", "runtime", "storage"]
 ROUNDS = 6
@@ -28,28 +28,6 @@ def _session_with_facts(tenant, agent: str, keys: list[str]) -> Session:
             tenant=tenant, session=session, key=key, fact_type="constraint", content=f"{key} is fixed"
         )
     return session
-
-
-def _end_together(tenant, sessions: list[Session]) -> list[BaseException]:
-    barrier = threading.Barrier(len(sessions))
-    errors: list[BaseException] = []
-
-    def end(session: Session) -> None:
-        try:
-            barrier.wait(timeout=30)
-            session_end(tenant=tenant, session=session)
-        except BaseException as exc:  # surfaced by the caller
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=end, args=(s,)) for s in sessions]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not any(thread.is_alive() for thread in threads), "a session_end never returned"
-    return errors
 
 
 @pytest.mark.django_db(transaction=True)
@@ -65,7 +43,7 @@ def test_concurrent_session_ends_promoting_the_same_keys_all_end(tenant_a, agent
             _session_with_facts(tenant_a, agents[0], KEYS),
             _session_with_facts(tenant_a, agents[1], KEYS[::-1]),
         ]
-        errors = _end_together(tenant_a, pair)
+        _, errors = run_together([functools.partial(session_end, tenant=tenant_a, session=s) for s in pair])
         assert errors == [], [f"{type(e).__name__}: {e}" for e in errors]
         ended.extend(pair)
 
