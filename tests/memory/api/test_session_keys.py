@@ -126,3 +126,10 @@ def test_a_bound_key_lists_only_its_agent(tenant_a, api_a) -> None:
     key_b.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
     assert [a["name"] for a in key_b.get("/api/v1/agents").json()["items"]] == ["agent-b"]
     assert key_b.get("/api/v1/agents/agent-a").status_code == 403
+
+
+def test_the_python_client_opens_a_session_by_its_key_once(alice) -> None:
+    first = alice.session_create("support-bot", key="conv-r1", user_id="u1")
+    again = alice.session_create("support-bot", key="conv-r1")
+    assert first["key"] == "conv-r1" and again["id"] == first["id"]
+    assert Session.objects.filter(key="conv-r1").count() == 1
