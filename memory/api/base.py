@@ -37,11 +37,10 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 MAX_BIGINT = 2**63 - 1  # PostgreSQL bigint: the bound of every integer input stored or compared as one
-MAX_INTEGER = 2**31 - 1  # PostgreSQL integer: the bound of every integer input stored as one
 # In a session route, the session id `by-key` means "the session of the `agent` and `key` query
 # parameters": the application's own id of the conversation instead of ours.
 SESSION_BY_KEY = "by-key"
-FREE_JSON_FIELDS = (serializers.DictField, serializers.JSONField, serializers.ListField)
+FREE_JSON_FIELDS = (serializers.DictField, serializers.JSONField)  # lists are checked item by item
 
 
 def json_size_error(value: Any) -> str | None:
@@ -55,8 +54,9 @@ def json_size_error(value: Any) -> str | None:
 
 # The base of every request-body serializer: what the body holds is what the API declares. A field
 # the serializer does not declare is refused (422 `validation_error` naming it, with the known
-# ones), so a typo is never silently dropped; so is a free JSON value (a dict, list or JSON field)
-# over CTXAPP_MAX_JSON_FIELD_BYTES as compact JSON, checked before the field itself is validated.
+# ones), so a typo is never silently dropped; so is a free JSON value (a dict or JSON field; a
+# list's items are checked by their own field) over CTXAPP_MAX_JSON_FIELD_BYTES as compact JSON,
+# checked before the field itself is validated.
 # Nested input serializers are checked the same way. (A comment, not a docstring: drf-spectacular
 # would make a docstring the description of every request component.)
 class BodySerializer(serializers.Serializer):
@@ -86,9 +86,7 @@ class BodySerializer(serializers.Serializer):
         for name, field in self.fields.items():
             if name not in data or name in self.json_unbounded_fields or field.read_only:
                 continue
-            if not isinstance(field, FREE_JSON_FIELDS) or isinstance(
-                getattr(field, "child", None), serializers.Serializer
-            ):
+            if not isinstance(field, FREE_JSON_FIELDS):
                 continue
             error = json_size_error(data[name])
             if error is not None:

@@ -92,8 +92,6 @@ class AgentStateApi(AgentScopedView):
         return Response(out)
 
     class PatchSerializer(BodySerializer):
-        json_unbounded_fields = frozenset({"patch"})  # the state: a document
-
         class Meta:
             ref_name = "AgentStatePatchInput"
 
@@ -158,7 +156,7 @@ class AgentCheckpointsApi(AgentScopedView):
         class Meta:
             ref_name = "AgentCheckpointsInput"
 
-        json_unbounded_fields = frozenset({"state", "patch"})  # the state: a document
+        json_unbounded_fields = frozenset({"state"})  # a document
         reason = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
         step = serializers.IntegerField(
             required=False, allow_null=True, default=None, min_value=-MAX_BIGINT, max_value=MAX_BIGINT

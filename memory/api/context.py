@@ -24,7 +24,7 @@ MAX_TOKENS = 2**31 - 1  # the usage columns are PostgreSQL integers: larger answ
 
 
 class ChatMessageSerializer(BodySerializer):
-    json_unbounded_fields = frozenset({"content", "tool_calls"})  # the prompt itself
+    json_unbounded_fields = frozenset({"content"})  # the prompt itself
     role = serializers.ChoiceField(choices=["system", "user", "assistant", "tool", "developer"])
     content = serializers.JSONField(required=False, allow_null=True)
     name = serializers.CharField(required=False, allow_blank=True)
@@ -44,7 +44,6 @@ class TokensCountApi(TenantApiView):
 
     @extend_schema_serializer(component_name="TokensCountInput")
     class InputSerializer(BodySerializer):
-        json_unbounded_fields = frozenset({"tools"})  # the prompt itself
         text = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
         messages = ChatMessageSerializer(many=True, required=False)
         tools = serializers.ListField(child=serializers.DictField(), required=False)
@@ -205,7 +204,6 @@ class SessionContextApi(TenantApiView):
 
     @extend_schema_serializer(component_name="ContextBuildInput")
     class InputSerializer(BodySerializer):
-        json_unbounded_fields = frozenset({"tools"})  # the prompt itself
         input = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, default="")
         model = serializers.CharField(required=False, allow_blank=True, default="")
         system_parts = SystemPartSerializer(many=True, required=False)
@@ -340,9 +338,7 @@ class SessionUsageApi(TenantApiView):
             if value is None:
                 return None
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOKENS:
-                raise InvalidInput(
-                    details={"fields": {f"usage.{name}": [f"Expected an integer from 0 to {MAX_TOKENS}."]}}
-                )
+                raise InvalidInput(details={"fields": {f"usage.{name}": [f"Expected 0 to {MAX_TOKENS}."]}})
             return value
 
         if "prompt_tokens" not in usage and "input_tokens" not in usage:

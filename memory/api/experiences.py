@@ -161,7 +161,6 @@ class ExperienceBulkApi(TenantApiView):
         class Meta:
             ref_name = "ExperienceBulkInput"
 
-        json_unbounded_fields = frozenset({"items"})  # each item is bounded as one experience
         items = serializers.ListField(
             child=serializers.JSONField(),  # each validated by ExperienceItemSerializer, all at once
             allow_empty=False,

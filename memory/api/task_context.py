@@ -64,9 +64,6 @@ class AgentContextViewApi(AgentScopedView):
 
 
 class SharedContextSerializer(BodySerializer):
-    json_unbounded_fields = frozenset(
-        {"constraints", "artifacts", "decisions", "dependencies"}
-    )  # the task's shared document
     goal = serializers.CharField(required=False, allow_blank=True)
     constraints = serializers.ListField(required=False)
     artifacts = serializers.ListField(required=False)
@@ -75,9 +72,7 @@ class SharedContextSerializer(BodySerializer):
 
 
 class SharedContextPatchSerializer(SharedContextSerializer):
-    json_unbounded_fields = frozenset(
-        {"constraints", "artifacts", "decisions", "dependencies", "append"}
-    )  # the task's shared document
+    json_unbounded_fields = frozenset({"append"})  # the task's shared document
     append = serializers.DictField(
         child=serializers.ListField(), required=False, help_text="Items to append to list fields."
     )
