@@ -18,6 +18,7 @@ from ctxapp.client._core import (
     paginated,
 )
 from ctxapp.client.types import (
+    AgentOut,
     AppendOut,
     DigestOut,
     DigestPage,
@@ -108,6 +109,15 @@ class ConversationOps:
     @operation
     def session_delete(session_id: str, *, idempotency_key: str | None = None) -> Request[None]:
         return Request("DELETE", f"/sessions/{session_id}", idempotency_key=idempotency_key)
+
+    @operation
+    def agents_list(*, cursor: str | None = None, limit: int | None = None) -> Request[Page]:
+        """The tenant's agents, newest first, with session counts and last activity."""
+        return Request("GET", "/agents", params={"cursor": cursor, "limit": limit})
+
+    @operation
+    def agent_get(agent: str) -> Request[AgentOut]:
+        return Request("GET", f"/agents/{agent}")
 
     @operation
     def agent_latest_session(agent: str) -> Request[SessionOut]:

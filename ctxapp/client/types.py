@@ -168,6 +168,13 @@ class DigestPage(TypedDict):
     next_cursor: str | None  # deprecated alias of next
 
 
+class AgentOut(TypedDict):
+    name: str
+    created_at: str
+    session_count: int
+    last_active_at: str | None
+
+
 class Page(TypedDict):
     items: list[Any]
     next: str | None

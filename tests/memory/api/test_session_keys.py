@@ -133,3 +133,5 @@ def test_the_python_client_opens_a_session_by_its_key_once(alice) -> None:
     again = alice.session_create("support-bot", key="conv-r1")
     assert first["key"] == "conv-r1" and again["id"] == first["id"]
     assert Session.objects.filter(key="conv-r1").count() == 1
+    assert [a["name"] for a in alice.agents_list()["items"]] == ["support-bot"]
+    assert alice.agent_get("support-bot")["session_count"] == 1
