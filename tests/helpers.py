@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -61,3 +62,30 @@ def use_postgres_channel_layer(settings: Any) -> None:
             },
         }
     }
+
+
+def run_together(
+    calls: list[Callable[[], Any]], timeout: float = 120.0
+) -> tuple[list[Any], list[BaseException]]:
+    """Run each call on its own thread, all released at once (a barrier), each on its own database
+    connection; returns (results, errors) once all have returned."""
+    barrier = threading.Barrier(len(calls))
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run(call: Callable[[], Any]) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results.append(call())
+        except BaseException as exc:  # handed to the caller
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    assert not any(thread.is_alive() for thread in threads), "a call never returned"
+    return results, errors

@@ -23,6 +23,8 @@ OPERATIONS: list[tuple[str, tuple[Any, ...], dict[str, Any], Any]] = [
     ("session_get", ("S1",), {}, ctx.SessionOut),
     ("session_end", ("S1",), {}, ctx.SessionOut),
     ("agent_latest_session", ("bot",), {}, ctx.SessionOut),
+    ("agents_list", (), {}, ctx.Page),
+    ("agent_get", ("bot",), {}, ctx.AgentOut),
     ("sessions_list", (), {}, ctx.Page),
     ("message_append", ("S1",), {"role": "user", "content": "hi"}, ctx.MessageOut),
     ("messages_append", ("S1", [{"role": "user", "content": "hi"}]), {}, ctx.AppendOut),

@@ -43,3 +43,26 @@ def test_every_capability_is_in_the_schema(schema: dict) -> None:
         "/api/v1/tokens/count",
     ):
         assert path in schema["paths"], path
+
+
+def test_each_operation_has_its_own_description_and_a_capability_tag(schema: dict) -> None:
+    operations = [(path, op) for path, item in schema["paths"].items() for op in item.values()]
+    descriptions = [op.get("description", "") for _, op in operations]
+    assert all(descriptions)
+    repeated = {d for d in descriptions if descriptions.count(d) > 1}
+    assert not repeated, repeated
+    tags = {tag for _, op in operations for tag in op["tags"]}
+    assert len(tags) > 5, tags
+    assert schema["paths"]["/api/v1/sessions"]["post"]["tags"] == ["Sessions"]
+    assert schema["paths"]["/api/v1/experiences/search"]["post"]["tags"] == ["Experiences"]
+    declared = {tag["name"] for tag in schema["tags"]}
+    assert tags <= declared, tags - declared
+
+
+def test_session_routes_document_addressing_by_agent_and_key(schema: dict) -> None:
+    for path, item in schema["paths"].items():
+        if "{session_id}" not in path:
+            continue
+        for operation in item.values():
+            names = {(p["in"], p["name"]) for p in operation["parameters"]}
+            assert {("path", "session_id"), ("query", "agent"), ("query", "key")} <= names, path

@@ -55,6 +55,7 @@ from ctxapp.client.errors import (
 )
 from ctxapp.client.sync import Client
 from ctxapp.client.types import (
+    AgentOut,
     AppendedMessage,
     AppendOut,
     CheckpointOut,
@@ -90,6 +91,7 @@ __all__ = [
     "RETRYABLE_STATUSES",
     "STATUS_FALLBACK",
     "WRITE_METHODS",
+    "AgentOut",
     "AppendOut",
     "AppendedMessage",
     "AsyncClient",

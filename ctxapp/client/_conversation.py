@@ -18,6 +18,7 @@ from ctxapp.client._core import (
     paginated,
 )
 from ctxapp.client.types import (
+    AgentOut,
     AppendOut,
     DigestOut,
     DigestPage,
@@ -63,11 +64,15 @@ class ConversationOps:
         model: str | None = None,
         metadata: dict[str, Any] | None = None,
         ttl_seconds: int | None = None,
+        key: str | None = None,
         idempotency_key: str | None = None,
     ) -> Request[SessionOut]:
+        """Open a session; with `key` (the app's own id, unique per agent) the agent's session
+        with that key when it has one (answered 200, unchanged), so the call is idempotent."""
         body = drop_none(
             {
                 "agent": agent,
+                "key": key,
                 "user_id": user_id,
                 "model": model,
                 "metadata": metadata,
@@ -111,14 +116,21 @@ class ConversationOps:
         return Request("DELETE", f"/agents/{agent}", idempotency_key=idempotency_key)
 
     @operation
-    def agent_ids_list(
-        *, prefix: str = "", exact: str | None = None, cursor: str | None = None, limit: int | None = None
-    ) -> Request[dict[str, Any]]:
-        """One page of the ids of the tenant's agents that start with `prefix` (or are `exact`:
-        an empty page when it does not exist), newest first."""
-        return Request(
-            "GET", "/agent-ids", params={"prefix": prefix, "exact": exact, "cursor": cursor, "limit": limit}
-        )
+    def agents_list(
+        *,
+        prefix: str | None = None,
+        name: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Request[Page]:
+        """The tenant's agents, newest first, with session counts and last activity (only those
+        whose name starts with `prefix`, or only `name`: an empty page when it does not exist)."""
+        params = {"prefix": prefix, "name": name, "cursor": cursor, "limit": limit}
+        return Request("GET", "/agents", params=params)
+
+    @operation
+    def agent_get(agent: str) -> Request[AgentOut]:
+        return Request("GET", f"/agents/{agent}")
 
     @operation
     def agent_latest_session(agent: str) -> Request[SessionOut]:

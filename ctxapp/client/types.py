@@ -9,6 +9,7 @@ from typing import Any, TypedDict
 class SessionOut(TypedDict):
     id: str
     agent: str
+    key: str | None
     user_id: str
     model: str
     metadata: dict[str, Any]
@@ -165,6 +166,13 @@ class DigestPage(TypedDict):
     next: str | None
     results: list[DigestOut]  # deprecated alias of items
     next_cursor: str | None  # deprecated alias of next
+
+
+class AgentOut(TypedDict):
+    name: str
+    created_at: str
+    session_count: int
+    last_active_at: str | None
 
 
 class Page(TypedDict):

@@ -183,6 +183,14 @@ class ServerSettings:
         "Largest request body accepted; larger → 413.",
         group="api",
     )
+    max_json_field_bytes: int = setting(
+        "CTXAPP_MAX_JSON_FIELD_BYTES",
+        parse_positive_int,
+        64 * 1024,
+        "Largest free JSON value of a request field (session, task and experience `metadata`, "
+        "OpenAI-style `usage`, …) as compact UTF-8 JSON; larger → 422 `validation_error` naming the field.",
+        group="api",
+    )
     message_max_bytes: int = setting(
         "CTXAPP_MESSAGE_MAX_BYTES",
         parse_positive_int,

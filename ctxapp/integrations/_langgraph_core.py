@@ -306,7 +306,7 @@ def _thread_exists(codec: Codec, thread_id: Any, known: set[str]) -> Steps:
     agent_id = codec.agent_id(thread_id)
     if agent_id in known:
         return True
-    page = yield Call("agent_ids_list", (), {"exact": agent_id, "limit": 1})
+    page = yield Call("agents_list", (), {"name": agent_id, "limit": 1})
     if page["items"]:
         known.add(agent_id)
         return True
@@ -318,11 +318,9 @@ def thread_agents(codec: Codec) -> Steps:
     agents: list[str] = []
     cursor = None
     while True:
-        page = yield Call(
-            "agent_ids_list", (), {"prefix": codec.agent_prefix, "cursor": cursor, "limit": PAGE}
-        )
-        agents.extend(segment(agent_id) for agent_id in page["items"])
-        cursor = page["next_cursor"]
+        page = yield Call("agents_list", (), {"prefix": codec.agent_prefix, "cursor": cursor, "limit": PAGE})
+        agents.extend(segment(agent["name"]) for agent in page["items"])
+        cursor = page["next"]
         if not cursor:
             return agents
 

@@ -115,16 +115,24 @@ def _arguments(raw: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"__value__": value}
 
 
+SESSION_ID_PREFIX = "sess_"
+DEFAULT_AGENT = "langchain"  # the agent of a history named by the application's own id alone
+
+
 class CtxappChatMessageHistory(BaseChatMessageHistory):
     """A LangChain chat history that is a ctxapp session.
 
-    Give it `session_id` to continue a session, or `agent` (and optionally `user_id`, `model`)
-    to open a new one on the first write. `add_messages` appends its messages in ONE batch (all or
-    nothing, consecutive seqs). ctxapp messages are append-only, so `clear()` starts over: by
-    default it ENDS the session (its messages and events stay, for the dashboard and recall) and
-    the history continues in a new session of the same agent and user; with
-    `clear_mode="delete"` it deletes the session and its messages instead. `session_id` always
-    names the session the history writes to now.
+    `session_id` is a ctxapp session id (`sess_…`) to continue that session, or the application's
+    own id of the conversation (any other string, e.g. `"conv-r1"`): the session of `agent`
+    (default `"langchain"`) with that key, opened on first use and found again by every later
+    history with the same key. Without `session_id`, `agent` (and optionally `user_id`, `model`)
+    opens a new session on the first write. `add_messages` appends its messages in ONE batch (all
+    or nothing, consecutive seqs). ctxapp messages are append-only, so `clear()` starts over: for
+    a session id it ENDS the session by default (its messages and events stay, for the dashboard
+    and recall) and the history continues in a new session of the same agent and user; with
+    `clear_mode="delete"`, and always for an application key (which names one session), it
+    deletes the session and its messages instead. `session_id` names the ctxapp session the
+    history writes to now (None until a keyed or new one is opened); `key` the application's.
     """
 
     def __init__(
@@ -136,19 +144,28 @@ class CtxappChatMessageHistory(BaseChatMessageHistory):
         agent: str | None = None,
         user_id: str | None = None,
         model: str | None = None,
-        clear_mode: Literal["end", "delete"] = "end",
+        clear_mode: Literal["end", "delete"] | None = None,
     ) -> None:
         if client is None and async_client is None:
             raise ValueError("CtxappChatMessageHistory needs a ctxapp Client, an AsyncClient, or both.")
         if session_id is None and agent is None:
-            raise ValueError("Pass session_id (an existing session) or agent (to open one).")
+            raise ValueError(
+                "Pass session_id (a session, or your own conversation id) or agent (to open one)."
+            )
+        self.key = (
+            session_id if session_id is not None and not session_id.startswith(SESSION_ID_PREFIX) else None
+        )
+        if self.key is not None and clear_mode == "end":
+            raise ValueError(
+                "A history named by your own id clears by deleting its session (clear_mode='delete')."
+            )
         self.client = client
         self.async_client = async_client
-        self.session_id = session_id
-        self.agent = agent
+        self.session_id = None if self.key is not None else session_id
+        self.agent = agent or (DEFAULT_AGENT if self.key is not None else None)
         self.user_id = user_id
         self.model = model
-        self.clear_mode = clear_mode
+        self.clear_mode = clear_mode or ("delete" if self.key is not None else "end")
 
     def _sync(self) -> Client:
         if self.client is None:
@@ -164,60 +181,73 @@ class CtxappChatMessageHistory(BaseChatMessageHistory):
         self.agent = session.get("agent") or self.agent
         self.user_id = session.get("user_id") or self.user_id
 
+    def _opened(self, session: dict[str, Any]) -> str:
+        self.session_id = str(session["id"])
+        return self.session_id
+
+    def _open_args(self) -> dict[str, Any]:
+        return {"user_id": self.user_id, "model": self.model, "key": self.key}
+
     # --- sync ------------------------------------------------------------------------------------
+    def _session(self) -> str:
+        """The session written to: opened now when there is none (for a key: found or opened)."""
+        if self.session_id is not None:
+            return self.session_id
+        assert self.agent is not None
+        return self._opened(dict(self._sync().session_create(self.agent, **self._open_args())))
+
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
-        if self.session_id is None:
+        if self.session_id is None and self.key is None:
             return []
-        return [message_from_ctxapp(dict(item)) for item in self._sync().messages_iter(self.session_id)]
+        return [message_from_ctxapp(dict(item)) for item in self._sync().messages_iter(self._session())]
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         if not messages:
             return
-        client = self._sync()
-        if self.session_id is None:
-            assert self.agent is not None
-            session = client.session_create(self.agent, user_id=self.user_id, model=self.model)
-            self.session_id = session["id"]
-        client.messages_append(self.session_id, [message_to_ctxapp(m) for m in messages])
+        self._sync().messages_append(self._session(), [message_to_ctxapp(m) for m in messages])
 
     def clear(self) -> None:
-        if self.session_id is None:
+        if self.session_id is None and self.key is None:
             return
         client = self._sync()
-        self._remember_agent(dict(client.session_get(self.session_id)))
+        session_id = self._session()
+        self._remember_agent(dict(client.session_get(session_id)))
         if self.clear_mode == "delete":
-            client.session_delete(self.session_id)
+            client.session_delete(session_id)
         else:
-            client.session_end(self.session_id)
-        self.session_id = None  # the next write opens a new session of the same agent and user
+            client.session_end(session_id)
+        self.session_id = None  # the next write opens a new session of the same agent and user (and key)
 
     # --- async -----------------------------------------------------------------------------------
+    async def _asession(self) -> str:
+        if self.session_id is not None:
+            return self.session_id
+        assert self.agent is not None
+        return self._opened(dict(await self._async().session_create(self.agent, **self._open_args())))
+
     async def aget_messages(self) -> list[BaseMessage]:
-        if self.session_id is None:
+        if self.session_id is None and self.key is None:
             return []
-        client = self._async()
-        return [message_from_ctxapp(dict(item)) async for item in client.messages_iter(self.session_id)]
+        session_id = await self._asession()
+        return [message_from_ctxapp(dict(item)) async for item in self._async().messages_iter(session_id)]
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
         if not messages:
             return
-        client = self._async()
-        if self.session_id is None:
-            assert self.agent is not None
-            session = await client.session_create(self.agent, user_id=self.user_id, model=self.model)
-            self.session_id = session["id"]
-        await client.messages_append(self.session_id, [message_to_ctxapp(m) for m in messages])
+        session_id = await self._asession()
+        await self._async().messages_append(session_id, [message_to_ctxapp(m) for m in messages])
 
     async def aclear(self) -> None:
-        if self.session_id is None:
+        if self.session_id is None and self.key is None:
             return
         client = self._async()
-        self._remember_agent(dict(await client.session_get(self.session_id)))
+        session_id = await self._asession()
+        self._remember_agent(dict(await client.session_get(session_id)))
         if self.clear_mode == "delete":
-            await client.session_delete(self.session_id)
+            await client.session_delete(session_id)
         else:
-            await client.session_end(self.session_id)
+            await client.session_end(session_id)
         self.session_id = None
 
 

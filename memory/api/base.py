@@ -8,8 +8,10 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -28,12 +30,68 @@ from rest_framework.views import APIView
 from memory.api import throttles
 from memory.exceptions import IdempotencyConflict, IdempotencyInProgress, InvalidInput
 from memory.models import IdempotencyRecord, Tenant
+from memory.selectors.sessions import session_by_key
 from memory.services.tenancy import api_key_binding_check
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 MAX_BIGINT = 2**63 - 1  # PostgreSQL bigint: the bound of every integer input stored or compared as one
+# In a session route, the session id `by-key` means "the session of the `agent` and `key` query
+# parameters": the application's own id of the conversation instead of ours.
+SESSION_BY_KEY = "by-key"
+FREE_JSON_FIELDS = (serializers.DictField, serializers.JSONField)  # lists are checked item by item
+
+
+def json_size_error(value: Any) -> str | None:
+    """Why a free JSON value is too large (CTXAPP_MAX_JSON_FIELD_BYTES, as compact UTF-8 JSON), or None."""
+    limit = settings.CTXAPP.max_json_field_bytes
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+    if size <= limit:
+        return None
+    return f"Is {size} bytes as JSON; at most {limit} (CTXAPP_MAX_JSON_FIELD_BYTES)."
+
+
+# The base of every request-body serializer: what the body holds is what the API declares. A field
+# the serializer does not declare is refused (422 `validation_error` naming it, with the known
+# ones), so a typo is never silently dropped; so is a free JSON value (a dict or JSON field; a
+# list's items are checked by their own field) over CTXAPP_MAX_JSON_FIELD_BYTES as compact JSON,
+# checked before the field itself is validated.
+# Nested input serializers are checked the same way. (A comment, not a docstring: drf-spectacular
+# would make a docstring the description of every request component.)
+class BodySerializer(serializers.Serializer):
+    #: Free JSON fields that are documents, not annotations (a state, a prompt's messages): bounded by
+    #: a limit of their own or only by the body's (CTXAPP_MAX_BODY_BYTES).
+    json_unbounded_fields: ClassVar[frozenset[str]] = frozenset()
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return super().to_internal_value(data)
+        known = ", ".join(sorted(self.fields)) or "none"
+        errors: dict[str, Any] = {
+            name: [f"Unknown field. Known: {known}."] for name in sorted(set(data) - set(self.fields))
+        }
+        errors.update(self.json_size_errors(data))
+        if not errors:
+            return super().to_internal_value(data)
+        try:
+            super().to_internal_value({k: v for k, v in data.items() if k not in errors})
+        except serializers.ValidationError as exc:
+            if isinstance(exc.detail, dict):
+                errors.update({k: v for k, v in exc.detail.items() if k not in errors})
+        raise serializers.ValidationError(errors)
+
+    def json_size_errors(self, data: Mapping[str, Any]) -> dict[str, list[str]]:
+        errors = {}
+        for name, field in self.fields.items():
+            if name not in data or name in self.json_unbounded_fields or field.read_only:
+                continue
+            if not isinstance(field, FREE_JSON_FIELDS):
+                continue
+            error = json_size_error(data[name])
+            if error is not None:
+                errors[name] = [error]
+        return errors
 
 
 class TenantApiView(APIView):
@@ -80,7 +138,34 @@ class TenantApiView(APIView):
         bound = getattr(request.auth, "agent_external_id", "")
         if bound and self.agent_binding:
             self.agent_binding_check(request, bound, kwargs)
+        if kwargs.get("session_id") == SESSION_BY_KEY:
+            self.session_by_key_wrap(request)
         self.idempotency_wrap(request)
+
+    def session_by_key_wrap(self, request: Request) -> None:
+        """Run this request's handler on the session the `agent` and `key` query parameters name.
+
+        After the agent-binding check (a bound key naming another agent answers 403, as with an
+        id); an unknown pair answers 404. The handler is replaced on this request's view only.
+        """
+        agent, key = request.query_params.get("agent"), request.query_params.get("key")
+        missing = [name for name, value in (("agent", agent), ("key", key)) if not value]
+        if missing:
+            raise InvalidInput(
+                f"A session addressed as `{SESSION_BY_KEY}` needs the `agent` and `key` query parameters.",
+                details={"fields": {name: ["Required with session id `by-key`."] for name in missing}},
+            )
+        assert agent is not None and key is not None
+        public_id = session_by_key(tenant=self.tenant, agent_external_id=agent, key=key).public_id
+        method = (request.method or "").lower()
+        handler = getattr(self, method, None) if method in self.http_method_names else None
+        if handler is None:
+            return
+
+        def keyed_handler(request: Request, *args: Any, **kwargs: Any) -> Response:
+            return handler(request, *args, **{**kwargs, "session_id": public_id})
+
+        setattr(self, method, keyed_handler)
 
     def check_throttles(self, request: Request) -> None:
         """DRF's check, with every rate limit of the request counted in one round trip."""
@@ -350,6 +435,13 @@ class SeqPagination(BasePagination):
 
     def get_paginated_response(self, data: Any) -> Response:
         return Response({"items": data, "next": self.next, self.alias: self.next})
+
+
+def keyset_response(view: APIView, queryset: Any, serializer: type[serializers.Serializer]) -> Response:
+    """One page of `queryset`, newest first, in the list envelope {items, next}."""
+    pages = KeysetPagination()
+    rows = pages.paginate_queryset(queryset, view.request, view)
+    return pages.get_paginated_response(serializer(rows, many=True).data)
 
 
 def page_serializer(name: str, item: serializers.Serializer, pagination: type[BasePagination]) -> Any:

@@ -22,7 +22,7 @@ from memory.api.agent_scope import (
     IF_MATCH_PARAM,
     AgentScopedView,
 )
-from memory.api.base import MAX_BIGINT, CursorSerializer, keyset_page
+from memory.api.base import MAX_BIGINT, BodySerializer, CursorSerializer, keyset_page
 from memory.api.parsers import JsonPatchParser, TextSafeJSONParser
 from memory.api.shapes import (
     CheckpointOutputSerializer,
@@ -75,7 +75,7 @@ class AgentStateApi(AgentScopedView):
         )
         return Response(state_out(view))
 
-    class PatchSerializer(serializers.Serializer):
+    class PatchSerializer(BodySerializer):
         class Meta:
             ref_name = "AgentStatePatchInput"
 
@@ -104,7 +104,7 @@ class AgentStateApi(AgentScopedView):
 
 
 class AgentStateRestoreApi(AgentScopedView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "AgentStateRestoreInput"
 
@@ -136,10 +136,11 @@ class AgentCheckpointsApi(AgentScopedView):
     idempotent_optimistic = True  # a hot path: one statement for its Idempotency-Key
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "AgentCheckpointsInput"
 
+        json_unbounded_fields = frozenset({"state"})  # a document
         reason = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
         step = serializers.IntegerField(
             required=False, allow_null=True, default=None, min_value=-MAX_BIGINT, max_value=MAX_BIGINT
@@ -254,7 +255,7 @@ class AgentRecoveredStateApi(AgentScopedView):
 
 
 class AgentReducersApi(AgentScopedView):
-    class ReducerSerializer(serializers.Serializer):
+    class ReducerSerializer(BodySerializer):
         class Meta:
             ref_name = "AgentReducersReducer"
 
@@ -284,7 +285,7 @@ class AgentReducersApi(AgentScopedView):
                 )
             return value
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "AgentReducersInput"
 

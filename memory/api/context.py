@@ -12,7 +12,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from memory.api.base import TenantApiView
+from memory.api.base import BodySerializer, TenantApiView
 from memory.api.context_shapes import (
     BudgetSamplesSerializer,
     BuiltContextSerializer,
@@ -31,7 +31,8 @@ MAX_TOKENS = 2**31 - 1  # the usage columns are PostgreSQL integers: larger answ
 # --- tokens -----------------------------------------------------------------------------------------
 
 
-class ChatMessageSerializer(serializers.Serializer):
+class ChatMessageSerializer(BodySerializer):
+    json_unbounded_fields = frozenset({"content"})  # the prompt itself
     role = serializers.ChoiceField(choices=["system", "user", "assistant", "tool", "developer"])
     content = serializers.JSONField(required=False, allow_null=True)
     name = serializers.CharField(required=False, allow_blank=True)
@@ -50,7 +51,7 @@ class TokensCountApi(TenantApiView):
     required_scope = "read"
 
     @extend_schema_serializer(component_name="TokensCountInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         text = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
         messages = ChatMessageSerializer(many=True, required=False)
         tools = serializers.ListField(child=serializers.DictField(), required=False)
@@ -165,7 +166,7 @@ class ModelDetailApi(TenantApiView):
 # --- context builds ----------------------------------------------------------------------------------
 
 
-class SystemPartSerializer(serializers.Serializer):
+class SystemPartSerializer(BodySerializer):
     name = serializers.CharField(max_length=100)
     content = serializers.CharField(trim_whitespace=False)
     critical = serializers.BooleanField(default=False)
@@ -175,7 +176,7 @@ class SessionContextApi(TenantApiView):
     """Build the next prompt for a session (POST), or list its recent builds (GET)."""
 
     @extend_schema_serializer(component_name="ContextBuildInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         input = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, default="")
         model = serializers.CharField(required=False, allow_blank=True, default="")
         system_parts = SystemPartSerializer(many=True, required=False)
@@ -250,7 +251,7 @@ class SessionUsageApi(TenantApiView):
     """Report the provider's usage for a built context (OpenTelemetry GenAI names, or OpenAI's `usage`)."""
 
     @extend_schema_serializer(component_name="UsageReportInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         build_id = serializers.CharField(required=False, allow_blank=True)
         usage = serializers.DictField(
             required=False, help_text="OpenAI-style usage object, as the API returned it."
@@ -287,10 +288,8 @@ class SessionUsageApi(TenantApiView):
         def number(value: Any, name: str) -> int | None:
             if value is None:
                 return None
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InvalidInput(
-                    details={"fields": {f"usage.{name}": ["Expected a non-negative integer."]}}
-                )
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOKENS:
+                raise InvalidInput(details={"fields": {f"usage.{name}": [f"Expected 0 to {MAX_TOKENS}."]}})
             return value
 
         if "prompt_tokens" not in usage and "input_tokens" not in usage:
@@ -366,7 +365,7 @@ class SessionContextPolicyApi(TenantApiView):
     """The session's policy overrides (PUT replaces them) and the effective policy."""
 
     @extend_schema_serializer(component_name="SessionContextPolicyInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         overrides = serializers.DictField()
 
         def validate_overrides(self, value: dict[str, Any]) -> dict[str, Any]:

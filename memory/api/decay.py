@@ -17,7 +17,14 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
-from memory.api.base import MAX_BIGINT, CursorSerializer, TenantApiView, decode_cursor, encode_cursor
+from memory.api.base import (
+    MAX_BIGINT,
+    BodySerializer,
+    CursorSerializer,
+    TenantApiView,
+    decode_cursor,
+    encode_cursor,
+)
 from memory.models import DecayPolicy, FactImportance, FactScope
 from memory.services import decay
 from memory.services import history_compression as compression
@@ -74,7 +81,7 @@ def _status_of(tenant: Any, session: Any, fact: Any) -> decay.FactStatus:
 class FactsApi(TenantApiView):
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "FactRegisterInput"
 
@@ -177,7 +184,7 @@ class FactApi(TenantApiView):
 
 
 class FactReferenceApi(TenantApiView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "FactReferenceInput"
 
@@ -218,7 +225,7 @@ class DroppedMessageSerializer(serializers.Serializer):
 
 
 class SessionCompressApi(TenantApiView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "CompressInput"
 

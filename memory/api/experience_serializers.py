@@ -10,7 +10,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from memory.api.base import TenantApiView
+from memory.api.base import BodySerializer, TenantApiView
 from memory.exceptions import AgentMismatch
 from memory.models import Experience, ExperienceKind, ExperienceScope
 from memory.services import experiences
@@ -97,7 +97,7 @@ def agent_for_write(view: TenantApiView, requested: str) -> str:
     return bound or requested
 
 
-class ExperienceItemSerializer(serializers.Serializer):
+class ExperienceItemSerializer(BodySerializer):
     """One experience to create (single create and each item of a bulk create)."""
 
     class Meta:

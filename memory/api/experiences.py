@@ -26,7 +26,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from memory.api.agent_scope import agent_filter_for_read, bound_agent
-from memory.api.base import CursorSerializer, KeysetPagination, TenantApiView
+from memory.api.base import BodySerializer, CursorSerializer, KeysetPagination, TenantApiView
 from memory.api.experience_serializers import (
     ExperienceDetailSerializer,
     ExperienceItemSerializer,
@@ -157,7 +157,7 @@ class ExperienceDetailApi(TenantApiView):
 
 
 class ExperienceBulkApi(TenantApiView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "ExperienceBulkInput"
 
@@ -226,7 +226,7 @@ class ExperiencePolicyApi(TenantApiView):
 
     required_scope = ApiKeyScope.ADMIN
 
-    class PolicySerializer(serializers.Serializer):
+    class PolicySerializer(BodySerializer):
         class Meta:
             ref_name = "ExperiencePolicy"
 
@@ -277,7 +277,7 @@ class ExperiencePolicyApi(TenantApiView):
 class ExperienceSearchApi(TenantApiView):
     required_scope = "read"  # a POST that only reads
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "ExperienceSearchInput"
 
@@ -317,7 +317,7 @@ class ExperienceSearchApi(TenantApiView):
 
 
 class ExperienceFeedbackApi(TenantApiView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "ExperienceFeedbackInput"
 
@@ -345,7 +345,7 @@ class ExperienceFeedbackApi(TenantApiView):
 
 
 class ExperiencePromoteApi(TenantApiView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "ExperiencePromoteInput"
 
@@ -386,7 +386,7 @@ class ExperiencePromoteApi(TenantApiView):
 
 
 class ExperienceRetryEmbeddingsApi(TenantApiView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "ExperienceRetryEmbeddingsInput"
 
@@ -417,7 +417,7 @@ TASK_DISTILL_OUTPUT = inline_serializer(
 
 
 class TaskDistillApi(TenantApiView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "TaskDistillInput"
 

@@ -15,13 +15,13 @@ from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from memory.api.base import TenantApiView
+from memory.api.base import BodySerializer, TenantApiView
 from memory.api.shapes import IsoDateTimeField
 from memory.services import memory_search, message_indexing, ranking
 from memory.services.tenancy import api_key_binding_check
 
 
-class ScopeSerializer(serializers.Serializer):
+class ScopeSerializer(BodySerializer):
     agent = serializers.CharField(required=False, help_text="Only this agent's sessions (404 if unknown).")
     user_id = serializers.CharField(required=False, allow_blank=True, help_text="Only this user's sessions.")
     session = serializers.CharField(required=False, help_text="A session id (404 if unknown).")
@@ -32,7 +32,7 @@ class ScopeSerializer(serializers.Serializer):
     )
 
 
-class TimeRangeSerializer(serializers.Serializer):
+class TimeRangeSerializer(BodySerializer):
     # `from` is a Python keyword: declared below.
     to = serializers.DateTimeField(required=False, help_text="Occurred at or before (inclusive).")
 
@@ -127,7 +127,7 @@ class MemorySearchApi(TenantApiView):
     required_scope = "read"  # a POST that only reads
 
     @extend_schema_serializer(component_name="MemorySearchInput")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         query = serializers.CharField(max_length=4000, help_text="What to look for (non-empty).")
         scope = ScopeSerializer(required=False)
         kinds = serializers.ListField(

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.utils import timezone
 from rest_framework import serializers
 
-from memory.api.base import MAX_BIGINT
+from memory.api.base import MAX_BIGINT, json_size_error
 from memory.exceptions import InvalidInput
 from memory.models import MessageRole
 from memory.services.sessions import MessageInput
@@ -92,6 +92,14 @@ def _tool_call_problems(call: Any) -> list[str]:
     return problems
 
 
+def _json_bounded(value: Any) -> Any:
+    """A message's free JSON value, bounded like every request field's (CTXAPP_MAX_JSON_FIELD_BYTES)."""
+    error = json_size_error(value)
+    if error is not None:
+        raise serializers.ValidationError(error)
+    return value
+
+
 class ToolCallsField(serializers.ListField):
     def to_internal_value(self, data: Any) -> list[dict[str, Any]]:
         errors = tool_calls_errors(data)
@@ -104,14 +112,14 @@ class StrictListField(serializers.ListField):
     def to_internal_value(self, data: Any) -> list[Any]:
         if not isinstance(data, list):
             raise serializers.ValidationError("Must be a list.")
-        return data
+        return _json_bounded(data)
 
 
 class StrictDictField(serializers.DictField):
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise serializers.ValidationError("Must be an object.")
-        return data
+        return _json_bounded(data)
 
 
 class SeqField(serializers.IntegerField):

@@ -1,14 +1,17 @@
-"""OpenAPI schema details: the bearer-key scheme and readable operation ids.
+"""OpenAPI schema details: the bearer-key scheme, readable operation ids, tags, descriptions.
 
 Imported from MemoryConfig.ready() so drf-spectacular finds the extension.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter
 
 
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
@@ -23,9 +26,83 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
         }
 
 
+# The capability each operation is listed under (its tag): the first rule whose path fragment
+# the operation's path contains. Views of one module can serve several capabilities (sessions.py
+# holds sessions, tasks and events), so the path decides, not the module.
+TAG_RULES: tuple[tuple[str, str], ...] = (
+    ("/v1/traces", "otel"),
+    ("/context-view", "Task collaboration"),
+    ("/distill", "Tasks"),
+    ("/tenant", "Tenant and keys"),
+    ("/facts", "Fact decay"),
+    ("/compress", "Fact decay"),
+    ("/digest", "Digests"),
+    ("/context", "Context"),
+    ("/summaries", "Context"),
+    ("/usage", "Context"),
+    ("/tokens", "Context"),
+    ("/models", "Context"),
+    ("/memory", "Memory search"),
+    ("/experiences", "Experiences"),
+    ("/events", "Flight recorder"),
+    ("/state", "Cognitive state"),
+    ("/checkpoints", "Cognitive state"),
+    ("/reducers", "Cognitive state"),
+    ("/recovered-state", "Cognitive state"),
+    ("/tasks/{task_id}/", "Task collaboration"),
+    ("/tasks", "Tasks"),
+    ("/sessions", "Sessions"),
+    ("/agents", "Agents"),
+)
+TAG_DESCRIPTIONS = {
+    "Agents": "The tenant's agents, their sessions and what they did.",
+    "Sessions": "Sessions and their messages: the conversation as it happens. A session is "
+    "addressed by its id, or by its agent and the application's key (`by-key`).",
+    "Context": "The next prompt within the model's budget: builds, usage reports, policy, summaries.",
+    "Memory search": "Search every kind of memory: messages, summaries, facts, experiences.",
+    "Experiences": "Long-term memory: what worked, preferences, configuration, constraints.",
+    "Fact decay": "Facts a session must not forget, and how far each is from being lost.",
+    "Digests": "A session's structured digest, for the same user's next session.",
+    "Cognitive state": "An agent's operational state, its checkpoints and crash recovery.",
+    "Tasks": "Execution records of what agents did, distilled into experiences.",
+    "Task collaboration": "What agents working on one task share, keep private and send each other.",
+    "Flight recorder": "Every state change as an event, in order, per agent.",
+    "Tenant and keys": "The caller's tenant, its API keys and policies.",
+    "otel": "OTLP/HTTP trace ingest (OpenTelemetry GenAI semantic conventions).",
+}
+SESSION_ID_DESCRIPTION = (
+    "The session's id (`sess_…`), or `by-key` to name it by the `agent` and `key` query parameters."
+)
+BY_KEY_PARAMETERS = [
+    OpenApiParameter(
+        "agent",
+        OpenApiTypes.STR,
+        OpenApiParameter.QUERY,
+        required=False,
+        description="With session id `by-key`: the session's agent.",
+    ),
+    OpenApiParameter(
+        "key",
+        OpenApiTypes.STR,
+        OpenApiParameter.QUERY,
+        required=False,
+        description="With session id `by-key`: the key the application gave the session (POST /sessions).",
+    ),
+]
+
+
+def tag_of(path: str) -> str:
+    return next((tag for fragment, tag in TAG_RULES if fragment in path), "Sessions")
+
+
 class CtxappAutoSchema(AutoSchema):
     """Our views are APIViews, so drf-spectacular cannot tell a list from a read: a view whose
-    GET lists says so with `schema_is_list = True` (`v1_sessions_list`, not `v1_sessions_retrieve`)."""
+    GET lists says so with `schema_is_list = True` (`v1_sessions_list`, not `v1_sessions_retrieve`).
+
+    Each operation is tagged by capability (TAG_RULES), and described by its view method's
+    docstring or else its summary, never by the base view's docstring (which all would share).
+    A session route also declares the `by-key` addressing (its `agent` and `key` parameters).
+    """
 
     def get_operation_id(self) -> str:
         operation_id = super().get_operation_id()
@@ -33,6 +110,26 @@ class CtxappAutoSchema(AutoSchema):
         if lists and operation_id.endswith("_retrieve"):
             return operation_id[: -len("_retrieve")] + "_list"
         return operation_id
+
+    def get_tags(self) -> list[str]:
+        return [tag_of(self.path)]
+
+    def get_description(self) -> str:  # type: ignore[override]  # drf-spectacular's signature
+        method = getattr(self.view, self.method.lower(), None)
+        own = inspect.getdoc(method) if method is not None and method.__doc__ else None
+        return own or (self.get_summary() or "")
+
+    def get_override_parameters(self) -> list[Any]:
+        parameters = list(super().get_override_parameters())
+        if "{session_id}" in self.path:
+            parameters.append(
+                OpenApiParameter(
+                    "session_id", OpenApiTypes.STR, OpenApiParameter.PATH, description=SESSION_ID_DESCRIPTION
+                )
+            )
+            named = {getattr(p, "name", None) for p in parameters}
+            parameters.extend(p for p in BY_KEY_PARAMETERS if p.name not in named)
+        return parameters
 
 
 # --- error responses ----------------------------------------------------------------------------
@@ -103,7 +200,10 @@ def declare_error_responses(
     Views declare only their success bodies; the error envelope (`Error`) and the statuses it can
     come with are added per operation by `error_codes_of`, so the schema never forgets one.
     """
-    result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    components = result.setdefault("components", {}).setdefault("schemas", {})
+    components["Error"] = ERROR_SCHEMA
+    result["tags"] = [{"name": tag, "description": text} for tag, text in TAG_DESCRIPTIONS.items()]
+    request_bodies_closed(result, components)
     reference = {"$ref": "#/components/schemas/Error"}
     for path, item in result.get("paths", {}).items():
         if not path.startswith(("/api/v1/", "/v1/")):  # the REST API and OTLP ingest (/v1/traces)
@@ -119,3 +219,31 @@ def declare_error_responses(
                     },
                 )
     return result
+
+
+def request_bodies_closed(result: dict[str, Any], components: dict[str, Any]) -> None:
+    """Declare what BodySerializer enforces: a request body object (and each object nested in
+    it) with declared properties takes no others (`additionalProperties: false`). Free JSON
+    values (a dict field: `additionalProperties` of its own) are left open."""
+    seen: set[str] = set()
+
+    def close(schema: Any) -> None:
+        if not isinstance(schema, dict):
+            return
+        ref = schema.get("$ref", "")
+        if ref.startswith("#/components/schemas/"):
+            name = ref.rsplit("/", 1)[1]
+            if name not in seen:
+                seen.add(name)
+                close(components.get(name))
+            return
+        if schema.get("type") == "object" and "properties" in schema:
+            schema.setdefault("additionalProperties", False)
+        for value in (*schema.get("properties", {}).values(), schema.get("items"), *schema.get("allOf", [])):
+            close(value)
+
+    for item in result.get("paths", {}).values():
+        for method, operation in item.items():
+            if method in BODY_METHODS:
+                for media in operation.get("requestBody", {}).get("content", {}).values():
+                    close(media.get("schema"))

@@ -26,10 +26,12 @@ from rest_framework.response import Response
 from memory.api.agent_scope import agent_filter_for_read
 from memory.api.base import (
     MAX_BIGINT,
+    BodySerializer,
     CursorSerializer,
     KeysetPagination,
     SeqPagination,
     TenantApiView,
+    keyset_response,
     page_serializer,
 )
 from memory.api.message_inputs import MessageInputSerializer, message_inputs_validate
@@ -74,13 +76,6 @@ def list_filters(data: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in data.items() if key not in CursorSerializer().fields}
 
 
-def keyset_response(view: TenantApiView, queryset: Any, serializer: type[serializers.Serializer]) -> Response:
-    """One page of `queryset`, newest first, in the list envelope {items, next}."""
-    pages = KeysetPagination()
-    rows = pages.paginate_queryset(queryset, view.request, view)
-    return pages.get_paginated_response(serializer(rows, many=True).data)
-
-
 class AfterSerializer(serializers.Serializer):
     after = serializers.IntegerField(required=False, min_value=0, max_value=MAX_BIGINT, default=0)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=1000)
@@ -93,13 +88,22 @@ class SessionListCreateApi(TenantApiView):
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
     @extend_schema_serializer(component_name="SessionCreate")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         agent = serializers.CharField(
             max_length=200, help_text="The agent's external id; created on first use."
         )
+        key = serializers.CharField(
+            max_length=200,
+            required=False,
+            trim_whitespace=False,
+            help_text="The application's own id of the conversation, unique per agent. A repeat with "
+            "a key the agent already has answers 200 with that session, unchanged.",
+        )
         user_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
         model = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-        metadata = serializers.DictField(required=False, default=dict)
+        metadata = serializers.DictField(
+            required=False, default=dict, help_text="Any JSON object up to CTXAPP_MAX_JSON_FIELD_BYTES."
+        )
         ttl_seconds = serializers.IntegerField(
             required=False,
             min_value=60,
@@ -115,23 +119,25 @@ class SessionListCreateApi(TenantApiView):
 
     @extend_schema(
         request=InputSerializer,
-        responses={201: SessionOutputSerializer},
+        responses={201: SessionOutputSerializer, 200: SessionOutputSerializer},
         summary="Open a session for an agent",
-        description="Records `session.created`. Evicts the agent's least recently used open sessions "
-        "beyond the tenant's live-session limit (100).",
+        description="201 and `session.created`; evicts the agent's least recently used open sessions "
+        "beyond the tenant's live-session limit (100). With a `key` the agent already has: 200 and "
+        "that session as it is (any status), nothing written, so a repeat is idempotent.",
     )
     def post(self, request: Any) -> Response:
         data = self.validate(self.InputSerializer)
         ttl = timedelta(seconds=data["ttl_seconds"]) if data.get("ttl_seconds") else None
-        session = svc.session_create(
+        session, created = svc.session_open(
             tenant=self.tenant,
             agent_external_id=data["agent"],
+            key=data.get("key"),
             user_id=data["user_id"],
             model_name=data["model"],
             metadata=data["metadata"],
             ttl=ttl,
         )
-        return Response(session_out(session), status=201)
+        return Response(session_out(session), status=201 if created else 200)
 
     @extend_schema(
         parameters=[FilterSerializer],
@@ -238,7 +244,7 @@ class TaskCreateApi(TenantApiView):
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
     @extend_schema_serializer(component_name="TaskCreate")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         session = serializers.CharField(required=False, help_text="The session the task runs in.")
         agent = serializers.CharField(
             required=False, max_length=200, help_text="Default: the session's agent."
@@ -290,7 +296,7 @@ class TaskCreateApi(TenantApiView):
 
 class TaskDetailApi(TenantApiView):
     @extend_schema_serializer(component_name="TaskUpdate")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
         output = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
         metadata = serializers.DictField(required=False, help_text="Merged into the task's metadata.")
@@ -320,7 +326,8 @@ class AgentEventsApi(TenantApiView):
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
     @extend_schema_serializer(component_name="AgentEventCreate")
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
+        json_unbounded_fields = frozenset({"payload"})  # CTXAPP_EVENT_PAYLOAD_MAX_BYTES (413)
         type = serializers.CharField(
             max_length=100, help_text="Must start with `agent.` (e.g. `agent.tool.called`)."
         )

@@ -53,6 +53,7 @@ class SessionOutputSerializer(serializers.Serializer):
     agent = serializers.CharField(
         source="agent.external_id", help_text="The agent's external id (gen_ai.agent.id)."
     )
+    key = serializers.CharField(allow_null=True, help_text="The application's own id for it, if given.")
     user_id = serializers.CharField()
     model = serializers.CharField(source="model_name", help_text="gen_ai.request.model")
     metadata = serializers.DictField()

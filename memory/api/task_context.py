@@ -22,7 +22,7 @@ from memory.api.agent_scope import (
     IF_MATCH_PARAM,
     AgentScopedView,
 )
-from memory.api.base import CursorSerializer, keyset_page
+from memory.api.base import BodySerializer, CursorSerializer, keyset_page
 from memory.exceptions import AgentMismatch
 from memory.models import Agent, Task
 from memory.services import layers
@@ -63,7 +63,7 @@ class AgentContextViewApi(AgentScopedView):
         return Response(layers.context_view(tenant=self.tenant, task=task, agent=agent_row))
 
 
-class SharedContextSerializer(serializers.Serializer):
+class SharedContextSerializer(BodySerializer):
     goal = serializers.CharField(required=False, allow_blank=True)
     constraints = serializers.ListField(required=False)
     artifacts = serializers.ListField(required=False)
@@ -72,6 +72,7 @@ class SharedContextSerializer(serializers.Serializer):
 
 
 class SharedContextPatchSerializer(SharedContextSerializer):
+    json_unbounded_fields = frozenset({"append"})  # the task's shared document
     append = serializers.DictField(
         child=serializers.ListField(), required=False, help_text="Items to append to list fields."
     )
@@ -124,10 +125,11 @@ class TaskSharedContextApi(TaskScopedView):
 
 
 class TaskPrivateContextApi(TaskScopedView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "TaskPrivateContextInput"
 
+        json_unbounded_fields = frozenset({"data"})  # the agent's private document
         data = serializers.DictField(  # type: ignore[assignment]
             help_text="Any JSON object; only the calling agent ever reads it."
         )
@@ -163,7 +165,7 @@ class TaskPrivateContextApi(TaskScopedView):
 class TaskMessagesApi(TaskScopedView):
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "TaskMessagesInput"
 
@@ -216,7 +218,7 @@ class TaskMessagesApi(TaskScopedView):
 
 
 class TaskMessagesReadApi(TaskScopedView):
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         class Meta:
             ref_name = "TaskMessagesReadInput"
 

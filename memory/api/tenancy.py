@@ -17,7 +17,7 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 
 from memory.api.auth import ApiPrincipal
-from memory.api.base import CursorSerializer, TenantApiView, keyset_page
+from memory.api.base import BodySerializer, CursorSerializer, TenantApiView, keyset_page
 from memory.models import ApiKey, ApiKeyScope
 from memory.services.tenancy import api_key_create, api_key_get, api_key_list, api_key_revoke
 
@@ -91,7 +91,7 @@ class ApiKeyListCreateApi(TenantApiView):
     schema_is_list = True  # its GET lists (OpenAPI operation id `…_list`)
     required_scope = ApiKeyScope.ADMIN
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(BodySerializer):
         name = serializers.CharField(max_length=200)
         scopes = serializers.ListField(
             child=serializers.ChoiceField(choices=ApiKeyScope.values), required=False, default=list

@@ -4,6 +4,7 @@ from django.urls import include, path
 
 urlpatterns = [
     path("", include("memory.api.tenancy")),
+    path("", include("memory.api.agents")),
     path("", include("memory.api.sessions")),
     path("", include("memory.api.context")),
     path("", include("memory.api.experiences")),
@@ -12,6 +13,5 @@ urlpatterns = [
     path("", include("memory.api.decay")),
     path("", include("memory.api.digest")),
     path("", include("memory.api.memory")),
-    path("", include("memory.api.agent_lifecycle")),
     path("", include("memory.api.store")),
 ]

@@ -64,6 +64,9 @@ class Session(models.Model):
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="sessions", db_index=False)
     user_id = models.CharField(max_length=200, blank=True, default="")
     model_name = models.CharField(max_length=200, blank=True, default="")
+    # The application's own id of the conversation (unique per agent; null when not given), so an
+    # app can address the session without keeping a map to `sess_…` ids.
+    key = models.CharField(max_length=200, null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=SessionStatus.choices, default=SessionStatus.OPEN)
     created_at = models.DateTimeField(default=timezone.now)
@@ -80,7 +83,12 @@ class Session(models.Model):
 
     class Meta:
         constraints: ClassVar = [
-            models.UniqueConstraint(fields=["public_id"], name="session_public_id_unique")
+            models.UniqueConstraint(fields=["public_id"], name="session_public_id_unique"),
+            models.UniqueConstraint(
+                fields=["tenant", "agent", "key"],
+                condition=Q(key__isnull=False),
+                name="session_agent_key_unique",
+            ),
         ]
         indexes: ClassVar = [
             models.Index(fields=["tenant", "agent", "-created_at"], name="session_agent_created"),

@@ -5,7 +5,8 @@ Every lookup is scoped to the tenant: another tenant's id raises NotFound exactl
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Count, IntegerField, Max, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
 from memory.exceptions import NoSession, NotFound
 from memory.models import Agent, Message, Session, Task, Tenant
@@ -14,6 +15,35 @@ from memory.models import Agent, Message, Session, Task, Tenant
 def agent_get(*, tenant: Tenant, external_id: str) -> Agent:
     """The tenant's agent, or NotFound (also for another tenant's agent)."""
     agent = Agent.objects.filter(tenant=tenant, external_id=external_id).first()
+    if agent is None:
+        raise NotFound.of("agent", external_id)
+    return agent
+
+
+def agents_list(
+    *, tenant: Tenant, external_id: str | None = None, prefix: str | None = None
+) -> QuerySet[Agent]:
+    """The tenant's agents (only `external_id`, or those starting with `prefix`, when given), each
+    annotated with `session_count`
+    (sessions of any status) and `last_active_at` (the latest access to one of its sessions, or
+    None). Per-agent subqueries, so a page of agents costs its rows, not the tenant's sessions."""
+    sessions = Session.objects.filter(agent=OuterRef("pk")).order_by().values("agent")
+    queryset = Agent.objects.filter(tenant=tenant)
+    if external_id is not None:
+        queryset = queryset.filter(external_id=external_id)
+    if prefix:
+        queryset = queryset.filter(external_id__startswith=prefix)
+    return queryset.annotate(
+        session_count=Coalesce(
+            Subquery(sessions.annotate(n=Count("pk")).values("n"), output_field=IntegerField()), 0
+        ),
+        last_active_at=Subquery(sessions.annotate(at=Max("last_accessed_at")).values("at")),
+    )
+
+
+def agent_detail(*, tenant: Tenant, external_id: str) -> Agent:
+    """One agent with agents_list's annotations, or NotFound (also for another tenant's)."""
+    agent = agents_list(tenant=tenant, external_id=external_id).first()
     if agent is None:
         raise NotFound.of("agent", external_id)
     return agent
@@ -28,6 +58,21 @@ def session_get(*, tenant: Tenant, session_id: str) -> Session:
     session = Session.objects.select_related("agent").filter(tenant=tenant, public_id=session_id).first()
     if session is None:
         raise NotFound.of("session", session_id)
+    return session
+
+
+def session_by_key(*, tenant: Tenant, agent_external_id: str, key: str) -> Session:
+    """The agent's session with the application's `key`, or NotFound (also for another tenant's)."""
+    session = (
+        Session.objects.select_related("agent")
+        .filter(tenant=tenant, agent__external_id=agent_external_id, key=key)
+        .first()
+    )
+    if session is None:
+        raise NotFound(
+            f"Agent {agent_external_id!r} has no session with key {key[:200]!r}.",
+            details={"agent": agent_external_id, "key": key},
+        )
     return session
 
 

@@ -29,6 +29,19 @@ def stream_key(agent: Agent | None) -> str:
     return f"agent:{agent.external_id}" if agent is not None else TENANT_STREAM
 
 
+def stream_lock(*, tenant: Tenant, agent: Agent | None) -> None:
+    """Take the lock of the agent's stream counter (the tenant stream without one) now, until the
+    transaction ends: for a write that appends to the stream after locking other rows, so that
+    concurrent writers wait here, before any of those, instead of each holding some of them."""
+    streams = EventStream._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {streams} (tenant_id, key, last_seq) VALUES (%s, %s, 0) "
+            f"ON CONFLICT (tenant_id, key) DO UPDATE SET last_seq = {streams}.last_seq",
+            [tenant.pk, stream_key(agent)],
+        )
+
+
 def events_insert_cte(*, tenant: Tenant, key: str, events: list[Event]) -> tuple[str, list[Any]]:
     """Two CTEs, `s` and `e` (SQL and parameters), that reserve consecutive seqs on stream `key`
     and insert `events` with them; `e` returns (public_id, id, seq), `s` the stream's last seq.

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from memory.exceptions import (
@@ -117,8 +117,25 @@ def session_touch(*, session: Session, now: datetime | None = None) -> None:
         write()
 
 
+class SessionFields(TypedDict, total=False):
+    """What a new session may be given besides its tenant and agent (see session_open)."""
+
+    user_id: str
+    model_name: str
+    metadata: dict[str, Any] | None
+    ttl: timedelta | None
+    key: str | None
+    now: datetime | None
+
+
+def session_create(*, tenant: Tenant, agent_external_id: str, **fields: Unpack[SessionFields]) -> Session:
+    """Open a session for the agent (see session_open); the session only."""
+    session, _ = session_open(tenant=tenant, agent_external_id=agent_external_id, **fields)
+    return session
+
+
 @transaction.atomic
-def session_create(
+def session_open(
     *,
     tenant: Tenant,
     agent_external_id: str,
@@ -126,31 +143,49 @@ def session_create(
     model_name: str = "",
     metadata: dict[str, Any] | None = None,
     ttl: timedelta | None = None,
+    key: str | None = None,
     now: datetime | None = None,
-) -> Session:
+) -> tuple[Session, bool]:
     """Open a session for the agent (created on first use). Records `session.created`.
+
+    Returns (session, created). With a `key` (the application's own id of the conversation,
+    unique per agent) the agent's session with that key is returned unchanged when it exists,
+    whatever its status (created False): a repeat is idempotent, also when two run at once.
+    Without one, every call opens a new session (the API's Idempotency-Key makes retries safe).
 
     `ttl` is the idle TTL (default: the tenant's SessionRetentionPolicy, 24 h). If the agent
     now has more live sessions than the policy allows, the least recently accessed ones are
-    evicted in the same transaction (each recording `retention.evicted`). Not idempotent
-    (the API's Idempotency-Key makes retries safe).
+    evicted in the same transaction (each recording `retention.evicted`).
     """
     policy = SessionRetentionPolicy.for_tenant(tenant)
     if ttl is None:
         ttl = timedelta(hours=policy.session_idle_ttl_hours)
     agent = agent_get_or_create(tenant=tenant, external_id=agent_external_id)
+    if key is not None:
+        existing = _session_with_key(tenant=tenant, agent=agent, key=key)
+        if existing is not None:
+            return existing, False
     now = now or timezone.now()
-    session = Session.objects.create(
-        tenant=tenant,
-        agent=agent,
-        user_id=user_id,
-        model_name=model_name,
-        metadata=metadata or {},
-        created_at=now,
-        last_accessed_at=now,
-        idle_ttl_seconds=int(ttl.total_seconds()),
-        expires_at=now + ttl,
-    )
+    fields = {
+        "tenant": tenant,
+        "agent": agent,
+        "key": key,
+        "user_id": user_id,
+        "model_name": model_name,
+        "metadata": metadata or {},
+        "created_at": now,
+        "last_accessed_at": now,
+        "idle_ttl_seconds": int(ttl.total_seconds()),
+        "expires_at": now + ttl,
+    }
+    try:
+        with transaction.atomic():  # a savepoint: a concurrent create of the same key wins
+            session = Session.objects.create(**fields)
+    except IntegrityError:
+        existing = _session_with_key(tenant=tenant, agent=agent, key=key) if key is not None else None
+        if existing is None:
+            raise
+        return existing, False
     recorder.event_append(
         tenant=tenant,
         type="session.created",
@@ -161,7 +196,11 @@ def session_create(
     retention.sessions_evict_over_limit(
         tenant=tenant, agent=agent, limit=policy.max_live_sessions_per_agent, now=now
     )
-    return session
+    return session, True
+
+
+def _session_with_key(*, tenant: Tenant, agent: Agent, key: str) -> Session | None:
+    return Session.objects.select_related("agent").filter(tenant=tenant, agent=agent, key=key).first()
 
 
 def session_end(*, tenant: Tenant, session: Session, now: datetime | None = None) -> Session:
@@ -170,6 +209,11 @@ def session_end(*, tenant: Tenant, session: Session, now: datetime | None = None
 
     All in one transaction. Ending a session that is no longer open changes nothing and records
     nothing (idempotent); the session is returned as it is.
+
+    Locks in one order: the session row (as an append takes it), then the agent's stream counter,
+    then the experiences its facts promote to (in the order of their keys). Two ends of one
+    agent's sessions therefore queue on the stream before either locks an experience; taking the
+    stream only at the first promotion's event let each hold what the other needed next.
     """
     now = now or timezone.now()
     with transaction.atomic():
@@ -179,6 +223,7 @@ def session_end(*, tenant: Tenant, session: Session, now: datetime | None = None
         session.refresh_from_db()
         if not updated:
             return session
+        recorder.stream_lock(tenant=tenant, agent=session.agent)
         decay.facts_on_session_end(tenant=tenant, session=session)
         session_digest_queue(session=session)  # its digest, for the same user's next session
         recorder.event_append(

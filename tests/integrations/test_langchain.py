@@ -82,6 +82,29 @@ def test_clear_ends_the_session_and_continues_in_a_new_one(server: str, alice_ke
     assert not Session.objects.filter(public_id=gone).exists()
 
 
+def test_a_history_named_by_the_apps_own_id_finds_its_session_again(server: str, alice_key: str) -> None:
+    history = CtxappChatMessageHistory(Client(server, alice_key), session_id="conv-r1")
+    assert history.messages == []  # opened on first use
+    history.add_messages(CONVERSATION[:2])
+    again = CtxappChatMessageHistory(Client(server, alice_key), session_id="conv-r1")
+    assert _plain(again.messages) == _plain(CONVERSATION[:2])
+    assert again.session_id == history.session_id
+    session = Session.objects.get(public_id=history.session_id)
+    assert (session.agent.external_id, session.key) == ("langchain", "conv-r1")
+    other_agent = CtxappChatMessageHistory(
+        Client(server, alice_key), session_id="conv-r1", agent="parcel-bot"
+    )
+    assert other_agent.messages == []  # a key is unique per agent
+
+    again.clear()  # the key names one session: clearing deletes it, and the key starts over
+    assert not Session.objects.filter(public_id=session.public_id).exists()
+    again.add_user_message("A new question")
+    fresh = CtxappChatMessageHistory(Client(server, alice_key), session_id="conv-r1")
+    assert [m.content for m in fresh.messages] == ["A new question"]
+    with pytest.raises(ValueError, match="clear_mode"):
+        CtxappChatMessageHistory(Client(server, alice_key), session_id="conv-r1", clear_mode="end")
+
+
 def test_the_async_history(server: str, alice_key: str) -> None:
     async def run() -> tuple[list[Any], str | None]:
         async with AsyncClient(server, alice_key) as client:

@@ -271,7 +271,10 @@ def checkpoint_get(*, tenant: Tenant, agent: Agent, ref: str | int) -> Checkpoin
     queryset = Checkpoint.objects.filter(tenant=tenant, agent=agent)
     text = str(ref)
     checkpoint = (
-        queryset.filter(seq=int(text)).first() if text.isdigit() else queryset.filter(public_id=text).first()
+        # isascii: "²".isdigit() is True, and int("²") fails.
+        queryset.filter(seq=int(text)).first()
+        if text.isascii() and text.isdigit()
+        else queryset.filter(public_id=text).first()
     )
     if checkpoint is None:
         raise NotFound.of("checkpoint", text)

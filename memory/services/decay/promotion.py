@@ -35,11 +35,15 @@ class PromotionResult:
 
 
 def facts_to_promote(*, session: Session) -> list[TrackedFact]:
-    """High-importance facts, user preferences and project configuration not yet promoted. Read-only."""
+    """High-importance facts, user preferences and project configuration not yet promoted. Read-only.
+
+    In the order of (type, key): promoting locks each one's experience, and sessions promoting
+    facts of the same keys must lock them in one order (memory.services.sessions.session_end).
+    """
     return list(
         TrackedFact.objects.filter(session=session, promoted_at__isnull=True)
         .filter(Q(importance=FactImportance.HIGH) | Q(fact_type__in=PROMOTION_KINDS))
-        .order_by("pk")
+        .order_by("fact_type", "key", "pk")
     )
 
 

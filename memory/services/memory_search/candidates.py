@@ -204,6 +204,10 @@ def _dense_pool(
             found[row[0]] = _row_candidate(row, dense)
 
 
+# Qualified: the facts are read with their session joined, whose columns include `key` too.
+FACTS = TrackedFact._meta.db_table
+
+
 def _text_rows_matching(queryset: Any, *, text_sql: str, query: str, config: str, limit: int) -> Any:
     """Rows of `queryset` whose text matches any query term (full text computed on the fly)."""
     or_query = terms_or_query(query)
@@ -289,7 +293,11 @@ def _fact_candidates(q: _KindQuery) -> list[ranking.Candidate]:
     )
     rows = list(
         _text_rows_matching(
-            facts, text_sql="(key || ' ' || content)", query=q.query, config=q.config, limit=OTHER_KIND_POOL
+            facts,
+            text_sql=f"({FACTS}.key || ' ' || {FACTS}.content)",
+            query=q.query,
+            config=q.config,
+            limit=OTHER_KIND_POOL,
         )
     )
     texts = [f"{r.key}: {r.content}" for r in rows]

@@ -47,8 +47,8 @@ AGENT_INDEPENDENT = {
     "v1_tenant_policies_experiences_retrieve": "tenant policy (admin scope), not an agent's data",
     "v1_tenant_policies_experiences_partial_update": "tenant policy (admin scope), not an agent's data",
     "v1_traces_create": "OTLP ingest: a bound key records every span as its own agent (test_otel.py)",
-    "v1_agent_ids_list": "lists ids by prefix; a bound key sees only its own agent (test_agent_lifecycle.py)",
     "v1_store_batch_create": "the key-value store: a bound key has its own (test_langgraph_store.py)",
+    "v1_agents_list": "names no agent; a bound key lists only its own (test_session_keys.py)",
 }
 
 # Operations that name a task but act as the calling agent on layers the task's agents share by

@@ -1,4 +1,4 @@
-"""DELETE /agents/{agent} (the agent and everything kept under it) and GET /agent-ids."""
+"""DELETE /agents/{agent} (the agent and everything kept under it) and GET /agents by prefix or name."""
 
 from __future__ import annotations
 
@@ -55,21 +55,25 @@ def test_another_tenants_agent_is_not_found_and_stays(api_a, api_b):
     response = api_b.delete("/api/v1/agents/alices")
     assert response.status_code == 404
     assert Agent.objects.filter(external_id="alices").exists()
-    assert api_b.get("/api/v1/agent-ids").json()["items"] == []
+    assert api_b.get("/api/v1/agents").json()["items"] == []
 
 
-def test_agent_ids_by_prefix_or_exact_paged(api_a):
+def test_agents_by_prefix_or_name_paged(api_a):
     for name in ("lg-a", "lg-b", "lg-c", "other"):
         _create(api_a, name)
-    first = api_a.get("/api/v1/agent-ids", {"prefix": "lg-", "limit": 2}).json()
-    assert first["items"] == ["lg-c", "lg-b"] and first["next_cursor"]
-    rest = api_a.get(
-        "/api/v1/agent-ids", {"prefix": "lg-", "limit": 2, "cursor": first["next_cursor"]}
-    ).json()
-    assert rest["items"] == ["lg-a"] and rest["next_cursor"] is None
-    assert api_a.get("/api/v1/agent-ids", {"exact": "lg-b"}).json()["items"] == ["lg-b"]
-    assert api_a.get("/api/v1/agent-ids", {"exact": "lg-"}).json()["items"] == []
-    bad = api_a.get("/api/v1/agent-ids", {"limit": 0})
+
+    def names(page: dict) -> list[str]:
+        return [agent["name"] for agent in page["items"]]
+
+    first = api_a.get("/api/v1/agents", {"prefix": "lg-", "limit": 2}).json()
+    assert names(first) == ["lg-c", "lg-b"] and first["next"]
+    rest = api_a.get("/api/v1/agents", {"prefix": "lg-", "limit": 2, "cursor": first["next"]}).json()
+    assert names(rest) == ["lg-a"] and rest["next"] is None
+    assert names(api_a.get("/api/v1/agents", {"name": "lg-b"}).json()) == ["lg-b"]
+    # No agent of that name: an empty page, not a failing request.
+    missing = api_a.get("/api/v1/agents", {"name": "lg-"})
+    assert missing.status_code == 200 and missing.json()["items"] == []
+    bad = api_a.get("/api/v1/agents", {"limit": 0})
     assert bad.status_code == 422
 
 
@@ -79,7 +83,7 @@ def test_a_key_bound_to_an_agent_deletes_and_sees_only_its_own(api_a, tenant_a):
     _, secret = api_key_create(tenant=tenant_a, name="bot", agent_external_id="bot")
     bound = APIClient()
     bound.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
-    assert bound.get("/api/v1/agent-ids").json()["items"] == ["bot"]
+    assert [a["name"] for a in bound.get("/api/v1/agents").json()["items"]] == ["bot"]
     refused = bound.delete("/api/v1/agents/other")
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "agent_mismatch"
     assert Agent.objects.filter(external_id="other").exists()

@@ -112,3 +112,12 @@ def test_another_tenants_session_is_still_404_and_untouched(api_a, api_b, sessio
     body = {"role": "user", "content": "x", "parent_seq": 1}
     envelope(api_b.post(url, body, format="json"), 404, "not_found")
     assert Message.objects.count() == 0
+
+
+@pytest.mark.parametrize("ref", ["²", "\u0661"])  # digits to str.isdigit; a seq is ASCII digits
+def test_a_checkpoint_ref_of_unicode_digits_is_404_not_500(api_a, ref):
+    agent_get_or_create(tenant=api_a.api_key.tenant, external_id="a1")
+    api_a.post("/api/v1/agents/a1/checkpoints", {"state": {"schema_version": 1}}, format="json")
+    envelope(api_a.get(f"/api/v1/agents/a1/checkpoints/{ref}"), 404, "not_found")
+    diff = api_a.get("/api/v1/agents/a1/checkpoints/diff", {"from": ref, "to": "1"})
+    envelope(diff, 404, "not_found")
