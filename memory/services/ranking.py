@@ -167,6 +167,26 @@ def _content_length(kind: str, text: str) -> int:
     return count
 
 
+@lru_cache(maxsize=65536)
+def _own_terms(kind: str, text: str) -> frozenset[str]:
+    """The row's own words (a message's without its date and speaker prefix, which every turn of
+    a session shares)."""
+    if kind == "message":
+        prefix = _INDEX_PREFIX.match(text)
+        if prefix is not None and prefix.end():
+            text = text[prefix.end() :]
+    return frozenset(_tokens(text))
+
+
+def passes_floor(*, query: str, candidate: Candidate, min_similarity: float) -> bool:
+    """The relevance floor: whether the row shares a word (a `tokenize` term of its own text)
+    with the query or its meaning comes near it (cosine ≥ `min_similarity`). A row failing both
+    has nothing to do with the query, whatever its place in a pool's relative scores."""
+    if candidate.dense is not None and candidate.dense >= min_similarity:
+        return True
+    return not _own_terms(candidate.kind, candidate.text).isdisjoint(_tokens(query))
+
+
 @dataclass
 class Candidate:
     key: str  # unique in the pool, e.g. "message:123"
