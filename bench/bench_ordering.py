@@ -39,7 +39,7 @@ import bench_recall_offline as offline  # noqa: E402
 from memory.services import ranking  # noqa: E402
 from memory.services.ranking import Plan  # noqa: E402
 
-FLOORS = (0.0, 0.1, 0.15, 0.2, 0.25, 0.3)
+FLOORS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 Merge = Callable[[offline.Pool, Plan], list[ranking.Ranked]]
 
 
@@ -78,7 +78,7 @@ def mixed_scope(turns: offline.Scope, experiences: offline.Scope) -> offline.Sco
 
 def turn_recall(scopes: list[offline.Scope], questions: list[offline.Question], merge: Merge) -> str:
     plan = ranking.DEFAULT_PLAN
-    r5, r10, intruders = [], [], []
+    r5, r10, intruders, listed = [], [], [], []
     for q in questions:
         assert q.vector is not None
         ranked = merge(offline.gather(scopes[q.scope], q.text, q.vector, plan), plan)
@@ -86,10 +86,11 @@ def turn_recall(scopes: list[offline.Scope], questions: list[offline.Question], 
         r5.append(offline.recall_at(keys, q.expected, 5))
         r10.append(offline.recall_at(keys, q.expected, 10))
         intruders.append(sum(1 for r in ranked[:5] if r.candidate.kind == "experience"))
+        listed.append(sum(1 for r in ranked[:10] if r.candidate.kind == "experience"))
     return (
         f"turn R@5 {100 * np.mean(r5):5.1f}  R@10 {100 * np.mean(r10):5.1f}  "
         f"experiences in top 5: {np.mean(intruders):.2f} (questions with any: "
-        f"{100 * np.mean([i > 0 for i in intruders]):.0f} %)"
+        f"{100 * np.mean([i > 0 for i in intruders]):.0f} %), in the top 10: {np.mean(listed):.2f}"
     )
 
 
@@ -101,6 +102,37 @@ def experience_recall(scope: offline.Scope, questions: list[offline.Question], m
         keys = [r.candidate.key for r in merge(offline.gather(scope, q.text, q.vector, plan), plan)]
         r5.append(offline.recall_at(keys, q.expected, 5))
     return f"paraphrase R@5 {100 * np.mean(r5):5.1f}"
+
+
+def recall_by_question(
+    scopes: list[offline.Scope], questions: list[offline.Question], floor: float
+) -> list[tuple[float, float]]:
+    plan, out = ranking.DEFAULT_PLAN, []
+    for q in questions:
+        assert q.vector is not None
+        ranked = floored(one_pool, floor)(offline.gather(scopes[q.scope], q.text, q.vector, plan), plan)
+        keys = [r.candidate.key for r in ranked]
+        out.append((offline.recall_at(keys, q.expected, 5), offline.recall_at(keys, q.expected, 10)))
+    return out
+
+
+def cross_validate_floor(scopes: list[offline.Scope], questions: list[offline.Question]) -> str:
+    """Leave one conversation out: on the others, the highest floor whose R@5 and R@10 are those
+    without a floor; its recall on the held-out conversation."""
+    table = {t: recall_by_question(scopes, questions, t) for t in FLOORS}
+    picked, held = [], []
+    for held_out in sorted({q.scope for q in questions}):
+        train = [i for i, q in enumerate(questions) if q.scope != held_out]
+        test = [i for i, q in enumerate(questions) if q.scope == held_out]
+
+        def mean(t: float, rows: list[int], k: int) -> float:
+            return float(np.mean([table[t][i][k] for i in rows]))
+
+        best = max(t for t in FLOORS if all(mean(t, train, k) >= mean(0.0, train, k) - 1e-9 for k in (0, 1)))
+        picked.append(best)
+        held.extend(table[best][i] for i in test)
+    r5, r10 = (100 * float(np.mean([row[k] for row in held])) for k in (0, 1))
+    return f"floors picked {picked}; held-out turn R@5 {r5:.1f}  R@10 {r10:.1f}"
 
 
 def main() -> None:
@@ -117,6 +149,7 @@ def main() -> None:
     print("turns only, default plan (no experiences):", turn_recall(scopes, questions, one_pool))
     for t in FLOORS[1:]:
         print(f"turns only + floor {t}:", turn_recall(scopes, questions, floored(one_pool, t)))
+    print("cross-validated floor (turns + experiences):", cross_validate_floor(mixed, questions))
     for name, merge in methods:
         print(
             f"{name:24} {turn_recall(mixed, questions, merge)}  |  "

@@ -28,10 +28,11 @@ WHAT THE CALLER MUST SUPPLY (so results match the offline evaluation):
 
 `rank` returns every candidate, best first, with each signal's contribution (dense, lexical,
 neighbour, session, recency, length; they add up to the score); the caller cuts to its limit. Use
-`DEFAULT_PLAN` for conversational memory (messages, summaries, facts) and `EXPERIENCE_PLAN` for
-distilled experiences (problem/solution texts: dense-led); rank the two kinds in separate pools
-and merge by rank if one search returns both. Figures and what was tried: docs/experiences.md,
-"Ranking: what we tried".
+`DEFAULT_PLAN` for conversational memory (messages, summaries, facts) and for a pool mixing it with
+experiences (one pool, one plan: one score scale across kinds; docs/memory.md, "Ordering"), and
+`EXPERIENCE_PLAN` for distilled experiences alone (problem/solution texts: dense-led). Figures and
+what was tried: docs/experiences.md, "Ranking: what we tried". `passes_floor` is the relevance
+floor a caller applies after ranking.
 """
 
 from __future__ import annotations

@@ -115,3 +115,14 @@ def test_the_floor_is_a_cosine_and_refuses_anything_else(api_a, user_memory):
         response = api_a.post(SEARCH, {"query": "wedding", "min_similarity": bad}, format="json")
         assert response.status_code == 422, response.content
         assert "min_similarity" in response.json()["error"]["details"]["fields"]
+
+
+@pytest.mark.parametrize("question", QUESTIONS[:3])
+def test_context_recall_brings_back_the_users_memory_and_no_unrelated_experience(
+    api_a, user_memory, question
+):
+    later = post(api_a, "/api/v1/sessions", {"agent": "bot", "user_id": "maya"})["id"]
+    body = post(api_a, f"/api/v1/sessions/{later}/context", {"input": question}, status=200)
+    recalled = [item for item in body["manifest"]["items"] if item["kind"] == "recall"]
+    assert recalled, body["manifest"]["items"]
+    assert {item["source"] for item in recalled} <= {"message", "summary", "fact"}, recalled
