@@ -182,7 +182,10 @@ def _own_terms(kind: str, text: str) -> frozenset[str]:
 def passes_floor(*, query: str, candidate: Candidate, min_similarity: float) -> bool:
     """The relevance floor: whether the row shares a word (a `tokenize` term of its own text)
     with the query or its meaning comes near it (cosine ≥ `min_similarity`). A row failing both
-    has nothing to do with the query, whatever its place in a pool's relative scores."""
+    has nothing to do with the query, whatever its place in a pool's relative scores. A floor of
+    -1 (the lowest cosine) is no floor: rows without a vector are listed too."""
+    if min_similarity <= -1.0:
+        return True
     if candidate.dense is not None and candidate.dense >= min_similarity:
         return True
     return not _own_terms(candidate.kind, candidate.text).isdisjoint(_tokens(query))
