@@ -120,7 +120,8 @@ def cross_validate_floor(scopes: list[offline.Scope], questions: list[offline.Qu
     """Leave one conversation out: on the others, the highest floor whose R@5 and R@10 are those
     without a floor; its recall on the held-out conversation."""
     table = {t: recall_by_question(scopes, questions, t) for t in FLOORS}
-    picked, held = [], []
+    picked: list[float] = []
+    held: list[tuple[float, float]] = []
     for held_out in sorted({q.scope for q in questions}):
         train = [i for i, q in enumerate(questions) if q.scope != held_out]
         test = [i for i, q in enumerate(questions) if q.scope == held_out]
