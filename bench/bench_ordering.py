@@ -14,7 +14,7 @@ searched over the experiences plus one conversation's turns.
   lists interleaved by rank (what memory search did before one score scale).
 - "one pool": every candidate ranked together under one plan: one score scale.
 - "+ floor t": then an item is left out unless it shares a query term or its cosine to the
-  query is at least t (`ranking.passes_floor`).
+  query is at least t (`relevance_floor.passes_floor`).
 
 Uses the embedding cache of bench/bench_recall_offline.py (/tmp/ctxapp_rank_cache).
 """
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_recall_offline as offline  # noqa: E402
 
-from memory.services import ranking  # noqa: E402
+from memory.services import ranking, relevance_floor  # noqa: E402
 from memory.services.ranking import Plan  # noqa: E402
 
 FLOORS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
@@ -64,7 +64,7 @@ def floored(merge: Merge, floor: float) -> Merge:
         return [
             r
             for r in merge(found, plan)
-            if ranking.passes_floor(query=found.query, candidate=r.candidate, min_similarity=floor)
+            if relevance_floor.passes_floor(query=found.query, candidate=r.candidate, min_similarity=floor)
         ]
 
     return run

@@ -31,8 +31,8 @@ neighbour, session, recency, length; they add up to the score); the caller cuts 
 `DEFAULT_PLAN` for conversational memory (messages, summaries, facts) and for a pool mixing it with
 experiences (one pool, one plan: one score scale across kinds; docs/memory.md, "Ordering"), and
 `EXPERIENCE_PLAN` for distilled experiences alone (problem/solution texts: dense-led). Figures and
-what was tried: docs/experiences.md, "Ranking: what we tried". `passes_floor` is the relevance
-floor a caller applies after ranking.
+what was tried: docs/experiences.md, "Ranking: what we tried". The relevance floor a caller
+applies after ranking: memory/services/relevance_floor.py.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def _date_prefix(year: int, month: int, day: int) -> str:
 
 
 # What `index_text` puts before a message's content: the date, then the speaker.
-_INDEX_PREFIX = re.compile(r"^(?:\(\d{1,2} [A-Z][a-z]+ \d{4}\) )?(?:[^:\n]{1,80}: )?")
+INDEX_PREFIX = re.compile(r"^(?:\(\d{1,2} [A-Z][a-z]+ \d{4}\) )?(?:[^:\n]{1,80}: )?")
 
 
 def content_length(*, kind: str, text: str) -> int:
@@ -162,33 +162,10 @@ def content_length(*, kind: str, text: str) -> int:
 def _content_length(kind: str, text: str) -> int:
     count = len(_tokens(text))
     if kind == "message":
-        prefix = _INDEX_PREFIX.match(text)
+        prefix = INDEX_PREFIX.match(text)
         if prefix is not None and prefix.end():
             count -= len(_tokens(prefix.group()))
     return count
-
-
-@lru_cache(maxsize=65536)
-def _own_terms(kind: str, text: str) -> frozenset[str]:
-    """The row's own words (a message's without its date and speaker prefix, which every turn of
-    a session shares)."""
-    if kind == "message":
-        prefix = _INDEX_PREFIX.match(text)
-        if prefix is not None and prefix.end():
-            text = text[prefix.end() :]
-    return frozenset(_tokens(text))
-
-
-def passes_floor(*, query: str, candidate: Candidate, min_similarity: float) -> bool:
-    """The relevance floor: whether the row shares a word (a `tokenize` term of its own text)
-    with the query or its meaning comes near it (cosine ≥ `min_similarity`). A row failing both
-    has nothing to do with the query, whatever its place in a pool's relative scores. A floor of
-    -1 (the lowest cosine) is no floor: rows without a vector are listed too."""
-    if min_similarity <= -1.0:
-        return True
-    if candidate.dense is not None and candidate.dense >= min_similarity:
-        return True
-    return not _own_terms(candidate.kind, candidate.text).isdisjoint(_tokens(query))
 
 
 @dataclass

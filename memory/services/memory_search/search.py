@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from memory.exceptions import InvalidInput
 from memory.models import Tenant
-from memory.services import ranking
+from memory.services import ranking, relevance_floor
 from memory.services.embedding import EmbedderError, embed_query
 from memory.services.memory_search.candidates import other_candidates, scope_message_candidates
 from memory.services.memory_search.results import SearchResult, hit_from_ranked, neighbours_attach
@@ -42,7 +42,7 @@ def memory_search(
     range) and NotFound (unknown or foreign session / agent in the scope). When the embedder is
     unavailable the dense signal is left out with a warning (words still answer).
     `exclude_messages` ((session id, seq) pairs) are left out of the results (context recall:
-    what the window already holds). The relevance floor (`ranking.passes_floor`) leaves out
+    what the window already holds). The relevance floor (`relevance_floor.passes_floor`) leaves out
     every item that shares no word with the query and whose cosine to it is below
     `min_similarity` (default: the tenant's MemoryPolicy.search_min_similarity).
     """
@@ -83,7 +83,7 @@ def memory_search(
         if not (
             item.candidate.kind == "message" and (item.candidate.group, item.candidate.position) in excluded
         )
-        and ranking.passes_floor(query=query, candidate=item.candidate, min_similarity=floor)
+        and relevance_floor.passes_floor(query=query, candidate=item.candidate, min_similarity=floor)
     )
     hits = [hit_from_ranked(item, score=item.score) for item in islice(kept, limit)]
     if neighbours:
