@@ -126,3 +126,19 @@ def test_context_recall_brings_back_the_users_memory_and_no_unrelated_experience
     recalled = [item for item in body["manifest"]["items"] if item["kind"] == "recall"]
     assert recalled, body["manifest"]["items"]
     assert {item["source"] for item in recalled} <= {"message", "summary", "fact"}, recalled
+
+
+def test_a_summary_and_an_experience_saying_the_same_score_alike(api_a, user_memory, tenant_a):
+    from memory.models import Session, Summary
+
+    experience = Experience.objects.get(problem=UNRELATED["tls"][0])
+    Summary.objects.create(
+        tenant=tenant_a, session=Session.objects.get(user_id="maya"), text=experience.text,
+        covers_up_to_seq=9, folded_from_seq=1, folded_to_seq=9, folded_count=9,
+        tokens_before=100, tokens_after=30,
+    )  # fmt: skip
+    results = search(api_a, {"query": "renew the expired TLS certificate", "scope": {"user_id": "maya"}})
+    same = {hit["kind"]: hit for hit in results if hit["text"] == experience.text}
+    assert set(same) == {"summary", "experience"}, results
+    assert same["summary"]["score"] == pytest.approx(same["experience"]["score"], abs=1e-6)
+    assert same["summary"]["contributions"] == pytest.approx(same["experience"]["contributions"], abs=1e-6)
