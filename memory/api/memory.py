@@ -145,6 +145,11 @@ class MemorySearchApi(TenantApiView):
             required=False, default=0, min_value=0, max_value=memory_search.MAX_NEIGHBOURS,
             help_text="Include this many turns either side of each message hit.",
         )  # fmt: skip
+        min_similarity = serializers.FloatField(
+            required=False, min_value=-1.0, max_value=1.0,
+            help_text="Relevance floor: an item sharing no word with the query needs this cosine "
+            "to it to be listed (default: the tenant's memory policy, 0.15).",
+        )  # fmt: skip
 
     @extend_schema(
         request=InputSerializer,
@@ -184,6 +189,7 @@ class MemorySearchApi(TenantApiView):
             time_to=time_range.get("to"),
             plan=memory_search.plan_parse(data["plan"]) if "plan" in data else None,
             neighbours=data["neighbours"],
+            min_similarity=data.get("min_similarity"),
         )
         return Response(search_result_out(result))
 

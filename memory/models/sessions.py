@@ -292,6 +292,11 @@ class MemoryPolicy(TenantPolicyBase):
         default=True,
         help_text="Embed messages for search by meaning. Off: messages are `skipped`, still found by words.",
     )
+    search_min_similarity = models.FloatField(
+        default=0.15,
+        help_text="Relevance floor of memory search and recall: an item sharing no word with the query "
+        "needs at least this cosine to it to be listed (docs/memory.md, Ordering).",
+    )
     recall_enabled = models.BooleanField(
         default=True, help_text="Context builds recall relevant items from outside the window."
     )

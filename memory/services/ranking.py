@@ -28,10 +28,11 @@ WHAT THE CALLER MUST SUPPLY (so results match the offline evaluation):
 
 `rank` returns every candidate, best first, with each signal's contribution (dense, lexical,
 neighbour, session, recency, length; they add up to the score); the caller cuts to its limit. Use
-`DEFAULT_PLAN` for conversational memory (messages, summaries, facts) and `EXPERIENCE_PLAN` for
-distilled experiences (problem/solution texts: dense-led); rank the two kinds in separate pools
-and merge by rank if one search returns both. Figures and what was tried: docs/experiences.md,
-"Ranking: what we tried".
+`DEFAULT_PLAN` for conversational memory (messages, summaries, facts) and for a pool mixing it with
+experiences (one pool, one plan: one score scale across kinds; docs/memory.md, "Ordering"), and
+`EXPERIENCE_PLAN` for distilled experiences alone (problem/solution texts: dense-led). Figures and
+what was tried: docs/experiences.md, "Ranking: what we tried". The relevance floor a caller
+applies after ranking: memory/services/relevance_floor.py.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def _date_prefix(year: int, month: int, day: int) -> str:
 
 
 # What `index_text` puts before a message's content: the date, then the speaker.
-_INDEX_PREFIX = re.compile(r"^(?:\(\d{1,2} [A-Z][a-z]+ \d{4}\) )?(?:[^:\n]{1,80}: )?")
+INDEX_PREFIX = re.compile(r"^(?:\(\d{1,2} [A-Z][a-z]+ \d{4}\) )?(?:[^:\n]{1,80}: )?")
 
 
 def content_length(*, kind: str, text: str) -> int:
@@ -161,7 +162,7 @@ def content_length(*, kind: str, text: str) -> int:
 def _content_length(kind: str, text: str) -> int:
     count = len(_tokens(text))
     if kind == "message":
-        prefix = _INDEX_PREFIX.match(text)
+        prefix = INDEX_PREFIX.match(text)
         if prefix is not None and prefix.end():
             count -= len(_tokens(prefix.group()))
     return count

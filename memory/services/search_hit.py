@@ -23,8 +23,8 @@ class SearchHit:
     contributions: dict[str, float]  # each signal's share of the score
     similarity: float | None = None  # cosine to the query (None: no vector)
     occurred_at: datetime | None = None
-    # The score in its own pool (its contributions add up to it); `score` is the list's, which
-    # differs when experiences and conversation merge by rank. Thresholds compare this one.
+    # The ranking's score (its contributions add up to it). A memory search ranks every kind
+    # in one pool, so it equals `score`; thresholds compare this one.
     relevance: float = 0.0
     # messages
     session: str | None = None

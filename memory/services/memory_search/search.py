@@ -6,13 +6,14 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from itertools import islice, zip_longest
+from itertools import islice
 
 import numpy as np
 from django.utils import timezone
 
+from memory.exceptions import InvalidInput
 from memory.models import Tenant
-from memory.services import ranking
+from memory.services import ranking, relevance_floor
 from memory.services.embedding import EmbedderError, embed_query
 from memory.services.memory_search.candidates import other_candidates, scope_message_candidates
 from memory.services.memory_search.results import SearchResult, hit_from_ranked, neighbours_attach
@@ -33,6 +34,7 @@ def memory_search(
     plan: ranking.Plan | None = None,
     neighbours: int = 0,
     exclude_messages: set[tuple[str, int]] | None = None,
+    min_similarity: float | None = None,
 ) -> SearchResult:
     """Search the scope's conversational memory for `query`; best first, at most `limit` hits.
 
@@ -40,46 +42,70 @@ def memory_search(
     range) and NotFound (unknown or foreign session / agent in the scope). When the embedder is
     unavailable the dense signal is left out with a warning (words still answer).
     `exclude_messages` ((session id, seq) pairs) are left out of the results (context recall:
-    what the window already holds).
+    what the window already holds). The relevance floor (`relevance_floor.passes_floor`) leaves out
+    every item that shares no word with the query and whose cosine to it is below
+    `min_similarity` (default: the tenant's MemoryPolicy.search_min_similarity).
     """
     scope = scope or SearchScope()
     query = (query or "").strip()
     chosen = search_validate(query=query, scope=scope, kinds=kinds, limit=limit, neighbours=neighbours)
-    plan_given = plan is not None
-    plan = plan or ranking.DEFAULT_PLAN
+    floor_check(min_similarity)
     session_pks, _ = scope_sessions(tenant=tenant, scope=scope)
     vector = QueryVector(query)  # embedded on its own thread while the scope's SQL runs
-    config = memory_policy_get(tenant=tenant).text_search_config or "english"
+    policy = memory_policy_get(tenant=tenant)
+    config = policy.text_search_config or "english"
+    floor = policy.search_min_similarity if min_similarity is None else min_similarity
     kind_set = set(chosen)
     if session_pks == []:
         kind_set -= {"message", "summary", "fact"}
     where = ScopeWhere(tenant=tenant, session_pks=session_pks, time_from=time_from, time_to=time_to)
     candidates: list[ranking.Candidate] = []
     stats = ranking.CorpusStats(n_docs=0, avg_len=0.0)
+    chosen_plan = plan or (ranking.EXPERIENCE_PLAN if kind_set == {"experience"} else ranking.DEFAULT_PLAN)
     if "message" in kind_set:
         candidates, stats = scope_message_candidates(
-            where=where, query=query, vector=vector.get, config=config, plan=plan
+            where=where, query=query, vector=vector.get, config=config, plan=chosen_plan
         )
     candidates += other_candidates(
         tenant=tenant, kinds=kind_set, session_pks=session_pks, scope=scope, query=query,
         vector=vector.get(), config=config, time_from=time_from, time_to=time_to,
     )  # fmt: skip
     warnings = vector.warnings()
-    ranked = _rank_by_kind(
-        query=query, candidates=candidates, stats=stats, plan=plan, experience_plan_given=plan_given
+    # One pool, one plan, whatever the kinds: a message and an experience alike in meaning and
+    # words score alike, the list is sorted by that score and its contributions add up to it.
+    ranked = ranking.rank(
+        query=query, candidates=candidates, stats=stats, plan=chosen_plan, now=timezone.now()
     )
     excluded = exclude_messages or set()
     kept = (
-        (item, score)
-        for item, score in ranked
+        item
+        for item in ranked
         if not (
             item.candidate.kind == "message" and (item.candidate.group, item.candidate.position) in excluded
         )
+        and relevance_floor.passes_floor(query=query, candidate=item.candidate, min_similarity=floor)
     )
-    hits = [hit_from_ranked(item, score=score) for item, score in islice(kept, limit)]
+    hits = [hit_from_ranked(item, score=item.score) for item in islice(kept, limit)]
     if neighbours:
         neighbours_attach(tenant=tenant, hits=hits, radius=neighbours)
-    return SearchResult(query=query, results=hits, plan=plan, warnings=warnings, candidates=len(candidates))
+    return SearchResult(
+        query=query, results=hits, plan=chosen_plan, warnings=warnings, candidates=len(candidates)
+    )
+
+
+def floor_check(min_similarity: float | None) -> None:
+    """Raises InvalidInput unless `min_similarity` is None or a cosine (-1..1)."""
+    if min_similarity is None:
+        return
+    if (
+        isinstance(min_similarity, bool)
+        or not isinstance(min_similarity, int | float)
+        or not (-1.0 <= min_similarity <= 1.0)
+    ):
+        raise InvalidInput(
+            "min_similarity must be a number between -1 and 1.",
+            details={"fields": {"min_similarity": ["Must be a number between -1 and 1."]}},
+        )
 
 
 class QueryVector:
@@ -104,7 +130,6 @@ class QueryVector:
         return []
 
 
-MERGED_RANK_K = 60  # a merged list's score is 1 / (MERGED_RANK_K + rank in its pool), as in RRF
 QUERY_EMBEDDING_THREADS = 4  # concurrent searches of one process embedding their queries at once
 _embedding_pools: dict[int, ThreadPoolExecutor] = {}
 _embedding_pools_lock = threading.Lock()
@@ -121,36 +146,3 @@ def _embedding_pool() -> ThreadPoolExecutor:
             _embedding_pools.clear()
             _embedding_pools[os.getpid()] = pool
         return pool
-
-
-def _rank_by_kind(
-    *,
-    query: str,
-    candidates: list[ranking.Candidate],
-    stats: ranking.CorpusStats,
-    plan: ranking.Plan,
-    experience_plan_given: bool,
-) -> list[tuple[ranking.Ranked, float]]:
-    """Each item with its score in the list. Experiences (problem/solution texts) rank in their
-    own pool under EXPERIENCE_PLAN unless the caller chose a plan; the two lists merge by rank
-    (ranking.py: "rank the two kinds in separate pools and merge by rank"), conversational memory
-    first on a tie."""
-    conversational = [c for c in candidates if c.kind != "experience"]
-    distilled = [c for c in candidates if c.kind == "experience"]
-    now = timezone.now()
-    ranked_lists = [ranking.rank(query=query, candidates=conversational, stats=stats, plan=plan, now=now)]
-    if distilled:
-        experience_plan = plan if experience_plan_given else ranking.EXPERIENCE_PLAN
-        ranked_lists.append(
-            ranking.rank(query=query, candidates=distilled, stats=stats, plan=experience_plan, now=now)
-        )
-    if len(ranked_lists) == 1:
-        return [(item, item.score) for item in ranked_lists[0]]
-    # Each pool's scores are on their own scale, so a merged list shows the merge's own score,
-    # reciprocal rank in its pool (equal for a tie): scores never rise down the list.
-    return [
-        (item, round(1.0 / (MERGED_RANK_K + rank), 6))
-        for rank, group in enumerate(zip_longest(*ranked_lists), start=1)
-        for item in group
-        if item is not None
-    ]

@@ -18,7 +18,8 @@ QUERIES = ["Who plays the violin?", "What is the puppy called?", "How was the we
 
 
 def similarities(tenant: Any, query: str) -> dict[str, float | None]:
-    result = memory_search(tenant=tenant, query=query, kinds=["message"], limit=50)
+    # No relevance floor: every turn of the pool, related or not, shows its cosine.
+    result = memory_search(tenant=tenant, query=query, kinds=["message"], limit=50, min_similarity=-1)
     return {hit.id: hit.similarity for hit in result.results}
 
 
