@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('memory', '0009_hot_path_indexes'),
+        ('memory', '0013_api_session_key'),
     ]
 
     operations = [
