@@ -197,6 +197,8 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE: dict = {}  # filled by memory.tasks (see memory/tasks/__init__.py)
+# Opens a new broker connection after a failed send (a PostgreSQL restart left beat's stale).
+CELERY_BEAT_SCHEDULER = "ctxapp.infra.beat:ReconnectingScheduler"
 # Transport options are transport-specific: Kombu's SQLAlchemy transport hands every option to
 # SQLAlchemy's create_engine() (ctxapp.infra.broker takes visibility_timeout out first).
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": CTXAPP.broker_visibility_timeout}
