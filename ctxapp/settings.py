@@ -129,8 +129,10 @@ if CTXAPP.db_pool_size > 0 and DATABASE_URL:
         # then answers 503 `database_unavailable` instead of hanging.
         "timeout": 5,
     }
-else:
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# With the pool, Django passes psycopg_pool's check_connection (one empty query per checkout):
+# after a PostgreSQL restart every idle pooled connection is dead, and without it each one failed
+# a job or a request before the pool discarded it (the worker's embeddings missed the 15 s bound).
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- broker and channel layer -------------------------------------------------------------------

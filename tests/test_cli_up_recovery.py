@@ -99,11 +99,14 @@ def _heartbeat_age(base: str) -> float | None:
 def test_a_worker_whose_pool_processes_were_all_killed_runs_jobs_again(tmp_path: Path) -> None:
     """Both prefork pool processes SIGKILLed between tasks: the one holding the pool's inqueue lock
     dies with it, and the two Celery starts in their place wait on that lock forever. The heartbeat
-    stops, /readyz says `stalled`, `up` restarts the worker, and jobs run again."""
+    stops, /readyz says `stalled`, `up` restarts the worker, and jobs run again. (The default pool
+    is `threads`, which has no pool process to kill; prefork stays a choice, so its wedge is
+    still caught.)"""
     data_dir, port = tmp_path / "data", free_port()
     base = f"http://127.0.0.1:{port}"
     env = {
         **newcomer_env(data_dir, port),
+        "CTXAPP_WORKER_POOL": "prefork",
         "CTXAPP_JOB_HEARTBEAT_DEADLINE_SECONDS": str(WEDGE_HEARTBEAT_DEADLINE),
     }
     up = start_up(env, tmp_path)

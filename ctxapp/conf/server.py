@@ -97,14 +97,15 @@ class ServerSettings:
         "CTXAPP_WORKER_CONCURRENCY",
         parse_positive_int,
         2,
-        "Celery worker processes started by `ctxapp up`.",
+        "Tasks the Celery worker runs at once (threads or processes of its pool).",
     )
     worker_pool: str = setting(
         "CTXAPP_WORKER_POOL",
-        parse_choice("prefork", "threads", "solo"),
-        "prefork",
+        parse_choice("threads", "prefork", "solo"),
+        "threads",
         "The Celery worker's pool (`ctxapp up`, `ctxapp worker`); CTXAPP_WORKER_CONCURRENCY is its size. "
-        "docs/reliability.md compares them after a pool process is killed.",
+        "threads: no pool process whose death can wedge the others (prefork's can), and measured the "
+        "fastest here; docs/reliability.md has the comparison.",
     )
     embedded_shared_buffers_mb: int = setting(
         "CTXAPP_EMBEDDED_SHARED_BUFFERS_MB",
