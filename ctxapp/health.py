@@ -68,9 +68,15 @@ async def _channel_layer_roundtrip(layer: Any) -> None:
 
     # The reader starts before the send: a PostgreSQL layer delivers only to a channel it listens on.
     reader = asyncio.ensure_future(wait_for_token())
-    await asyncio.sleep(0)
-    await layer.send(channel, {"type": "readyz.ping", "token": token})
-    await reader
+    try:
+        await asyncio.sleep(0)
+        await layer.send(channel, {"type": "readyz.ping", "token": token})
+        await reader
+    finally:
+        # A reader left behind by a failed send (the database down) or a timeout would wait on the
+        # probe channel for ever and take the next probes' answers first: the check failed for
+        # minutes after PostgreSQL was back.
+        reader.cancel()
 
 
 def check_channel_layer() -> dict[str, Any]:

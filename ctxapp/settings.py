@@ -129,8 +129,10 @@ if CTXAPP.db_pool_size > 0 and DATABASE_URL:
         # then answers 503 `database_unavailable` instead of hanging.
         "timeout": 5,
     }
-else:
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# With the pool, Django passes psycopg_pool's check_connection (one empty query per checkout):
+# after a PostgreSQL restart every idle pooled connection is dead, and without it each one failed
+# a job or a request before the pool discarded it (the worker's embeddings missed the 15 s bound).
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- broker and channel layer -------------------------------------------------------------------
@@ -197,6 +199,8 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE: dict = {}  # filled by memory.tasks (see memory/tasks/__init__.py)
+# Opens a new broker connection after a failed send (a PostgreSQL restart left beat's stale).
+CELERY_BEAT_SCHEDULER = "ctxapp.infra.beat:ReconnectingScheduler"
 # Transport options are transport-specific: Kombu's SQLAlchemy transport hands every option to
 # SQLAlchemy's create_engine() (ctxapp.infra.broker takes visibility_timeout out first).
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": CTXAPP.broker_visibility_timeout}

@@ -417,3 +417,15 @@ class MemoryPolicyInline(PolicyInline):
 
 
 POLICY_INLINES.append(MemoryPolicyInline)
+
+
+# --- who may read whose text across agents (memory/services/sharing.py) ----------------------------
+
+from memory.models import SharingPolicy  # noqa: E402
+
+
+class SharingPolicyInline(PolicyInline):
+    model = SharingPolicy
+
+
+POLICY_INLINES.append(SharingPolicyInline)

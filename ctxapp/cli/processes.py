@@ -16,6 +16,7 @@ def worker_argv(cfg: CtxappSettings, *, concurrency: int | None = None) -> list[
     return [
         sys.executable, "-m", "celery", "-A", "ctxapp", "--quiet", "worker",
         "--loglevel", cfg.log_level,
+        "--pool", cfg.worker_pool,
         "--concurrency", str(concurrency or cfg.worker_concurrency),
         "--queues", queue,
         "--without-gossip", "--without-mingle", "--without-heartbeat",

@@ -97,7 +97,15 @@ class ServerSettings:
         "CTXAPP_WORKER_CONCURRENCY",
         parse_positive_int,
         2,
-        "Celery worker processes started by `ctxapp up`.",
+        "Tasks the Celery worker runs at once (threads or processes of its pool).",
+    )
+    worker_pool: str = setting(
+        "CTXAPP_WORKER_POOL",
+        parse_choice("threads", "prefork", "solo"),
+        "threads",
+        "The Celery worker's pool (`ctxapp up`, `ctxapp worker`); CTXAPP_WORKER_CONCURRENCY is its size. "
+        "threads: no pool process whose death can wedge the others (prefork's can), and measured the "
+        "fastest here; docs/reliability.md has the comparison.",
     )
     embedded_shared_buffers_mb: int = setting(
         "CTXAPP_EMBEDDED_SHARED_BUFFERS_MB",
@@ -132,6 +140,14 @@ class ServerSettings:
         60.0,
         "A job intent not taken by a worker this long after it was dispatched is dispatched again "
         "(a broker outage or a broker that lost its messages). Duplicates are harmless.",
+    )
+    job_heartbeat_deadline_seconds: float = setting(
+        "CTXAPP_JOB_HEARTBEAT_DEADLINE_SECONDS",
+        parse_positive_float,
+        60.0,
+        "A worker whose heartbeat job (sent every 10 s) has not run for this long is stalled: /readyz "
+        "says so, the liveness probe of docs/production.md fails and `ctxapp up` restarts it. Several "
+        "beats, so a worker busy with long jobs on every pool process is not called wedged.",
     )
     job_keep_days: int = setting(
         "CTXAPP_JOB_KEEP_DAYS",

@@ -59,6 +59,15 @@ def json_size_error(value: Any) -> str | None:
 # checked before the field itself is validated.
 # Nested input serializers are checked the same way. (A comment, not a docstring: drf-spectacular
 # would make a docstring the description of every request component.)
+class JsonBooleanField(serializers.BooleanField):
+    """A JSON `true` or `false` as sent: "yes", 1 or "on" are refused, not read as true."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            raise serializers.ValidationError("Must be a boolean (true or false).")
+        return data
+
+
 class BodySerializer(serializers.Serializer):
     #: Free JSON fields that are documents, not annotations (a state, a prompt's messages): bounded by
     #: a limit of their own or only by the body's (CTXAPP_MAX_BODY_BYTES).

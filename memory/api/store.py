@@ -15,7 +15,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from memory.api.agent_scope import bound_agent
-from memory.api.base import TenantApiView
+from memory.api.base import BodySerializer, TenantApiView
 from memory.models import ApiKeyScope, StoreItem
 from memory.services import store
 
@@ -23,29 +23,21 @@ MAX_OPS = 100
 MAX_TTL_MINUTES = 60 * 24 * 365 * 100  # a century
 
 
-class StrictSerializer(serializers.Serializer):
-    """Refuses fields it does not declare (422 naming them)."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
-        return super().to_internal_value(data)
-
-
 def _labels(**kwargs: Any) -> serializers.ListField:
     return serializers.ListField(child=serializers.CharField(max_length=200), max_length=20, **kwargs)
 
 
-class GetOpSerializer(StrictSerializer):
+class GetOpSerializer(BodySerializer):
     op = serializers.ChoiceField(choices=["get"])
     namespace = _labels()
     key = serializers.CharField(max_length=1000)
     refresh_ttl = serializers.BooleanField(required=False, default=True)
 
 
-class PutOpSerializer(StrictSerializer):
+class PutOpSerializer(BodySerializer):
+    # The item is the document itself: bounded by the body's limit (CTXAPP_MAX_BODY_BYTES).
+    json_unbounded_fields = frozenset({"value"})
+
     op = serializers.ChoiceField(choices=["put"])
     namespace = _labels(min_length=1)
     key = serializers.CharField(max_length=1000)
@@ -72,7 +64,7 @@ class PutOpSerializer(StrictSerializer):
         return value
 
 
-class SearchOpSerializer(StrictSerializer):
+class SearchOpSerializer(BodySerializer):
     op = serializers.ChoiceField(choices=["search"])
     namespace_prefix = _labels(required=False, default=list)
     filter = serializers.DictField(required=False, allow_null=True, default=None)
@@ -82,7 +74,7 @@ class SearchOpSerializer(StrictSerializer):
     refresh_ttl = serializers.BooleanField(required=False, default=True)
 
 
-class ListNamespacesOpSerializer(StrictSerializer):
+class ListNamespacesOpSerializer(BodySerializer):
     op = serializers.ChoiceField(choices=["list_namespaces"])
     prefix = _labels(required=False, allow_null=True, default=None)
     suffix = _labels(required=False, allow_null=True, default=None)
@@ -91,7 +83,7 @@ class ListNamespacesOpSerializer(StrictSerializer):
     offset = serializers.IntegerField(required=False, default=0, min_value=0)
 
 
-OP_SERIALIZERS: dict[str, type[StrictSerializer]] = {
+OP_SERIALIZERS: dict[str, type[BodySerializer]] = {
     "get": GetOpSerializer,
     "put": PutOpSerializer,
     "search": SearchOpSerializer,
@@ -135,7 +127,7 @@ def _op(values: dict[str, Any]) -> store.Op:
     return "list", store.ListNamespaces(**values)
 
 
-class BatchSerializer(StrictSerializer):
+class BatchSerializer(BodySerializer):
     ops = serializers.ListField(child=OpField(), min_length=1, max_length=MAX_OPS)
 
 

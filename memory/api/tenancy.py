@@ -4,6 +4,8 @@ GET    /api/v1/tenant                      who am I (the key's tenant and scopes
 GET    /api/v1/tenant/api-keys             the tenant's keys (admin scope)
 POST   /api/v1/tenant/api-keys             a new key; its secret is in this response only (admin)
 DELETE /api/v1/tenant/api-keys/{prefix}    revoke a key (admin; idempotent)
+GET    /api/v1/tenant/policies/sharing     which kinds one agent's builds may read of another's (admin)
+PATCH  /api/v1/tenant/policies/sharing     share a kind across agents, or stop (admin)
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 
 from memory.api.auth import ApiPrincipal
-from memory.api.base import BodySerializer, CursorSerializer, TenantApiView, keyset_page
+from memory.api.base import BodySerializer, CursorSerializer, JsonBooleanField, TenantApiView, keyset_page
 from memory.models import ApiKey, ApiKeyScope
+from memory.services import sharing
 from memory.services.tenancy import api_key_create, api_key_get, api_key_list, api_key_revoke
 
 
@@ -162,8 +165,49 @@ class ApiKeyDetailApi(TenantApiView):
         return Response(api_key_out(api_key_revoke(api_key=key, actor=_actor(request))))
 
 
+class SharingPolicyApi(TenantApiView):
+    """The tenant's sharing policy (memory/services/sharing.py). Admin scope, like its API keys."""
+
+    required_scope = ApiKeyScope.ADMIN
+
+    class PolicySerializer(BodySerializer):
+        class Meta:
+            ref_name = "SharingPolicy"
+
+        share_digests = JsonBooleanField(
+            help_text="Builds may carry digests of the user's sessions with other agents."
+        )
+        share_messages = JsonBooleanField(
+            help_text="Recall may bring back messages, summaries and facts of other agents' sessions."
+        )
+        share_experiences = JsonBooleanField(
+            help_text="Tenant-wide experiences recorded by other agents (or unbound keys) enter builds."
+        )
+        share_user_memories = JsonBooleanField(
+            help_text="The user's memories recorded by other agents (or unbound keys) enter builds."
+        )
+
+    @extend_schema(responses=PolicySerializer, summary="The tenant's sharing policy (admin scope)")
+    def get(self, request: Any) -> Response:
+        return Response(sharing.sharing_policy_as_dict(sharing.sharing_policy_get(tenant=self.tenant)))
+
+    @extend_schema(
+        request=PolicySerializer(partial=True),
+        responses=PolicySerializer,
+        summary="Share a kind of text across the tenant's agents, or stop (admin scope)",
+    )
+    def patch(self, request: Any) -> Response:
+        body = self.PolicySerializer(data=request.data, partial=True)
+        body.is_valid(raise_exception=True)
+        policy = sharing.sharing_policy_update(
+            tenant=self.tenant, changes=dict(body.validated_data), actor=str(request.user)
+        )
+        return Response(sharing.sharing_policy_as_dict(policy))
+
+
 urlpatterns = [
     path("tenant", TenantApi.as_view(), name="api-tenant"),
     path("tenant/api-keys", ApiKeyListCreateApi.as_view(), name="api-tenant-api-keys"),
     path("tenant/api-keys/<str:prefix>", ApiKeyDetailApi.as_view(), name="api-tenant-api-key"),
+    path("tenant/policies/sharing", SharingPolicyApi.as_view(), name="tenant-policy-sharing"),
 ]

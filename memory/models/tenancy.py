@@ -147,3 +147,39 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.status_code or 'in progress'})"
+
+
+class SharingPolicy(TenantPolicyBase):
+    """Which kinds of one agent's text a context build of another agent of the tenant may read.
+
+    Default: none. An agent's prompt then carries only what its own sessions, its own key and the
+    session's user wrote through it, so a writer with one agent's key cannot steer another agent
+    (docs/reliability.md, "Cross-agent memory"). memory/services/sharing.py applies it.
+    """
+
+    share_digests = models.BooleanField(
+        default=False,
+        help_text="A build may be offered (and recall) the digests of the user's sessions with other agents.",
+    )
+    share_messages = models.BooleanField(
+        default=False,
+        help_text="Recall may bring back messages, summaries and tracked facts of the user's sessions "
+        "with other agents.",
+    )
+    share_experiences = models.BooleanField(
+        default=False,
+        help_text="Tenant-wide experiences recorded by other agents (or by a key bound to none) "
+        "enter builds.",
+    )
+    share_user_memories = models.BooleanField(
+        default=False,
+        help_text="The session user's own memories recorded by other agents (or by a key bound to none) "
+        "enter builds.",
+    )
+
+    class Meta:
+        verbose_name = "sharing policy"
+        verbose_name_plural = "sharing policy"
+
+    def __str__(self) -> str:
+        return f"sharing policy of {self.tenant_id}"

@@ -42,10 +42,12 @@ def candidates_collect(
     summary = Summary.objects.filter(session=session, is_current=True).first()
     covered = summary.covers_up_to_seq if summary else 0
     window = _window_read(session=session, covered=covered, policy=policy, next_input=request.next_input)
-    items += _memory_items(tenant=tenant, session=session, policy=policy, query=window.query)
+    recall_policy = recall_policy_effective(tenant=tenant, overrides=request.recall)
+    # Experiences are carried over too: `recall.enabled = false` leaves them out with the rest.
+    if recall_policy.enabled:
+        items += _memory_items(tenant=tenant, session=session, policy=policy, query=window.query)
     if summary is not None:
         items.append(_summary_item(summary))
-    recall_policy = recall_policy_effective(tenant=tenant, overrides=request.recall)
     # The previous session's digest is carried over like recall: `recall.enabled = false` drops it.
     previous_digest = _previous_digest_item(tenant=tenant, session=session) if recall_policy.enabled else None
     if previous_digest is not None:
@@ -238,8 +240,16 @@ def _memory_items(
             "memory",
             "memories",
             memory.experience_id,
-            [carried_over_message(f"Relevant past experience: {memory.text}", source="experience")],
+            [
+                carried_over_message(
+                    f"Relevant past experience: {memory.text}",
+                    source="experience",
+                    agent=memory.agent,
+                    session=memory.session or "",
+                )
+            ],
             score=round(memory.score, 4),
+            extra={"agent": memory.agent, "session": memory.session},
         )
         if rank >= policy.memory_limit or used_chars + len(memory.text) > policy.memory_max_chars:
             item.included, item.reason = False, "over the memory limit"
@@ -346,12 +356,13 @@ def _recall_step(
             "recall",
             "recall",
             f"recall:{item.kind}:{item.id}",
-            [carried_over_message(item.text, source=item.kind, session=item.session or "")],
+            [carried_over_message(item.text, source=item.kind, agent=item.agent, session=item.session or "")],
             score=round(item.score, 4),
             reason=item.reason,
             extra={
                 "source": item.kind,
                 "source_id": item.id,
+                "agent": item.agent,
                 "session": item.session,
                 "seq": item.seq,
                 "occurred_at": item.occurred_at,

@@ -17,7 +17,7 @@ from typing import Any
 
 from memory.exceptions import InvalidInput
 from memory.models import Session, Tenant
-from memory.services import memory_search
+from memory.services import memory_search, sharing
 from memory.services.message_indexing import memory_policy_get
 
 POSITIONS = ("start", "end")
@@ -55,6 +55,7 @@ class RecalledItem:
     seq: int | None
     occurred_at: str | None
     contributions: dict[str, float]
+    agent: str = ""  # the agent whose session or record it came from (sharing.py)
 
 
 def recall_policy_effective(*, tenant: Tenant, overrides: Any = None) -> RecallPolicy:
@@ -155,7 +156,10 @@ def context_recall(
         tenant=tenant,
         query=query[:4000],
         scope=memory_search.SearchScope(
-            agent=session.agent.external_id, session=session.public_id, sessions="all"
+            agent=sharing.recall_agent_scope(tenant=tenant, session=session),
+            session=session.public_id,
+            sessions="all",
+            reader_agent=session.agent.external_id,
         ),
         limit=min(memory_search.MAX_LIMIT, policy.top_k + len(exclude_ids) + 10),
         exclude_messages={(session.public_id, seq) for seq in request.window_seqs},
@@ -163,9 +167,13 @@ def context_recall(
     allowance = int(request.budget_tokens * policy.budget_share)
     used = 0
     items: list[RecalledItem] = []
+    origins = sharing.recall_provenance(tenant=tenant, session=session, hits=result.results)
     for hit in result.results:
         if len(items) >= policy.top_k:
             break
+        origin = origins.get((hit.kind, hit.id))
+        if origin is None:  # another agent's, of a kind the tenant does not share
+            continue
         # Relevance, without the length prior (ranking.py): a long but unrelated turn must not
         # clear the threshold on its length alone.
         relevance = hit.relevance - hit.contributions.get("length", 0.0)
@@ -188,10 +196,11 @@ def context_recall(
                 text=text,
                 score=hit.relevance,
                 reason=_why(hit, session.public_id),
-                session=hit.session,
+                session=origin.session,
                 seq=hit.seq,
                 occurred_at=hit.occurred_at.isoformat() if hit.occurred_at else None,
                 contributions=hit.contributions,
+                agent=origin.agent,
             )
         )
     return items

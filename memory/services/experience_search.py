@@ -28,11 +28,12 @@ from typing import Any
 import numpy as np
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.db import connection
-from django.db.models import F, QuerySet, Subquery
+from django.db.models import F, Q, QuerySet, Subquery
 from pgvector.django import CosineDistance
 
 from memory.exceptions import InvalidInput
 from memory.models import Experience, ExperiencePolicy, ExperienceScope, Tenant
+from memory.services import sharing
 from memory.services.embedding import EmbedderError, embed_query
 from memory.services.experiences import experiences_touch, scope_filter, visible_filter
 from memory.services.search_hit import SearchHit
@@ -65,6 +66,8 @@ class RetrievedMemory:
     similarity: float
     confidence: float
     scope_priority: float
+    agent: str = ""  # who recorded it (empty: a key bound to no agent)
+    session: str | None = None  # the session it was distilled from, if any
 
 
 @dataclass
@@ -130,10 +133,12 @@ def experiences_visible(
     kind: str | None = None,
     agent: str | None = None,
     shared_only: bool = False,
+    readable: Q | None = None,
 ) -> QuerySet[Experience]:
     """The experiences a search sees, by the one visibility rule of experiences/reads.py (active
     rows; tenant-wide ones plus `user_id`'s own), narrowed to `kind`, to `agent`'s records, or
-    (`shared_only`: a search not on behalf of a user) to the tenant-wide ones. Read-only."""
+    (`shared_only`: a search not on behalf of a user) to the tenant-wide ones, and to `readable`
+    (a build's reader: memory/services/sharing.py). Read-only."""
     base = (
         Experience.objects.filter(tenant=tenant)
         .filter(visible_filter(include_superseded=include_superseded, as_of=as_of))
@@ -145,6 +150,8 @@ def experiences_visible(
         base = base.filter(kind=kind)
     if agent:
         base = base.filter(agent=agent)
+    if readable is not None:
+        base = base.filter(readable)
     return base
 
 
@@ -190,6 +197,7 @@ def experiences_search(
     as_of: datetime | None = None,
     kind: str | None = None,
     agent: str | None = None,
+    readable: Q | None = None,
 ) -> SearchResult:
     """Hybrid search of the tenant's experiences (optionally also one user's own; `agent`: only
     those that agent recorded). Read-only.
@@ -207,6 +215,7 @@ def experiences_search(
         as_of=as_of,
         kind=kind,
         agent=agent,
+        readable=readable,
     )
     vector = None
     if "vector" in plan["sources"]:
@@ -286,6 +295,8 @@ def memory_rank(*, hit: SearchHit, policy: ExperiencePolicy) -> RetrievedMemory:
         similarity=round(similarity, 6),
         confidence=experience.confidence,
         scope_priority=scope_priority,
+        agent=experience.agent,
+        session=experience.source_session.public_id if experience.source_session else None,
     )
 
 
@@ -295,15 +306,20 @@ def experiences_for_context(
     """The best experiences for `query`, at most `limit`, their texts within `max_chars` in total.
 
     Read-only. Candidates come from hybrid search in the tenant plus the session user's own
-    memories; those less similar than policy.context_min_similarity are left out; the rest are
-    ranked by `memory_rank` and packed greedily (an experience that does not fit is skipped,
+    memories, only those the session's agent recorded unless the tenant shares more
+    (sharing.py); those less similar than policy.context_min_similarity are left out; the rest
+    are ranked by `memory_rank` and packed greedily (an experience that does not fit is skipped,
     a smaller one after it may still fit).
     """
     if not query.strip() or limit <= 0 or max_chars <= 0:
         return []
     policy = ExperiencePolicy.for_tenant(tenant)
     result = experiences_search(
-        tenant=tenant, query=query, user_id=session.user_id or "", limit=max(20, limit * 4)
+        tenant=tenant,
+        query=query,
+        user_id=session.user_id or "",
+        limit=max(20, limit * 4),
+        readable=sharing.experience_reader_filter(tenant=tenant, agent=session.agent.external_id),
     )
     ranked = [memory_rank(hit=hit, policy=policy) for hit in result.hits]
     ranked = [m for m in ranked if m.similarity >= policy.context_min_similarity]

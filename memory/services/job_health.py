@@ -5,8 +5,8 @@ stamps the time in the shared cache (Redis, or the database's cache table), so e
 process reads the same answer and the jobs list stays free of heartbeats. A worker whose pool is wedged still
 answers Celery's ping from its main process, but runs no task: its heartbeat stops. /readyz
 reports the heartbeat's age with the oldest waiting job and the last finished one; `ctxapp up`
-restarts the worker when the heartbeat is older than HEARTBEAT_DEADLINE_SECONDS, and
-`ctxapp worker-alive` is the same test as a liveness probe.
+restarts the worker when the heartbeat is older than CTXAPP_JOB_HEARTBEAT_DEADLINE_SECONDS, and
+docs/production.md gives the same test as a liveness probe.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.core.cache import cache
 from django.db.models import Max, Min
 from django.utils import timezone
@@ -22,8 +23,12 @@ from memory.models import JobIntent, JobStatus
 
 HEARTBEAT_KEY = "ctxapp:worker-heartbeat"
 HEARTBEAT_SECONDS = 10.0
-# Several missed beats, so a worker busy with a long job on every pool process is not called wedged.
-HEARTBEAT_DEADLINE_SECONDS = 60.0
+
+
+def heartbeat_deadline_seconds() -> float:
+    """CTXAPP_JOB_HEARTBEAT_DEADLINE_SECONDS (60 s): several missed beats, so a worker busy with a
+    long job on every pool process is not called wedged."""
+    return float(settings.CTXAPP.job_heartbeat_deadline_seconds)
 
 
 def heartbeat_record() -> None:
@@ -50,13 +55,14 @@ def jobs_health() -> dict[str, Any]:
         last=Max("finished_at")
     )["last"]
     heartbeat_age = _age(heartbeat_last(), now)
-    stalled = heartbeat_age is not None and heartbeat_age > HEARTBEAT_DEADLINE_SECONDS
+    deadline = heartbeat_deadline_seconds()
+    stalled = heartbeat_age is not None and heartbeat_age > deadline
     report: dict[str, Any] = {
         "ok": not stalled,
         "oldest_queued_age_s": _age(oldest, now),
         "last_finished_at": last.isoformat() if last else None,
         "heartbeat_age_s": heartbeat_age,
-        "deadline_s": HEARTBEAT_DEADLINE_SECONDS,
+        "deadline_s": deadline,
         "stalled": stalled,
     }
     if stalled:

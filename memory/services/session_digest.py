@@ -42,7 +42,7 @@ from memory.models import (
     SessionDigest,
     Tenant,
 )
-from memory.services import jobs, recorder
+from memory.services import jobs, recorder, sharing
 from memory.services.chat_endpoint import chat_parsed
 from memory.services.rolling_summary import MAX_SENTENCE_CHARS, _message_sentences
 
@@ -392,13 +392,14 @@ class OfferedDigest:
 
 def context_digest_for_session(*, tenant: Tenant, session: Session) -> OfferedDigest | None:
     """The digest a context build of `session` is offered: the latest digest of the same user's
-    most recent OTHER session of the same agent, when `session` has no digest of its own yet.
+    most recent OTHER session of the same agent (of any agent when the tenant's sharing policy
+    shares digests, memory/services/sharing.py), when `session` has no digest of its own yet.
     Read-only.
 
     None when the session has no user id (nothing says whose memory it is), already has a digest,
     or the user has no earlier digest with this agent. Never another user's, never another
-    tenant's, never another agent's: a digest holds text the user wrote to that agent, and one
-    agent's conversation must not steer another (docs/reliability.md).
+    tenant's, never another agent's unless shared: a digest holds text the user wrote to that
+    agent, and one agent's conversation must not steer another (docs/reliability.md).
     """
     if not session.user_id:
         return None
@@ -408,9 +409,9 @@ def context_digest_for_session(*, tenant: Tenant, session: Session) -> OfferedDi
         SessionDigest.objects.filter(
             tenant=tenant,
             user_id=session.user_id,
-            session__agent_id=session.agent_id,
             session__created_at__lte=session.created_at,
         )
+        .filter(sharing.digest_reader_filter(tenant=tenant, session=session))
         .exclude(session=session)
         .select_related("session__agent")
         .order_by("-session__created_at", "-version")

@@ -18,8 +18,17 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from memory.exceptions import AgentMismatch, NotFound
-from memory.models import ApiKey, ApiKeyScope, Membership, MembershipRole, Session, Task, Tenant
+from memory.exceptions import AgentMismatch, InvalidInput, NotFound
+from memory.models import (
+    ApiKey,
+    ApiKeyScope,
+    Membership,
+    MembershipRole,
+    Session,
+    Task,
+    Tenant,
+    TenantPolicyBase,
+)
 from memory.services import recorder
 
 logger = logging.getLogger(__name__)
@@ -221,3 +230,40 @@ def api_key_binding_check(
             "(its sessions, tasks, state and events included).",
             details={"bound_agent": bound_agent, "requested_agent": others[0]},
         )
+
+
+def tenant_policy_update(
+    *,
+    model: type[TenantPolicyBase],
+    tenant: Tenant,
+    changes: dict[str, Any],
+    fields: tuple[str, ...],
+    name: str,
+    actor: str = "api",
+) -> Any:
+    """Change some `fields` of the tenant's row of a policy `model`; the rest keep their value.
+
+    The one write path of the per-tenant policies the API changes: raises InvalidInput for a
+    field outside `fields` (nothing written), saves under a row lock and records
+    `policy.updated` (`name`, actor, old and new values) in the same transaction.
+    """
+    unknown = sorted(set(changes) - set(fields))
+    if unknown:
+        raise InvalidInput(
+            f"Unknown policy field(s): {', '.join(unknown)}.",
+            details={"fields": {field: ["Unknown field."] for field in unknown}},
+        )
+    with transaction.atomic():
+        model.for_tenant(tenant)
+        policy = model._default_manager.select_for_update().get(tenant=tenant)
+        before = {field: getattr(policy, field) for field in changes}
+        for field, value in changes.items():
+            setattr(policy, field, value)
+        if changes:
+            policy.save(update_fields=list(changes))
+            recorder.event_append(
+                tenant=tenant,
+                type="policy.updated",
+                payload={"policy": name, "actor": actor, "before": before, "after": dict(changes)},
+            )
+    return policy

@@ -69,7 +69,7 @@ SCHEDULE: dict = {
         "schedule": job_health.HEARTBEAT_SECONDS,
         # A heartbeat older than the deadline proves nothing: a wedged worker that comes back
         # must not stamp a fresh heartbeat from a backlog of old ones.
-        "options": {"expires": job_health.HEARTBEAT_DEADLINE_SECONDS},
+        "options": {"expires": job_health.heartbeat_deadline_seconds()},
     },
 }
 

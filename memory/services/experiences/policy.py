@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
-
-from memory.exceptions import InvalidInput
 from memory.models import ExperiencePolicy, Tenant
-from memory.services import recorder
+from memory.services.tenancy import tenant_policy_update
 
 # The per-tenant experience policy fields a caller may read and change through the API.
 POLICY_FIELDS = (
@@ -37,23 +34,11 @@ def experience_policy_update(
     Records `policy.updated` with the old and new values. A lower capacity is enforced by the
     eviction beat job (every 10 minutes). Raises InvalidInput for an unknown field.
     """
-    unknown = sorted(set(changes) - set(POLICY_FIELDS))
-    if unknown:
-        raise InvalidInput(
-            f"Unknown policy field(s): {', '.join(unknown)}.",
-            details={"fields": {name: ["Unknown field."] for name in unknown}},
-        )
-    with transaction.atomic():
-        ExperiencePolicy.for_tenant(tenant)
-        policy = ExperiencePolicy.objects.select_for_update().get(tenant=tenant)
-        before = {name: getattr(policy, name) for name in changes}
-        for name, value in changes.items():
-            setattr(policy, name, value)
-        if changes:
-            policy.save(update_fields=list(changes))
-            recorder.event_append(
-                tenant=tenant,
-                type="policy.updated",
-                payload={"policy": "experiences", "actor": actor, "before": before, "after": dict(changes)},
-            )
-    return policy
+    return tenant_policy_update(
+        model=ExperiencePolicy,
+        tenant=tenant,
+        changes=changes,
+        fields=POLICY_FIELDS,
+        name="experiences",
+        actor=actor,
+    )

@@ -12,7 +12,7 @@ import numpy as np
 
 from memory.models import Message, Session, Summary, Tenant, TrackedFact
 from memory.models.experiences import Experience
-from memory.services import ranking
+from memory.services import ranking, sharing
 from memory.services.embedding import cosines_cached
 from memory.services.experience_search import (
     DEFERRED,
@@ -307,8 +307,13 @@ def _fact_candidates(q: _KindQuery) -> list[ranking.Candidate]:
 def _experience_candidates(q: _KindQuery) -> list[ranking.Candidate]:
     """The experiences experiences search would pool for the query (the tenant's shared ones and
     the scope user's own): the nearest by vector, then the best matching a query term."""
+    readable = None
+    if q.scope.reader_agent is not None:
+        readable = sharing.experience_reader_filter(tenant=q.tenant, agent=q.scope.reader_agent)
     base = q.in_time(
-        experiences_visible(tenant=q.tenant, user_id=q.scope.user_id, shared_only=q.scope.user_id is None),
+        experiences_visible(
+            tenant=q.tenant, user_id=q.scope.user_id, shared_only=q.scope.user_id is None, readable=readable
+        ),
         "created_at",
     )
     tsquery = AnyLexemeQuery(q.query) if ranking.tokenize(q.query) else None

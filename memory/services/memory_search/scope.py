@@ -22,6 +22,8 @@ class SearchScope:
     user_id: str | None = None
     session: str | None = None
     sessions: str = "all"  # "current" (only `session`) | "all"
+    # The agent a context build searches for: experiences narrow to what it may read (sharing.py).
+    reader_agent: str | None = None
 
 
 def plan_parse(data: Any, *, field_name: str = "plan") -> ranking.Plan:

@@ -46,6 +46,8 @@ AGENT_INDEPENDENT = {
     "to its own agent (test_memory_search.py)",
     "v1_tenant_policies_experiences_retrieve": "tenant policy (admin scope), not an agent's data",
     "v1_tenant_policies_experiences_partial_update": "tenant policy (admin scope), not an agent's data",
+    "v1_tenant_policies_sharing_retrieve": "tenant policy (admin scope), not an agent's data",
+    "v1_tenant_policies_sharing_partial_update": "tenant policy (admin scope), not an agent's data",
     "v1_traces_create": "OTLP ingest: a bound key records every span as its own agent (test_otel.py)",
     "v1_store_batch_create": "the key-value store: a bound key has its own (test_langgraph_store.py)",
     "v1_agents_list": "names no agent; a bound key lists only its own (test_session_keys.py)",

@@ -22,6 +22,9 @@ NGINX = ("Nginx returns 502 Bad Gateway", "bind the upstream to 0.0.0.0")
 
 
 def make(tenant, pair, **kwargs):
+    # Recorded by the session's agent: a build reads only its own agent's experiences by default
+    # (tests/memory/services/test_sharing.py).
+    kwargs.setdefault("agent", "agent-1")
     return experience_create(tenant=tenant, problem=pair[0], solution=pair[1], **kwargs).experience
 
 
