@@ -312,7 +312,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"readiness_probe": {"()": "ctxapp.log_filters.ReadinessProbeLogFilter"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["readiness_probe"]}
+    },
     "root": {"handlers": ["console"], "level": CTXAPP.log_level.upper()},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
