@@ -4,7 +4,9 @@
 `message.added` events and advances decay's round counter in ONE statement (a CTE), inside the
 caller's transaction. Before, the same work took six round trips (session read, seq reservation,
 message insert, event insert, round counter, and the API's idempotency record on top); on a busy
-PostgreSQL every round trip costs milliseconds (docs/benchmarks.md, bench_peers.py).
+PostgreSQL every round trip costs milliseconds (docs/benchmarks.md, bench_peers.py). The events'
+part of the statement is the recorder's (`recorder.StatementEvents`), and so are the events handed
+to the dashboards; the message row's columns come from the model.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ _STATEMENT_VALUES = {"tenant_id": "%(tenant)s", "session_id": "s.id", "seq": "s.
 _FIELDS = {f.name: f for f in Message._meta.concrete_fields}
 _STORED = [f for f in Message._meta.concrete_fields if not f.primary_key and not f.generated]
 _DEFAULTED = [f for f in _STORED if f.attname not in _STATEMENT_VALUES and f.name not in _ITEM_FIELDS]
+_DEFAULTS = {f"default_{f.attname}": f.get_default() for f in _DEFAULTED}
 _INSERTED = [f for f in _STORED if f not in _DEFAULTED or f.get_default() is not None]
 _LOADED = [Message._meta.pk.attname, *(f.attname for f in _STORED)]
 _read_input = operator.attrgetter(*_INPUT_FIELDS)
@@ -224,7 +227,7 @@ def _params(*, tenant: Tenant, items: list[MessageInput], counts: list[int], now
         "embedding_status": index_fields["embedding_status"],
         "occurred_at": occurred,
         "items": _rows_json(items, counts, occurred),
-        **{f"default_{f.attname}": f.get_default() for f in _DEFAULTED},
+        **_DEFAULTS,
         **_EVENTS.params(tenant=tenant, count=len(items), now=now),
     }
 
