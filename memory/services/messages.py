@@ -371,16 +371,12 @@ def _events_broadcast(
 ) -> None:
     """Hand the recorded events to the tenant's dashboards after commit, as the recorder gives
     every event."""
-    first = appended.first_event_seq
-    rows = zip(
-        params["event_public_ids"], appended.event_ids, range(first, first + len(messages)), strict=True
-    )
-    events = _EVENTS.recorded(
+    seqs = range(appended.first_event_seq, appended.first_event_seq + len(messages))
+    _EVENTS.broadcast(
         tenant=tenant,
         agent=session.agent,
         session=session,
         payloads=[message_event_payload(message) for message in messages],
         params=params,
-        rows=rows,
+        rows=zip(params["event_public_ids"], appended.event_ids, seqs, strict=True),
     )
-    recorder.events_broadcast(tenant, events)

@@ -164,7 +164,7 @@ class StatementEvents:
     """The events of a write that records them inside its own SQL statement (one round trip for
     the write, the stream's seqs and the events): the statement's event part, built from the
     definitions every other event is made of (the row's columns from the model, OTEL_FIELDS, the
-    summary of event_summary), its parameters (named, `event_…`), and the events it recorded.
+    summary of event_summary), its parameters (named, `event_…`), and the live update.
 
     The statement supplies SQL expressions over its FROM list `rows` (one row per event, one
     agent and one session): `ordinal`, 1..n in the events' order; `stream`, the stream's key;
@@ -216,7 +216,7 @@ class StatementEvents:
         probe = broadcast.listeners_sql(tenant.pk, "%(event_listeners)s")
         return ("true", {}) if probe is None else (probe[0], {"event_listeners": probe[1]})
 
-    def recorded(
+    def broadcast(
         self,
         *,
         tenant: Tenant,
@@ -226,8 +226,9 @@ class StatementEvents:
         params: dict[str, Any],
         rows: Iterable[tuple[str, int, int]],
     ) -> list[Event]:
-        """The events the statement inserted, as events_build makes them (`payloads`: each one's own
-        payload, as the statement computed it), with the (public_id, id, seq) rows it returned."""
+        """Push the events the statement inserted to the tenant's dashboards after commit, as
+        events_build makes them (`payloads`: each one's own payload, as the statement computed it)
+        with the (public_id, id, seq) rows it returned, in the summary every event has."""
         events = events_build(
             tenant=tenant,
             entries=[(self.type, payload) for payload in payloads],
@@ -238,6 +239,7 @@ class StatementEvents:
         for event, public_id in zip(events, params["event_public_ids"], strict=True):
             event.public_id = public_id
         events_inserted(events, rows)
+        events_broadcast(tenant, events)
         return events
 
 
