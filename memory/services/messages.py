@@ -94,6 +94,11 @@ _DEFAULTS = {f"default_{f.attname}": f.get_default() for f in _DEFAULTED}
 _INSERTED = [f for f in _STORED if f not in _DEFAULTED or f.get_default() is not None]
 _LOADED = [Message._meta.pk.attname, *(f.attname for f in _STORED)]
 _read_input = operator.attrgetter(*_INPUT_FIELDS)
+# A loaded row is put together as (input fields, then _COMPUTED) and reordered by the model's
+# field order in C: a batch of 1,000 builds no dict per message.
+_COMPUTED = ("id", "seq", "token_count", "occurred_at", "tenant_id", "session_id", "created_at",
+             "search_config", "embedding_status", *(f.attname for f in _DEFAULTED))  # fmt: skip
+_in_model_order = operator.itemgetter(*(list(_INPUT_FIELDS + _COMPUTED).index(name) for name in _LOADED))
 # What `m` returns besides the id: the seq (the events' order) and what their payload reads.
 _RETURNED = [_FIELDS[name] for name in ("seq", *MESSAGE_EVENT_PAYLOAD.values())]
 
@@ -346,21 +351,15 @@ def _messages(
     """The appended rows as Message objects, as a read would load them (from_db: a batch of 1,000
     costs a fraction of building them field by field). The search vector is not loaded."""
     first = session.message_seq - len(items) + 1
-    common = {
-        "tenant_id": tenant.pk,
-        "session_id": session.pk,
-        "created_at": params["now"],
-        "search_config": params["search_config"],
-        "embedding_status": params["embedding_status"],
-        **{f.attname: params[f"default_{f.attname}"] for f in _DEFAULTED},
-    }
+    occurred = params["occurred_at"]
+    common = (
+        tenant.pk, session.pk, params["now"], params["search_config"], params["embedding_status"],
+        *(params[f"default_{f.attname}"] for f in _DEFAULTED),
+    )  # fmt: skip
     messages = []
     for index, (item, count, pk) in enumerate(zip(items, counts, appended.message_ids, strict=True)):
-        values = dict(zip(_INPUT_FIELDS, _read_input(item), strict=True))
-        values.update(
-            common, id=pk, seq=first + index, token_count=count, occurred_at=params["occurred_at"][index]
-        )
-        message = Message.from_db(connection.alias, _LOADED, [values[name] for name in _LOADED])
+        row = (*_read_input(item), pk, first + index, count, occurred[index], *common)
+        message = Message.from_db(connection.alias, _LOADED, _in_model_order(row))
         message.session = session
         messages.append(message)
     return messages
