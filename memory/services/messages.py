@@ -4,13 +4,17 @@
 `message.added` events and advances decay's round counter in ONE statement (a CTE), inside the
 caller's transaction. Before, the same work took six round trips (session read, seq reservation,
 message insert, event insert, round counter, and the API's idempotency record on top); on a busy
-PostgreSQL every round trip costs milliseconds (docs/benchmarks.md, bench_peers.py).
+PostgreSQL every round trip costs milliseconds (docs/benchmarks.md, bench_peers.py). The events'
+part of the statement is the recorder's (`recorder.StatementEvents`), and so are the events handed
+to the dashboards; the message row's columns come from the model.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import operator
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -18,12 +22,10 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ctxapp.infra import broadcast
 from ctxapp.infra.prepared import prepared_cursor
 from memory.exceptions import SessionEnded
 from memory.models import (
     Agent,
-    Event,
     EventStream,
     FactRoundCounter,
     Message,
@@ -66,15 +68,60 @@ def message_token_count(item: MessageInput) -> int:
 _SESSION_COLUMNS = [f.column for f in Session._meta.concrete_fields]
 _AGENT_COLUMNS = [f.column for f in Agent._meta.concrete_fields]
 
+# What a message's `message.added` event says of it besides the OTel ids: payload key → field.
+MESSAGE_EVENT_PAYLOAD = {"seq": "seq", "role": "role", "tokens": "token_count", "event_kind": "event_kind"}
+
+
+def message_event_payload(message: Message) -> dict[str, Any]:
+    """The own payload of a message's `message.added` event (recorder.events_build adds the OTel ids)."""
+    return {key: getattr(message, name) for key, name in MESSAGE_EVENT_PAYLOAD.items()}
+
+
+# The message row, from the model: the fields a batch's rows carry (`u`, of the table's base
+# types), those the statement computes, and the rest stored as their defaults; a field whose
+# default is NULL (the embedding, which comes later) is left to the column, and the generated
+# search vector is neither inserted nor loaded.
+_ITEM_FIELDS = ("role", "content", "token_count", "turn_id", "tool_call_id", "tool_calls", "event_kind",
+                "parent_seq", "artifact_refs", "metadata", "name", "occurred_at")  # fmt: skip
+_INPUT_FIELDS = tuple(name for name in _ITEM_FIELDS if name not in ("token_count", "occurred_at"))
+_STATEMENT_VALUES = {"tenant_id": "%(tenant)s", "session_id": "s.id", "seq": "s.first_seq + u.ord",
+                     "created_at": "%(now)s", "search_config": "%(search_config)s::regconfig",
+                     "embedding_status": "%(embedding_status)s"}  # fmt: skip
+_FIELDS = {f.name: f for f in Message._meta.concrete_fields}
+_STORED = [f for f in Message._meta.concrete_fields if not f.primary_key and not f.generated]
+_DEFAULTED = [f for f in _STORED if f.attname not in _STATEMENT_VALUES and f.name not in _ITEM_FIELDS]
+_DEFAULTS = {f"default_{f.attname}": f.get_default() for f in _DEFAULTED}
+_INSERTED = [f for f in _STORED if f not in _DEFAULTED or f.get_default() is not None]
+_LOADED = [Message._meta.pk.attname, *(f.attname for f in _STORED)]
+_read_input = operator.attrgetter(*_INPUT_FIELDS)
+# A loaded row is put together as (input fields, then _COMPUTED) and reordered by the model's
+# field order in C: a batch of 1,000 builds no dict per message.
+_COMPUTED = ("id", "seq", "token_count", "occurred_at", "tenant_id", "session_id", "created_at",
+             "search_config", "embedding_status", *(f.attname for f in _DEFAULTED))  # fmt: skip
+_in_model_order = operator.itemgetter(*(list(_INPUT_FIELDS + _COMPUTED).index(name) for name in _LOADED))
+# What `m` returns besides the id: the seq (the events' order) and what their payload reads.
+_RETURNED = [_FIELDS[name] for name in ("seq", *MESSAGE_EVENT_PAYLOAD.values())]
+
+# The `message.added` events, made by the recorder from the inserted messages (`m`).
+_EVENTS = recorder.StatementEvents(
+    type=MESSAGE_ADDED,
+    rows="s, st, m",
+    ordinal="(m.seq - s.first_seq)",
+    stream="s.stream",
+    stream_seq="st.first_seq",
+    columns={"session": "s.{}", "agent": "s.a_{}"},
+    payload={key: f"m.{_FIELDS[name].column}" for key, name in MESSAGE_EVENT_PAYLOAD.items()},
+)
+
 # The statement. `s` reserves the seqs: its UPDATE takes the session row's lock, so concurrent
 # appenders queue on it and seqs are gapless (a rolled-back append gives them back); an ended,
 # missing or foreign session matches no row, and then every other part inserts nothing. The
 # event stream's counter is taken after the session row (each part reads `s`), the order every
-# other append takes them in. `r` advances decay's round counter when the batch has user
-# messages; the last two columns are the session's round and whether it tracks any fact.
-# The access time (and the idle expiry from it) moves only when it is more than a second old: a
-# session appended to several times a second then changes no indexed column, so PostgreSQL
-# updates its row in place (HOT) instead of writing a new entry in each of its indexes.
+# other append takes them in; `e` is the recorder's. `r` advances decay's round counter when the
+# batch has user messages; the last two columns are the session's round and whether it tracks
+# any fact. The access time (and the idle expiry from it) moves only when it is more than a
+# second old: a session appended to several times a second then changes no indexed column, so
+# PostgreSQL updates its row in place (HOT) instead of writing a new entry in each of its indexes.
 _APPEND_SQL = """
 WITH s AS (
     UPDATE {session} AS s SET message_seq = s.message_seq + %(n)s, message_count = s.message_count + %(n)s,
@@ -87,40 +134,19 @@ WITH s AS (
     RETURNING {returning}, s.message_seq - %(n)s AS first_seq, 'agent:' || a.external_id AS stream
 ),
 u AS (
-    SELECT * FROM ROWS FROM (jsonb_to_recordset(%(items)s::jsonb) AS (role varchar, content text,
-        token_count int, turn_id varchar, tool_call_id varchar, tool_calls jsonb, event_kind varchar,
-        parent_seq bigint, artifact_refs jsonb, metadata jsonb, name varchar, occurred_at timestamptz,
-        event_id varchar)) WITH ORDINALITY AS u(role, content, token_count, turn_id, tool_call_id,
-            tool_calls, event_kind, parent_seq, artifact_refs, metadata, name, occurred_at, event_id, ord)
+    SELECT * FROM ROWS FROM (jsonb_to_recordset(%(items)s::jsonb) AS ({item_types}))
+        WITH ORDINALITY AS u({item_columns}, ord)
 ),
 m AS (
-    INSERT INTO {message} (tenant_id, session_id, seq, role, content, token_count, turn_id,
-        tool_call_id, tool_calls, event_kind, parent_seq, artifact_refs, metadata, created_at, name,
-        occurred_at, search_config, embedding_status, embedding_model, embedding_attempts,
-        embedding_error)
-    SELECT %(tenant)s, s.id, s.first_seq + u.ord, u.role, u.content, u.token_count, u.turn_id,
-        u.tool_call_id, u.tool_calls, u.event_kind, u.parent_seq, u.artifact_refs, u.metadata,
-        %(now)s, u.name, u.occurred_at, %(search_config)s::regconfig, %(embedding_status)s, '', 0, ''
-    FROM s, u
-    RETURNING id, seq
+    INSERT INTO {message} ({message_columns}) SELECT {message_values} FROM s, u
+    RETURNING id, {payload_columns}
 ),
 st AS (
     INSERT INTO {stream} AS t (tenant_id, key, last_seq) SELECT %(tenant)s, s.stream, %(n)s FROM s
     ON CONFLICT (tenant_id, key) DO UPDATE SET last_seq = t.last_seq + EXCLUDED.last_seq
     RETURNING last_seq - %(n)s AS first_seq
 ),
-e AS (
-    INSERT INTO {event} (tenant_id, public_id, stream, seq, type, agent_id, session_id, payload, created_at)
-    SELECT %(tenant)s, u.event_id, s.stream, st.first_seq + u.ord, %(type)s, s.agent_id, s.id,
-        jsonb_build_object('gen_ai.conversation.id', s.public_id, 'gen_ai.agent.id', s.a_external_id,
-            'seq', s.first_seq + u.ord, 'role', u.role, 'tokens', u.token_count,
-            'event_kind', u.event_kind)
-        || CASE WHEN s.model_name <> '' THEN jsonb_build_object('gen_ai.request.model', s.model_name)
-           ELSE '{{}}'::jsonb END,
-        %(now)s
-    FROM s, st, u
-    RETURNING id, seq
-),
+e AS ({events}),
 r AS (
     UPDATE {rounds} AS c SET rounds = c.rounds + %(user_n)s, last_user_seq = s.first_seq + %(last_user)s
     FROM s WHERE c.session_id = s.id AND %(user_n)s > 0
@@ -134,20 +160,39 @@ FROM s
 """
 
 
+def _message_value(field: Any) -> str:
+    if field.attname in _STATEMENT_VALUES:
+        return _STATEMENT_VALUES[field.attname]
+    if field.name in _ITEM_FIELDS:
+        return f"u.{field.column}"
+    return f"%(default_{field.attname})s"
+
+
+def _base_type(field: Any) -> str:
+    """The column's type without its length (`varchar`): a value too long fails at the INSERT."""
+    return re.sub(r"\(\d+\)$", "", field.db_type(connection))
+
+
 @functools.cache
-def _append_sql(match: str, listeners: str = "true") -> str:
+def _append_sql(match: str, listeners: str) -> str:
     returning = ", ".join(
         [f"s.{column}" for column in _SESSION_COLUMNS]
         + [f"a.{column} AS a_{column}" for column in _AGENT_COLUMNS]
     )
+    items = [_FIELDS[name] for name in _ITEM_FIELDS]
     return _APPEND_SQL.format(
         session=Session._meta.db_table,
         agent=Agent._meta.db_table,
         message=Message._meta.db_table,
         stream=EventStream._meta.db_table,
-        event=Event._meta.db_table,
         rounds=FactRoundCounter._meta.db_table,
         facts=TrackedFact._meta.db_table,
+        item_types=", ".join(f"{f.column} {_base_type(f)}" for f in items),
+        item_columns=", ".join(str(f.column) for f in items),
+        message_columns=", ".join(str(f.column) for f in _INSERTED),
+        message_values=", ".join(_message_value(f) for f in _INSERTED),
+        payload_columns=", ".join(dict.fromkeys(str(f.column) for f in _RETURNED)),
+        events=_EVENTS.insert_sql,
         match=match,
         listeners=listeners,
         returning=returning,
@@ -159,33 +204,15 @@ _BY_PK = "s.id = %(session)s"
 _BY_PUBLIC_ID = "s.public_id = %(session)s"
 
 
-_new_event_id = Event._meta.get_field("public_id").get_default
-
-
-def _rows_json(
-    items: list[MessageInput], counts: list[int], occurred: list[datetime], event_ids: list[str]
-) -> str:
+def _rows_json(items: list[MessageInput], counts: list[int], occurred: list[datetime]) -> str:
     """The rows as one JSON parameter (jsonb_to_recordset): one json.dumps in C instead of
     thirteen arrays adapted element by element in Python (a third of a 100-message batch's
     CPU, docs/benchmarks.md, bench_peers.py)."""
-    rows = [
-        {
-            "role": item.role,
-            "content": item.content,
-            "token_count": count,
-            "turn_id": item.turn_id,
-            "tool_call_id": item.tool_call_id,
-            "tool_calls": item.tool_calls,
-            "event_kind": item.event_kind,
-            "parent_seq": item.parent_seq,
-            "artifact_refs": item.artifact_refs,
-            "metadata": item.metadata,
-            "name": item.name,
-            "occurred_at": at.isoformat(),
-            "event_id": event_id,
-        }
-        for item, count, at, event_id in zip(items, counts, occurred, event_ids, strict=True)
-    ]
+    rows = []
+    for item, count, at in zip(items, counts, occurred, strict=True):
+        row = dict(zip(_INPUT_FIELDS, _read_input(item), strict=True))
+        row["token_count"], row["occurred_at"] = count, at.isoformat()
+        rows.append(row)
     return json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -193,21 +220,20 @@ def _params(*, tenant: Tenant, items: list[MessageInput], counts: list[int], now
     user_ords = [index + 1 for index, item in enumerate(items) if item.role == MessageRole.USER]
     index_fields = message_indexing.message_index_fields(tenant=tenant)
     occurred = [item.occurred_at or now for item in items]
-    event_ids = [_new_event_id() for _ in items]
     return {
         "tenant": tenant.pk,
         "n": len(items),
         "tokens": sum(counts),
         "now": now,
         "open": SessionStatus.OPEN,
-        "type": MESSAGE_ADDED,
         "user_n": len(user_ords),
         "last_user": user_ords[-1] if user_ords else 0,
         "search_config": index_fields["search_config"],
         "embedding_status": index_fields["embedding_status"],
         "occurred_at": occurred,
-        "event_id": event_ids,
-        "items": _rows_json(items, counts, occurred, event_ids),
+        "items": _rows_json(items, counts, occurred),
+        **_DEFAULTS,
+        **_EVENTS.params(tenant=tenant, count=len(items), now=now),
     }
 
 
@@ -273,12 +299,9 @@ def messages_append(
     match = _BY_PK if session is not None else _BY_PUBLIC_ID
     # With no dashboard open, a live update's whole cost was its own round trip after the commit
     # (a quarter of an in-process append): the statement asks whether a page listens.
-    listeners = broadcast.listeners_sql(tenant.pk, "%(channel_group_key)s")
-    if listeners is None:  # the channel layer cannot be asked in SQL: always send
-        statement = _append_sql(match)
-    else:
-        statement = _append_sql(match, listeners[0])
-        params["channel_group_key"] = listeners[1]
+    listening, listening_params = _EVENTS.listening(tenant)
+    statement = _append_sql(match, listening)
+    params.update(listening_params)
     # savepoint=False: no SAVEPOINT/RELEASE round trips inside the caller's transaction. Safe
     # because nothing here raises after a write except a database error, which aborts the
     # whole PostgreSQL transaction anyway; SessionEnded is raised after the block, unwritten.
@@ -317,14 +340,6 @@ def _session_refreshed(given: Session | None, stored: Session) -> Session:
     return given
 
 
-_MESSAGE_FIELDS = [
-    "id", "tenant_id", "session_id", "seq", "role", "content", "token_count", "turn_id", "tool_call_id",
-    "tool_calls", "event_kind", "parent_seq", "artifact_refs", "metadata", "created_at", "name",
-    "occurred_at", "search_config", "embedding_status", "embedding_model", "embedding_attempts",
-    "embedding_error",
-]  # fmt: skip
-
-
 def _messages(
     tenant: Tenant,
     session: Session,
@@ -334,23 +349,17 @@ def _messages(
     appended: _Appended,
 ) -> list[Message]:
     """The appended rows as Message objects, as a read would load them (from_db: a batch of 1,000
-    costs a fraction of building them field by field). The search vector and the embedding are
-    not loaded."""
+    costs a fraction of building them field by field). The search vector is not loaded."""
     first = session.message_seq - len(items) + 1
-    now, occurred, config, status = (
-        params["now"], params["occurred_at"], params["search_config"], params["embedding_status"]
+    occurred = params["occurred_at"]
+    common = (
+        tenant.pk, session.pk, params["now"], params["search_config"], params["embedding_status"],
+        *(params[f"default_{f.attname}"] for f in _DEFAULTED),
     )  # fmt: skip
     messages = []
     for index, (item, count, pk) in enumerate(zip(items, counts, appended.message_ids, strict=True)):
-        message = Message.from_db(
-            connection.alias,
-            _MESSAGE_FIELDS,
-            [
-                pk, tenant.pk, session.pk, first + index, item.role, item.content, count, item.turn_id,
-                item.tool_call_id, item.tool_calls, item.event_kind, item.parent_seq, item.artifact_refs,
-                item.metadata, now, item.name, occurred[index], config, status, "", 0, "",
-            ],
-        )  # fmt: skip
+        row = (*_read_input(item), pk, first + index, count, occurred[index], *common)
+        message = Message.from_db(connection.alias, _LOADED, _in_model_order(row))
         message.session = session
         messages.append(message)
     return messages
@@ -359,20 +368,14 @@ def _messages(
 def _events_broadcast(
     tenant: Tenant, session: Session, messages: list[Message], params: dict[str, Any], appended: _Appended
 ) -> None:
-    """Hand the recorded events to the tenant's dashboards after commit, in the small form
-    recorder.event_summary gives every event."""
-    stream = recorder.stream_key(session.agent)
-    created = params["now"].isoformat()
-    for offset in range(len(messages)):
-        broadcast.on_commit(
-            tenant.pk,
-            {
-                "id": params["event_id"][offset],
-                "stream": stream,
-                "seq": appended.first_event_seq + offset,
-                "type": MESSAGE_ADDED,
-                "session": session.public_id,
-                "agent": session.agent.external_id,
-                "created_at": created,
-            },
-        )
+    """Hand the recorded events to the tenant's dashboards after commit, as the recorder gives
+    every event."""
+    seqs = range(appended.first_event_seq, appended.first_event_seq + len(messages))
+    _EVENTS.broadcast(
+        tenant=tenant,
+        agent=session.agent,
+        session=session,
+        payloads=[message_event_payload(message) for message in messages],
+        params=params,
+        rows=zip(params["event_public_ids"], appended.event_ids, seqs, strict=True),
+    )

@@ -7,13 +7,16 @@ pushed to the tenant's dashboards after commit (ctxapp.infra.broadcast).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -42,6 +45,48 @@ def stream_lock(*, tenant: Tenant, agent: Agent | None) -> None:
         )
 
 
+# The stored columns of an event row (the primary key aside), from the model: every way of inserting
+# events below fills exactly these, so a field added to Event fails here instead of being skipped.
+_EVENT_COLUMNS = [f for f in Event._meta.concrete_fields if not f.primary_key]
+
+
+def _event_insert_sql(values: Mapping[str, str], source: str) -> str:
+    """`INSERT INTO <event> (columns) SELECT <values> FROM <source> RETURNING public_id, id, seq`:
+    `values` gives each column's SQL expression, by attribute name."""
+    missing = {f.attname for f in _EVENT_COLUMNS} ^ set(values)
+    if missing:
+        raise ValueError(
+            f"an event insert must give exactly the event's columns; differs in {sorted(missing)}"
+        )
+    return (
+        f"INSERT INTO {Event._meta.db_table} ({', '.join(str(f.column) for f in _EVENT_COLUMNS)}) "
+        f"SELECT {', '.join(values[f.attname] for f in _EVENT_COLUMNS)} FROM {source} "
+        "RETURNING public_id, id, seq"
+    )
+
+
+_STREAM_SEQS_SQL = (
+    f"s AS (INSERT INTO {EventStream._meta.db_table} (tenant_id, key, last_seq) VALUES (%s, %s, %s) "
+    f"ON CONFLICT (tenant_id, key) DO UPDATE SET last_seq = {EventStream._meta.db_table}.last_seq "
+    "+ EXCLUDED.last_seq RETURNING last_seq)"
+)
+_EVENTS_SQL = _event_insert_sql(
+    {
+        "tenant_id": "%s",
+        "public_id": "e.public_id",
+        "stream": "%s",
+        "seq": "s.last_seq - %s + e.ord",
+        "type": "e.type",
+        "agent_id": "%s",
+        "session_id": "%s",
+        "payload": "e.payload",
+        "created_at": "%s",
+    },
+    "s, unnest(%s::varchar[], %s::varchar[], %s::jsonb[]) WITH ORDINALITY "
+    "AS e(public_id, type, payload, ord)",
+)
+
+
 def events_insert_cte(*, tenant: Tenant, key: str, events: list[Event]) -> tuple[str, list[Any]]:
     """Two CTEs, `s` and `e` (SQL and parameters), that reserve consecutive seqs on stream `key`
     and insert `events` with them; `e` returns (public_id, id, seq), `s` the stream's last seq.
@@ -50,26 +95,14 @@ def events_insert_cte(*, tenant: Tenant, key: str, events: list[Event]) -> tuple
     concurrent writers queue up and seqs are gapless: a rolled-back transaction gives its seqs
     back. Callers put more in the same statement (checkpoint_create) or read `e` (_insert_events).
     """
-    streams, table = EventStream._meta.db_table, Event._meta.db_table
     first = events[0]
-    sql = (
-        f"s AS (INSERT INTO {streams} (tenant_id, key, last_seq) VALUES (%s, %s, %s) "
-        f"ON CONFLICT (tenant_id, key) DO UPDATE SET last_seq = {streams}.last_seq + EXCLUDED.last_seq "
-        "RETURNING last_seq), "
-        f"e AS (INSERT INTO {table} "
-        "(tenant_id, public_id, stream, seq, type, agent_id, session_id, payload, created_at) "
-        "SELECT %s, e.public_id, %s, s.last_seq - %s + e.ord, e.type, %s, %s, e.payload, %s "
-        "FROM s, unnest(%s::varchar[], %s::varchar[], %s::jsonb[]) WITH ORDINALITY "
-        "AS e(public_id, type, payload, ord) "
-        "RETURNING public_id, id, seq)"
-    )
     params = [
         tenant.pk, key, len(events),
         tenant.pk, key, len(events), first.agent_id, first.session_id, first.created_at,
         [e.public_id for e in events], [e.type for e in events],
         [json.dumps(e.payload) for e in events],
     ]  # fmt: skip
-    return sql, params
+    return f"{_STREAM_SEQS_SQL}, e AS ({_EVENTS_SQL})", params
 
 
 def events_inserted(events: list[Event], rows: Iterable[tuple[str, int, int]]) -> None:
@@ -102,15 +135,119 @@ def listeners_probe(tenant: Tenant) -> tuple[str, list[Any]]:
     return ("true", []) if probe is None else (probe[0], [probe[1]])
 
 
+# The OpenTelemetry GenAI ids an event's payload carries: (payload key, the object it is read
+# from, its attribute, whether an empty value is kept). events_build reads them from the objects,
+# StatementEvents from a statement's columns: one definition for both.
+OTEL_FIELDS: tuple[tuple[str, str, str, bool], ...] = (
+    ("gen_ai.agent.id", "agent", "external_id", True),
+    ("gen_ai.conversation.id", "session", "public_id", True),
+    ("gen_ai.request.model", "session", "model_name", False),
+)
+
+
 def _otel_fields(agent: Agent | None, session: Session | None) -> dict[str, Any]:
+    sources: dict[str, Agent | Session | None] = {"agent": agent, "session": session}
     fields: dict[str, Any] = {}
-    if agent is not None:
-        fields["gen_ai.agent.id"] = agent.external_id
-    if session is not None:
-        fields["gen_ai.conversation.id"] = session.public_id
-        if session.model_name:
-            fields["gen_ai.request.model"] = session.model_name
+    for key, source, attribute, keep_empty in OTEL_FIELDS:
+        instance = sources[source]
+        if instance is None:
+            continue
+        value = getattr(instance, attribute)
+        if value or keep_empty:
+            fields[key] = value
     return fields
+
+
+def _column(model: type[models.Model], name: str) -> str:
+    return str(cast("models.Field[Any, Any]", model._meta.get_field(name)).column)
+
+
+def _otel_fields_sql(columns: Mapping[str, str]) -> str:
+    """The OTel fields as a jsonb expression, each read from the column `columns[source]` formats."""
+    parts = []
+    for key, source, attribute, keep_empty in OTEL_FIELDS:
+        column = columns[source].format(_column(Agent if source == "agent" else Session, attribute))
+        part = f"jsonb_build_object('{key}', {column})"
+        parts.append(part if keep_empty else f"CASE WHEN {column} <> '' THEN {part} ELSE '{{}}'::jsonb END")
+    return " || ".join(parts)
+
+
+@dataclass(frozen=True)
+class StatementEvents:
+    """The events of a write that records them inside its own SQL statement (one round trip for
+    the write, the stream's seqs and the events): the statement's event part, built from the
+    definitions every other event is made of (the row's columns from the model, OTEL_FIELDS, the
+    summary of event_summary), its parameters (named, `event_…`), and the live update.
+
+    The statement supplies SQL expressions over its FROM list `rows` (one row per event, one
+    agent and one session): `ordinal`, 1..n in the events' order; `stream`, the stream's key;
+    `stream_seq`, the stream's seq before the first event; `columns`, for "agent" and "session", a
+    format string that gives a column of that row (`"s.{}"`); `payload`, the event's own payload
+    keys (the OTel fields are added as events_build adds them).
+    """
+
+    type: str
+    rows: str
+    ordinal: str
+    stream: str
+    stream_seq: str
+    columns: Mapping[str, str]
+    payload: Mapping[str, str]
+
+    @functools.cached_property
+    def insert_sql(self) -> str:
+        """The INSERT (for a CTE) that returns (public_id, id, seq) per event."""
+        own = ", ".join(f"'{key}', {expression}" for key, expression in self.payload.items())
+        session = self.columns["session"]
+        return _event_insert_sql(
+            {
+                "tenant_id": "%(event_tenant)s",
+                "public_id": f"(%(event_public_ids)s::varchar[])[{self.ordinal}]",
+                "stream": self.stream,
+                "seq": f"{self.stream_seq} + {self.ordinal}",
+                "type": "%(event_type)s",
+                "agent_id": session.format(_column(Session, "agent")),
+                "session_id": session.format(_column(Session, "id")),
+                "payload": f"({_otel_fields_sql(self.columns)}) || jsonb_build_object({own})",
+                "created_at": "%(event_created_at)s",
+            },
+            self.rows,
+        )
+
+    def params(self, *, tenant: Tenant, count: int, now: datetime) -> dict[str, Any]:
+        """The parameters of insert_sql for `count` events recorded at `now`."""
+        new_public_id = Event._meta.get_field("public_id").get_default
+        return {
+            "event_tenant": tenant.pk,
+            "event_type": self.type,
+            "event_created_at": now,
+            "event_public_ids": [new_public_id() for _ in range(count)],
+        }
+
+    def listening(self, tenant: Tenant) -> tuple[str, dict[str, Any]]:
+        """Whether the tenant's dashboards listen, for the statement to return (listeners_probe)."""
+        probe = broadcast.listeners_sql(tenant.pk, "%(event_listeners)s")
+        return ("true", {}) if probe is None else (probe[0], {"event_listeners": probe[1]})
+
+    def broadcast(
+        self,
+        *,
+        tenant: Tenant,
+        agent: Agent,
+        session: Session,
+        payloads: list[dict[str, Any]],
+        params: dict[str, Any],
+        rows: Iterable[tuple[str, int, int]],
+    ) -> None:
+        """Push the events the statement inserted to the tenant's dashboards after commit: their
+        event_summary, from the payload events_build gives them (`payloads`: each one's own
+        payload, as the statement computed it) and the (public_id, id, seq) rows it returned.
+        No Event object is built: a batch of 1,000 messages would pay for 1,000 of them."""
+        otel = _otel_fields(agent, session)
+        stream, created_at = stream_key(agent), params["event_created_at"].isoformat()
+        for payload, (public_id, _, seq) in zip(payloads, rows, strict=True):
+            summary = _summary(public_id, stream, seq, self.type, {**otel, **payload}, created_at)
+            broadcast.on_commit(tenant.pk, summary)
 
 
 def event_append(
@@ -171,14 +308,16 @@ def events_build(
     entries: list[tuple[str, dict[str, Any]]],
     agent: Agent | None = None,
     session: Session | None = None,
+    created_at: datetime | None = None,
 ) -> list[Event]:
     """The unsaved events (type, payload) of one stream, with their OpenTelemetry ids (see
-    event_append); insert them with events_insert_cte, then events_inserted and events_broadcast."""
+    event_append), recorded now (or at `created_at`); insert them with events_insert_cte, then
+    events_inserted and events_broadcast."""
     if not connection.in_atomic_block:
         raise RuntimeError("event_append must run inside the transaction of the write it records")
     key = stream_key(agent)
     otel = _otel_fields(agent, session)
-    now = timezone.now()
+    now = created_at or timezone.now()
     return [
         Event(
             tenant=tenant,
@@ -202,14 +341,22 @@ def events_broadcast(tenant: Tenant, events: list[Event]) -> None:
 
 def event_summary(event: Event) -> dict[str, Any]:
     """The small form of an event that dashboards receive live."""
+    return _summary(
+        event.public_id, event.stream, event.seq, event.type, event.payload, event.created_at.isoformat()
+    )
+
+
+def _summary(
+    public_id: str, stream: str, seq: int, type: str, payload: dict[str, Any], created_at: str
+) -> dict[str, Any]:
     return {
-        "id": event.public_id,
-        "stream": event.stream,
-        "seq": event.seq,
-        "type": event.type,
-        "session": event.payload.get("gen_ai.conversation.id"),
-        "agent": event.payload.get("gen_ai.agent.id"),
-        "created_at": event.created_at.isoformat(),
+        "id": public_id,
+        "stream": stream,
+        "seq": seq,
+        "type": type,
+        "session": payload.get("gen_ai.conversation.id"),
+        "agent": payload.get("gen_ai.agent.id"),
+        "created_at": created_at,
     }
 
 
