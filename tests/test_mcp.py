@@ -266,7 +266,10 @@ async def _earlier_session_recalled(client: Client) -> dict[str, Any]:
                         "Also book me a window seat."):  # fmt: skip
             data(await client.call_tool("remember", {"session": first["id"], "content": content}))
         data(await client.call_tool("session_end", {"session": first["id"]}))
-        second = data(await client.call_tool("session_start", {"agent": "travel-bot", "user_id": "mia"}))
+        keyed = {"agent": "travel-bot", "user_id": "mia", "key": "trip-2027"}
+        second = data(await client.call_tool("session_start", keyed))
+        # Started again with the same key (after a restart, say): the same session, not a new one.
+        assert data(await client.call_tool("session_start", keyed))["id"] == second["id"]
         data(
             await client.call_tool(
                 "remember", {"session": second["id"], "content": "Where is the wedding again?"}
@@ -376,7 +379,9 @@ def _rest_fields() -> dict[tuple[str, str], Any]:
             **fields(MemorySearchApi.InputSerializer, same("query", "limit", "neighbours")),
             **fields(ScopeSerializer, same("agent", "user_id", "session", "sessions")),
         },
-        "session_start": fields(SessionListCreateApi.InputSerializer, same("agent", "user_id", "model")),
+        "session_start": fields(
+            SessionListCreateApi.InputSerializer, same("agent", "user_id", "model", "key")
+        ),
         "context_build": fields(SessionContextApi.InputSerializer, same("input", "model")),
         "experience_record": fields(
             ExperienceListApi.InputSerializer, same("problem", "solution", "cause", "confidence", "user_id")

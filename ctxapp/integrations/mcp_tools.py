@@ -314,17 +314,23 @@ TOOLS: tuple[ToolSpec, ...] = (
         name="session_start",
         description=(
             "Open a new session for an agent (created on first use), optionally for a user and a model. "
-            "Returns the session; pass its `id` to remember, context_build, decay_report and session_end."
+            "With a `key` (your own id for the conversation), the agent's session of that key is returned "
+            "if it exists, so starting again after a restart finds the same session. Returns the session; "
+            "pass its `id` to remember, context_build, decay_report and session_end."
         ),
         properties={
             "agent": AGENT_ARG | {"maxLength": NAME_MAX_LENGTH},
             "user_id": _string("The user the session is with.", max_length=NAME_MAX_LENGTH),
             "model": _string("The model the agent uses (its token budget).", max_length=NAME_MAX_LENGTH),
+            "key": _string(
+                "Your own id for this conversation, unique per agent: the same key returns the same session.",
+                max_length=NAME_MAX_LENGTH,
+            ),
         },
         required=("agent",),
         scope="write",
         idempotent=False,
-        request=lambda a: Call("POST", "/sessions", body=_given(a, ("agent", "user_id", "model"))),
+        request=lambda a: Call("POST", "/sessions", body=_given(a, ("agent", "user_id", "model", "key"))),
     ),
     _by_id(
         "session_end",
