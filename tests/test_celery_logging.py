@@ -16,19 +16,27 @@ from memory.tasks import BEAT_SCHEDULE
 
 @contextmanager
 def _console(level: int) -> Iterator[io.StringIO]:
-    """A console handler on celery's loggers, set up as a worker or beat sets up its own."""
+    """A console handler set up as a worker or beat sets up its own (the filter goes on the handlers
+    of the logger celery configures), fed directly by celery's loggers: whatever other tests did to
+    the logger tree (a worker set up in this process, Django's logging config) does not matter."""
     out = io.StringIO()
-    celery_logger = logging.getLogger("celery")
     handler = logging.StreamHandler(out)
-    celery_logger.addHandler(handler)
-    previous = celery_logger.level
-    celery_logger.setLevel(level)
+    configured = logging.Logger("console")  # stands in for the root logger celery configures
+    configured.addHandler(handler)
+    _quiet_routine_jobs(logger=configured, loglevel=level)
+    loggers = [logging.getLogger(n) for n in ("celery.beat", trace.logger.name, strategy.logger.name)]
+    saved = [(lg, lg.level, lg.disabled, lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(level)
+        lg.disabled, lg.propagate = False, False
     try:
-        _quiet_routine_jobs(logger=celery_logger, loglevel=level)
         yield out
     finally:
-        celery_logger.removeHandler(handler)
-        celery_logger.setLevel(previous)
+        for lg, lvl, disabled, propagate in saved:
+            lg.removeHandler(handler)
+            lg.setLevel(lvl)
+            lg.disabled, lg.propagate = disabled, propagate
 
 
 def _log_as_celery(task: str) -> None:

@@ -27,6 +27,9 @@ def test_django_request_errors_of_the_readiness_probe_are_dropped_and_others_kep
     collect = Collect()
     logger = logging.getLogger("django.request")
     logger.addHandler(collect)
+    saved = (logger.level, logger.disabled)
+    logger.disabled = False  # another test's logging config may have switched it off
+    logger.setLevel(logging.ERROR)
     try:
         for path in ("/readyz", "/api/v1/tenant"):
             log_response("Service Unavailable: %s", path, response=HttpResponse(status=503),
@@ -35,5 +38,7 @@ def test_django_request_errors_of_the_readiness_probe_are_dropped_and_others_kep
                      request=RequestFactory().get("/readyz"))  # fmt: skip
     finally:
         logger.removeHandler(collect)
+        logger.setLevel(saved[0])
+        logger.disabled = saved[1]
     kept = [r.getMessage() for r in collect.records if probe_filter.filter(r)]
     assert kept == ["Service Unavailable: /api/v1/tenant", "Server Error: /readyz"]

@@ -188,7 +188,7 @@ class Demo:
             self.ctx.request("POST", f"/tasks/{task['id']}/distill", json={"mode": "full"})
         with self.step("experiences"):
             for item in EXTRA_EXPERIENCES:
-                self.ctx.request("POST", "/experiences", json={**item, "extraction_method": "manual"})
+                self.ctx.request("POST", "/experiences", json=item)
         self.wait(3)
 
     def crash_and_resume(self, sid: str) -> None:
