@@ -18,15 +18,17 @@ from tests.dashboard.live_server import uvicorn_server
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def _ctxapp_web(port: int) -> list[str]:
+    """The command line `ctxapp web` runs (its proxy-header handling is what is under test)."""
+    return web_argv(settings.CTXAPP, "127.0.0.1", port)
+
+
 def test_forwarded_header_is_not_believed_without_proxies(transactional_db: None) -> None:
     tenant = Tenant.objects.create(name="Alice's team", slug="alice")
     _, good_key = api_key_create(tenant=tenant, name="good")
     env = {**worker_env(), "CTXAPP_THROTTLE_AUTH_FAILURE_RATE": "3/min", "CTXAPP_NUM_PROXIES": "0"}
 
-    def argv(port: int) -> list[str]:
-        return web_argv(settings.CTXAPP, "127.0.0.1", port)
-
-    with uvicorn_server(env, argv=argv) as base:
+    with uvicorn_server(env, argv=_ctxapp_web) as base:
         statuses = []
         for n in range(6):
             response = httpx.get(
@@ -62,10 +64,7 @@ def test_forwarded_header_does_not_escape_a_login_lockout(transactional_db: None
     get_user_model().objects.create_user(username="carol", password="right-password", is_staff=True)
     env = {**worker_env(), "CTXAPP_NUM_PROXIES": "0", "CTXAPP_LOGIN_FAILURE_LIMIT": "3"}
 
-    def argv(port: int) -> list[str]:
-        return web_argv(settings.CTXAPP, "127.0.0.1", port)
-
-    with uvicorn_server(env, argv=argv) as base, httpx.Client() as client:
+    with uvicorn_server(env, argv=_ctxapp_web) as base, httpx.Client() as client:
         wrong = [_login_status(client, base, "wrong", f"9.9.8.{n}") for n in range(4)]
         # Each wrong password from a "new" forwarded address still counts against the socket's.
         assert wrong[:2] == [200, 200], wrong
@@ -103,10 +102,7 @@ def test_behind_one_proxy_a_client_chosen_prefix_does_not_escape_the_lockout(tra
     _, good_key = api_key_create(tenant=tenant, name="good")
     env = {**worker_env(), "CTXAPP_THROTTLE_AUTH_FAILURE_RATE": "3/min", "CTXAPP_NUM_PROXIES": "1"}
 
-    def argv(port: int) -> list[str]:
-        return web_argv(settings.CTXAPP, "127.0.0.1", port)
-
-    with uvicorn_server(env, argv=argv) as base:
+    with uvicorn_server(env, argv=_ctxapp_web) as base:
         # The proxy appends the address it saw (203.0.113.5); the client rotates what it prepends.
         statuses = [
             httpx.get(
