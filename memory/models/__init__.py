@@ -12,3 +12,4 @@ from memory.models.search_stats import *  # noqa: F403
 from memory.models.sessions import *  # noqa: F403
 from memory.models.store import *  # noqa: F403
 from memory.models.tenancy import *  # noqa: F403
+from memory.models.user_memory import *  # noqa: F403

@@ -1,0 +1,1 @@
+"""Memory about each user: recorded, superseded when a fact changes, read as of any moment."""
