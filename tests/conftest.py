@@ -36,7 +36,12 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
 
     Servers and workers that tests start as subprocesses may leave a backend behind for a moment
     after they exit; end those before pytest-django drops the database.
+
+    Tests that call `jobs.job_run` play the worker, so they load what a worker loads: the task
+    modules that register each job kind (memory/tasks/jobs.py), whichever test runs first.
     """
+    import memory.tasks.jobs  # noqa: F401  # lazy: django-setup
+
     yield
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute(

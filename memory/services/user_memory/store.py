@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from memory.exceptions import Conflict, InvalidInput
 from memory.models import Tenant, UserMemory, UserMemoryOrigin, UserMemoryType
+from memory.services import recorder
 
 MAX_TEXT_CHARS = 4000
 MAX_SUBJECT_CHARS = 200
@@ -92,8 +93,6 @@ def memory_record(
     at: datetime | None = None,
 ) -> Recorded:
     """Record the current value of `subject` for the user (see the module doc). Atomic."""
-    from memory.services import recorder
-
     subject = subject.strip()
     _validate(user_id=user_id, subject=subject, text=text, memory_type=memory_type, confidence=confidence)
     at = at or timezone.now()
