@@ -36,6 +36,10 @@ class StoreItem(models.Model):
         ]
         indexes: ClassVar = [
             models.Index(fields=["tenant", "owner", "namespace_path"], name="store_item_namespace"),
+            # The retention sweep's "past their TTL" across tenants.
+            models.Index(
+                fields=["expires_at"], condition=models.Q(expires_at__isnull=False), name="store_item_expiry"
+            ),
         ]
 
     def __str__(self) -> str:

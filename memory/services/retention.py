@@ -25,6 +25,7 @@ from memory.models import (
     Session,
     SessionRetentionPolicy,
     SessionStatus,
+    StoreItem,
     Task,
     Tenant,
 )
@@ -40,6 +41,7 @@ class RetentionReport:
     tasks_purged: int = 0
     events_purged: int = 0
     idempotency_purged: int = 0
+    store_items_purged: int = 0
 
 
 def _session_retire(
@@ -210,6 +212,20 @@ def idempotency_purge(*, now: datetime | None = None) -> int:
     return deleted
 
 
+def store_items_purge(*, now: datetime | None = None, batch: int = 5000) -> int:
+    """Delete LangGraph store items past their TTL (all tenants), in batches of `batch` rows.
+
+    A store that is written purges its own expired items as it goes (store_expired_purge); this
+    sweep covers the owners that stopped writing, so nothing outlives its TTL on disk for long."""
+    now = now or timezone.now()
+    deleted = 0
+    while True:
+        pks = list(StoreItem.objects.filter(expires_at__lte=now).values_list("pk", flat=True)[:batch])
+        if not pks:
+            return deleted
+        deleted += StoreItem.objects.filter(pk__in=pks).delete()[0]
+
+
 def retention_run(*, now: datetime | None = None) -> RetentionReport:
     """Apply every tenant's retention policy once. Idempotent; safe to run concurrently."""
     now = now or timezone.now()
@@ -220,4 +236,5 @@ def retention_run(*, now: datetime | None = None) -> RetentionReport:
         report.tasks_purged += tasks_purge(tenant=tenant, now=now)
         report.events_purged += events_purge(tenant=tenant, now=now)
     report.idempotency_purged = idempotency_purge(now=now)
+    report.store_items_purged = store_items_purge(now=now)
     return report

@@ -14,6 +14,7 @@ from memory.models import (
     Session,
     SessionRetentionPolicy,
     SessionStatus,
+    StoreItem,
     Task,
 )
 from memory.services import retention
@@ -186,6 +187,22 @@ def test_idempotency_records_past_their_ttl_are_purged(tenant_a):
     )
     assert retention.retention_run(now=now).idempotency_purged == 1
     assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["new"]
+
+
+def test_store_items_past_their_ttl_are_purged_even_when_their_owner_stopped_writing(tenant_a, tenant_b):
+    now = timezone.now()
+    for tenant, key, expires in [
+        (tenant_a, "gone", now - timedelta(minutes=1)),
+        (tenant_b, "gone-too", now - timedelta(days=3)),
+        (tenant_a, "kept", now + timedelta(minutes=5)),
+        (tenant_a, "forever", None),
+    ]:
+        StoreItem.objects.create(
+            tenant=tenant, owner="", namespace_path="users/1", key=key, value={}, expires_at=expires
+        )
+    assert retention.retention_run(now=now).store_items_purged == 2
+    assert sorted(StoreItem.objects.values_list("key", flat=True)) == ["forever", "kept"]
+    assert retention.retention_run(now=now).store_items_purged == 0
 
 
 def test_the_beat_task_runs_the_retention_and_is_scheduled(tenant_a):
