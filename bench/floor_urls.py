@@ -33,12 +33,13 @@ class FloorAppendApi(APIView):
         super().initial(request, *args, **kwargs)
 
     def post(self, request: Request, session_pk: int) -> Response:
+        body: dict[str, Any] = request.data  # type: ignore[assignment]  # a JSON object
         message = Message.objects.create(
             tenant_id=request.auth.tenant_id,  # type: ignore[union-attr]
             session_id=session_pk,
             seq=uuid.uuid4().int >> 66,  # unique without a counter: the floor has none
-            role=str(request.data["role"]),
-            content=str(request.data["content"]),
+            role=str(body["role"]),
+            content=str(body["content"]),
         )
         return Response({"seq": message.seq}, status=201)
 
