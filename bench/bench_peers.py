@@ -256,6 +256,13 @@ def floor(n: int, base: str, secret: str) -> None:
             f"{ms(b):.2f} ms (floor)",
             f"{ms(a) / ms(b):.2f} (goal <= 2)",
         )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
+        held = cursor.fetchone()[0]
+    print(f"  connections the web processes hold after {2 * (n + 10)} sequential requests: {held}")
 
     def ours_service(i: int) -> None:
         items = [svc.MessageInput(role="user", content=f"turn {i}: what is the weather like?")]

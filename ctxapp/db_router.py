@@ -258,6 +258,11 @@ class _HealthProbe:
         finally:
             self._lock.release()
 
+    def forget(self) -> None:
+        with self._lock:
+            self._close()
+            self._last = None
+
     def mark_unusable(self, error: str) -> None:
         self._last = ReplicaHealth(
             reachable=False, error=error, max_lag_seconds=settings.CTXAPP.replica_max_lag_seconds
@@ -323,3 +328,8 @@ _health = _HealthProbe()
 def replica_health(*, fresh: bool = False) -> ReplicaHealth:
     """The replica's last measured lag (`fresh`: measured now). Read-only on both servers."""
     return _health.current(fresh=fresh)
+
+
+def replica_health_forget() -> None:
+    """Close the probe's connection and drop its last measurement (the next read measures again)."""
+    _health.forget()

@@ -136,7 +136,7 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # A streaming replica: a second alias that ctxapp.db_router sends the read-only paths of HTTP
 # requests to (docs/production.md, Read replica). Unset: no alias, no router, no middleware.
 DATABASE_ROUTERS: list[str] = []
-if CTXAPP.database_replica_url and DATABASE_URL:
+if CTXAPP.database_replica_url and CTXAPP.database_url:
     DATABASES["replica"] = dj_database_url.parse(CTXAPP.database_replica_url, conn_max_age=0)
     DATABASES["replica"]["CONN_HEALTH_CHECKS"] = True
     if "pool" in DATABASES["default"].get("OPTIONS", {}):

