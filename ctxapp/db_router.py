@@ -83,6 +83,11 @@ def statement_writes(sql: str, ignored_tables: tuple[str, ...] = ()) -> bool:
     return writes and not any(f'"{table}"' in sql for table in ignored_tables)
 
 
+def _is_cache(model: type[Any]) -> bool:
+    """Django's database cache asks the router with its own model class for its table."""
+    return str(model._meta.db_table) in _cache_tables()
+
+
 @contextmanager
 def request_writes_tracked() -> Iterator[None]:
     """Record, for the code run inside, whether it wrote to the primary."""
@@ -184,11 +189,13 @@ class ReplicaRouter:
     """Django's router for the replica alias: reads as `read_alias()` says, everything else on the primary."""
 
     def db_for_read(self, model: type[Any], **hints: Any) -> str:
+        if _is_cache(model):  # the rate limits count on the primary, whatever the request reads
+            return DEFAULT_DB_ALIAS
         return _reading_from.get()
 
     def db_for_write(self, model: type[Any], **hints: Any) -> str:
         state = _request.get()
-        if state is not None:
+        if state is not None and not _is_cache(model):
             state.wrote = True
         return DEFAULT_DB_ALIAS
 
