@@ -181,8 +181,14 @@ def replica_reads() -> Iterator[str]:
 
 
 def read_alias() -> str:
-    """The database alias reads should use here: the replica only inside an allowing `replica_reads()`."""
-    return _reading_from.get()
+    """The database alias reads should use here: the replica only inside an allowing `replica_reads()`,
+    and only until the request writes (a write inside the block pins the rest of it too)."""
+    alias = _reading_from.get()
+    if alias == REPLICA:
+        state = _request.get()
+        if state is not None and state.wrote:
+            return DEFAULT_DB_ALIAS
+    return alias
 
 
 class ReplicaRouter:
@@ -191,7 +197,7 @@ class ReplicaRouter:
     def db_for_read(self, model: type[Any], **hints: Any) -> str:
         if _is_cache(model):  # the rate limits count on the primary, whatever the request reads
             return DEFAULT_DB_ALIAS
-        return _reading_from.get()
+        return read_alias()
 
     def db_for_write(self, model: type[Any], **hints: Any) -> str:
         state = _request.get()

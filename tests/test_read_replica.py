@@ -233,9 +233,12 @@ def test_the_database_caches_counters_do_not_pin_a_request_to_the_primary(
         with db_router.replica_reads() as alias:
             assert alias == db_router.REPLICA
             assert router.db_for_read(cache_model) == "default"
-        assert router.db_for_write(Tenant) == "default"  # the request's own data
+        with db_router.replica_reads():
+            assert router.db_for_write(Tenant) == "default"  # the request's own data…
+            assert router.db_for_read(Tenant) == "default"  # …pins the rest of the block
+            assert db_router.read_alias() == "default"
         with db_router.replica_reads() as alias:
-            assert alias == "default"
+            assert alias == "default"  # and of the request
 
 
 def _readyz(base: str) -> dict[str, Any]:
