@@ -337,3 +337,13 @@ def test_dashboard_pages_may_read_the_replica_and_api_calls_and_posts_do_not(rep
     ):
         middleware(request)
     assert seen == [db_router.REPLICA, "default", "default", "default"]
+
+
+def test_without_a_replica_nothing_is_routed() -> None:
+    from ctxapp import health  # lazy: django-setup
+
+    assert settings.DATABASE_ROUTERS == [] and db_router.REPLICA not in settings.DATABASES
+    assert "ctxapp.db_router.RequestWritesMiddleware" not in settings.MIDDLEWARE
+    assert "replica" not in health.CHECKS
+    with db_router.request_writes_tracked(), db_router.replica_reads() as alias:
+        assert alias == "default"
