@@ -15,6 +15,11 @@ reports the p50 of each and the ratio ctxapp ÷ peer (lower is better for ctxapp
     python bench/bench_peers.py            # ~2 min
     python bench/bench_peers.py --quick    # ~1 min, fewer samples
     python bench/bench_peers.py --full     # 500-turn history, more samples (~6 min)
+    python bench/bench_peers.py --only floor,appends   # the framework floor and the peers' appends
+
+The framework floor (`floor`): ctxapp's REST append ÷ a bare DRF APIView doing one INSERT behind
+the same middleware, authentication and throttles on the same server (bench/floor_urls.py), and
+the in-process append ÷ one bare ORM `create()`.
 """
 
 # ruff: noqa: E501, B023  (a script that prints tables; lambdas run in their own loop turn)
@@ -217,6 +222,71 @@ def appends(n: int, batches: int, base: str, secret: str, lc_uri: str) -> None:
             f"{their_rate:,.0f} msg/s",
             their_rate / ours_rate,
         )
+
+
+def floor(n: int, base: str, secret: str) -> None:
+    """ctxapp's append against the framework floor (bench/floor_urls.py), REST and in-process."""
+    import httpx  # lazy: startup-cost
+
+    from memory.models import ApiKey, Message  # lazy: django-setup
+    from memory.services import sessions as svc  # lazy: django-setup
+
+    tenant = ApiKey.objects.select_related("tenant").get().tenant
+    bare_session = svc.session_create(tenant=tenant, agent_external_id="floor-bench-bare")
+    headers = {"Authorization": f"Bearer {secret}"}
+    with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
+        ours_session = http.post("/api/v1/sessions", json={"agent": "floor-bench"}).json()["id"]
+
+        def ours_rest(i: int) -> None:
+            body = {"role": "user", "content": f"turn {i}: what is the weather like?"}
+            response = http.post(f"/api/v1/sessions/{ours_session}/messages", json=body)
+            assert response.status_code == 201, response.text
+
+        def floor_rest(i: int) -> None:
+            body = {"role": "user", "content": f"turn {i}: what is the weather like?"}
+            response = http.post(f"/bench/floor/{bare_session.pk}", json=body)
+            assert response.status_code == 201, response.text
+
+        for i in range(10):
+            ours_rest(i), floor_rest(i)
+        a, b = interleave(n, ours_rest, floor_rest)
+        row(
+            "append one message, REST ÷ framework floor (bare DRF APIView, one INSERT)",
+            f"{ms(a):.2f} ms",
+            f"{ms(b):.2f} ms (floor)",
+            f"{ms(a) / ms(b):.2f} (goal <= 2)",
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
+        held = cursor.fetchone()[0]
+    print(f"  connections the web processes hold after {2 * (n + 10)} sequential requests: {held}")
+
+    def ours_service(i: int) -> None:
+        items = [svc.MessageInput(role="user", content=f"turn {i}: what is the weather like?")]
+        with transaction.atomic():  # as the API runs it
+            svc.messages_append(tenant=tenant, session_id=ours_session, items=items)
+
+    def bare_create(i: int) -> None:
+        Message.objects.create(
+            tenant=tenant,
+            session=bare_session,
+            seq=uuid.uuid4().int >> 66,
+            role="user",
+            content=f"turn {i}: what is the weather like?",
+        )
+
+    for i in range(10):
+        ours_service(i), bare_create(i)
+    a, b = interleave(n, ours_service, bare_create)
+    row(
+        "append one message, in-process service ÷ one bare ORM create()",
+        f"{ms(a):.2f} ms",
+        f"{ms(b):.2f} ms (create)",
+        f"{ms(a) / ms(b):.2f} (goal <= 2)",
+    )
 
 
 def checkpoints(n: int, reads: int, lg_uri: str) -> None:
@@ -424,10 +494,18 @@ def main() -> int:
     size.add_argument("--quick", action="store_true", help="fewer samples (~1 min)")
     size.add_argument("--full", action="store_true", help="500-turn history, more samples (~6 min)")
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes (default 2)")
-    parser.add_argument("--only", default="", help="comma list of: appends,checkpoints,growing,concurrency")
+    parser.add_argument(
+        "--only", default="", help="comma list of: appends,floor,checkpoints,growing,concurrency"
+    )
     args = parser.parse_args()
     sizes = SIZES["quick" if args.quick else "full" if args.full else "default"]
-    only = set(filter(None, args.only.split(","))) or {"appends", "checkpoints", "growing", "concurrency"}
+    only = set(filter(None, args.only.split(","))) or {
+        "appends",
+        "floor",
+        "checkpoints",
+        "growing",
+        "concurrency",
+    }
 
     data_dir = Path(tempfile.mkdtemp(prefix="ctxapp-peers-"))
     # Registered before the embedded server starts, so it runs after pgserver's own exit hook
@@ -448,20 +526,28 @@ def main() -> int:
     call_command("createcachetable", verbosity=0)
     uris = peer_databases(["peer_langchain", "peer_lg", "peer_lg_put", "peer_lg_delta"])
     port = free_port()
-    server = start_server(port, args.workers, "ctxapp.settings")
-    base = f"http://127.0.0.1:{port}"
-    import langgraph.checkpoint.postgres as lgpg  # lazy: optional-dependency
-
-    delta = "yes" if has_delta() else "no (langgraph without DeltaChannel)"
-    print(
-        f"embedded PostgreSQL in {data_dir}; uvicorn {args.workers} worker(s); {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n"
-        f"langchain-postgres {version('langchain-postgres')}, langgraph-checkpoint-postgres {version('langgraph-checkpoint-postgres')} "
-        f"({lgpg.__name__}), langgraph {version_or('langgraph')}; DeltaChannel: {delta}; ctxapp JSON Patch checkpoints: {supports_patch()}"
+    # The floor's route exists only under its bench settings module (bench/floor_settings.py).
+    server = start_server(
+        port, args.workers, "bench.floor_settings" if "floor" in only else "ctxapp.settings"
     )
+    base = f"http://127.0.0.1:{port}"
+    print(
+        f"embedded PostgreSQL in {data_dir}; uvicorn {args.workers} worker(s); {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}"
+    )
+    if only - {"floor"}:  # the peers (the `bench` extra); the floor needs none of them
+        import langgraph.checkpoint.postgres as lgpg  # lazy: optional-dependency
+
+        delta = "yes" if has_delta() else "no (langgraph without DeltaChannel)"
+        print(
+            f"langchain-postgres {version('langchain-postgres')}, langgraph-checkpoint-postgres {version('langgraph-checkpoint-postgres')} "
+            f"({lgpg.__name__}), langgraph {version_or('langgraph')}; DeltaChannel: {delta}; ctxapp JSON Patch checkpoints: {supports_patch()}"
+        )
     print(f"  {'measure':<58} {'ctxapp p50':>20} {'peer p50':>26} {'ratio':>8}")
     try:
         if "appends" in only:
             appends(sizes["appends"], sizes["batches"], base, secret, uris["peer_langchain"])
+        if "floor" in only:
+            floor(sizes["appends"], base, secret)
         if "checkpoints" in only:
             checkpoints(sizes["checkpoints"], sizes["reads"], uris["peer_lg"])
         if "growing" in only:

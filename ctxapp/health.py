@@ -1,4 +1,5 @@
-"""/healthz (the process is up) and /readyz (database, broker and channel layer, each reported)."""
+"""/healthz (the process is up) and /readyz (database, broker, channel layer and, with
+DATABASE_REPLICA_URL, the read replica's lag; each reported)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from django.conf import settings
 from django.db import connection, connections
 from django.http import HttpRequest, JsonResponse
 
+from ctxapp import db_router
 from ctxapp.celery import app
 from memory.services.job_health import jobs_health
 from memory.services.jobs import jobs_waiting
@@ -92,12 +94,19 @@ def check_channel_layer() -> dict[str, Any]:
     return {"ok": True, "backend": type(layer).__name__}
 
 
+def check_replica() -> dict[str, Any]:
+    """The replica's lag, measured now; also what the read routing goes by (ctxapp/db_router.py)."""
+    return db_router.replica_health(fresh=True).report()
+
+
 CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
     "database": check_database,
     "broker": check_broker,
     "channel_layer": check_channel_layer,
     "jobs": jobs_health,
 }
+if db_router.replica_configured():
+    CHECKS["replica"] = check_replica
 # Every check gets this long, all at once: /readyz answers within about this time even while a
 # dependency hangs (a stopping PostgreSQL accepts connections it never answers), so a probe with
 # a 2 s timeout gets an answer on a busy machine too.
@@ -105,7 +114,8 @@ CHECK_TIMEOUT_SECONDS = 1.4
 # Parts that may fail with the API still taking writes: without a broker the jobs a write implies
 # wait in the outbox (memory.services.jobs) and are dispatched once it is back; a stalled worker
 # delays them the same way. Degraded, not down.
-DEGRADABLE = {"broker", "jobs"}
+# A replica behind or down: its reads go to the primary, slower but complete.
+DEGRADABLE = {"broker", "jobs", "replica"}
 
 
 def _run_check_inline(check: Callable[[], dict[str, Any]], into: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from ctxapp.conf.parsers import (
     parse_float,
     parse_int,
     parse_networks,
+    parse_non_negative_int,
     parse_positive_int,
     parse_str,
 )
@@ -78,6 +79,15 @@ class CtxappSettings(ServerSettings):
         parse_positive_int,
         64,
         "Pending experiences embedded per Celery job.",
+        group="experiences",
+    )
+    embedding_call_retries: int = setting(
+        "CTXAPP_EMBEDDING_CALL_RETRIES",
+        parse_non_negative_int,
+        3,
+        "CTXAPP_EMBEDDER=openai: retries of one call to the endpoint (a batch of at most 64 texts) on "
+        "a timeout, a refused connection, HTTP 429 or 5xx, after 0.5 s doubling, or the Retry-After "
+        "the endpoint sends (up to 10 s; longer is left to the job's retries below).",
         group="experiences",
     )
     embedding_max_retries: int = setting(

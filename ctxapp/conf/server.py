@@ -68,6 +68,21 @@ class ServerSettings:
         "PostgreSQL with pgvector, e.g. postgresql://user:pass@host:5432/ctxapp. "
         "Unset: ctxapp runs its embedded PostgreSQL in the data directory.",
     )
+    database_replica_url: str = setting(
+        "DATABASE_REPLICA_URL",
+        parse_str,
+        "",
+        "A streaming replica of DATABASE_URL's server (same database, same pgvector): memory searches, "
+        "context-build history reads and dashboard pages of HTTP requests that have not written read "
+        "from it. Unset: every read goes to DATABASE_URL. See docs/production.md, Read replica.",
+    )
+    replica_max_lag_seconds: float = setting(
+        "CTXAPP_REPLICA_MAX_LAG_SECONDS",
+        parse_positive_float,
+        5.0,
+        "With DATABASE_REPLICA_URL: a replica further behind the primary than this (or unreachable) "
+        "is not read from; reads go to the primary and /readyz says degraded.",
+    )
     redis_url: str = setting(
         "REDIS_URL",
         parse_str,

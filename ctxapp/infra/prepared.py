@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.postgresql import base as postgresql
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
@@ -55,8 +55,9 @@ class LoggedPreparedCursor(CursorDebugWrapper):
 
 
 @contextmanager
-def prepared_cursor() -> Iterator[Any]:
-    """A cursor of the default connection whose statements are prepared (see the module doc)."""
+def prepared_cursor(using: str = DEFAULT_DB_ALIAS) -> Iterator[Any]:
+    """A cursor of the `using` connection whose statements are prepared (see the module doc)."""
+    connection = connections[using]
     if not settings.CTXAPP.db_prepared_statements:
         with connection.cursor() as cursor:
             yield cursor

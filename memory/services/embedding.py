@@ -20,10 +20,14 @@ the rows `failed` at once with the reason.
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import importlib.util
+import logging
 import os
+import random
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +41,8 @@ from django.utils import timezone
 
 from memory.exceptions import DomainError
 from memory.models import EmbeddingCache
+
+logger = logging.getLogger(__name__)
 
 EMBEDDING_DIMENSIONS = 384
 MINILM_MODEL_NAME = "all-MiniLM-L6-v2-onnx-int8"
@@ -198,10 +204,28 @@ def _usable_cores() -> int:
 
 
 class OpenAICompatibleEmbedder:
+    """`POST {url}/embeddings` in batches of at most `batch_size` (64) texts, one keep-alive
+    connection pool per embedder.
+
+    A transient failure of one batch (connection refused or reset, timeout, HTTP 429 or 5xx) is
+    retried up to `retries` times, after `backoff` * 2**n seconds (jittered), or after the server's
+    `Retry-After` when it sends one; a `Retry-After` longer than `max_retry_after` is not waited
+    for here: EmbedderUnavailable at once, and the job's own retry (minutes) takes it from there.
+    Batches already embedded are not sent again, so a retry never embeds a text twice."""
+
     dimensions = EMBEDDING_DIMENSIONS
 
     def __init__(
-        self, *, url: str, model: str, api_key: str = "", timeout: float = 30.0, batch_size: int = 64
+        self,
+        *,
+        url: str,
+        model: str,
+        api_key: str = "",
+        timeout: float = 30.0,
+        batch_size: int = 64,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_retry_after: float = 10.0,
     ):
         if not url:
             raise EmbedderError("CTXAPP_EMBEDDING_URL must be set when CTXAPP_EMBEDDER=openai.")
@@ -210,7 +234,11 @@ class OpenAICompatibleEmbedder:
         self.model_name = f"openai:{model}"
         self.api_key = api_key
         self.timeout = timeout
-        self.batch_size = batch_size
+        self.batch_size = max(1, min(batch_size, 64))
+        self.retries = retries
+        self.backoff = backoff
+        self.max_retry_after = max_retry_after
+        self._client = httpx.Client(timeout=timeout)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
@@ -221,6 +249,21 @@ class OpenAICompatibleEmbedder:
         return np.vstack(rows)
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
+        attempt = 0
+        while True:
+            try:
+                return self._post_batch(texts)
+            except _Transient as failure:
+                wait = failure.retry_after
+                if wait is None:
+                    wait = self.backoff * (2**attempt) * random.uniform(0.75, 1.25)
+                if attempt >= self.retries or wait > self.max_retry_after:
+                    raise EmbedderUnavailable(failure.message) from failure.__cause__
+                logger.info("embeddings: %s; retry %d in %.2f s", failure.message, attempt + 1, wait)
+                attempt += 1
+                time.sleep(wait)
+
+    def _post_batch(self, texts: list[str]) -> np.ndarray:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         body = {
             "model": self.model,
@@ -228,29 +271,55 @@ class OpenAICompatibleEmbedder:
             "dimensions": self.dimensions,
             "encoding_format": "float",
         }
+        endpoint = f"{self.url}/embeddings"
         try:
-            response = httpx.post(f"{self.url}/embeddings", json=body, headers=headers, timeout=self.timeout)
+            response = self._client.post(endpoint, json=body, headers=headers)
+        except httpx.TransportError as exc:
+            raise _Transient(f"{endpoint}: {type(exc).__name__}: {exc}") from exc
         except httpx.HTTPError as exc:
-            raise EmbedderUnavailable(f"{self.url}/embeddings: {type(exc).__name__}: {exc}") from exc
+            raise EmbedderUnavailable(f"{endpoint}: {type(exc).__name__}: {exc}") from exc
         if response.status_code == 429 or response.status_code >= 500:
-            raise EmbedderUnavailable(
-                f"{self.url}/embeddings answered HTTP {response.status_code}: {response.text[:200]}"
+            raise _Transient(
+                f"{endpoint} answered HTTP {response.status_code}: {response.text[:200]}",
+                retry_after=retry_after_seconds(response.headers.get("Retry-After")),
             )
         if response.status_code >= 400:
-            raise EmbedderError(
-                f"{self.url}/embeddings answered HTTP {response.status_code}: {response.text[:200]}"
-            )
+            raise EmbedderError(f"{endpoint} answered HTTP {response.status_code}: {response.text[:200]}")
         try:
             data = sorted(response.json()["data"], key=lambda item: item["index"])
             vectors = np.array([item["embedding"] for item in data], dtype=np.float32)
         except (ValueError, KeyError, TypeError) as exc:
-            raise EmbedderError(f"{self.url}/embeddings returned malformed JSON: {exc}") from exc
+            raise EmbedderError(f"{endpoint} returned malformed JSON: {exc}") from exc
         if vectors.shape != (len(texts), self.dimensions):
             raise EmbedderError(
-                f"{self.url}/embeddings returned shape {vectors.shape}, "
-                f"expected ({len(texts)}, {self.dimensions})"
+                f"{endpoint} returned shape {vectors.shape}, expected ({len(texts)}, {self.dimensions})"
             )
         return normalise(vectors)
+
+
+class _Transient(Exception):
+    """One failed call worth another try (see OpenAICompatibleEmbedder)."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A `Retry-After` header in seconds (RFC 9110: seconds or an HTTP date); None if absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - timezone.now()).total_seconds())
 
 
 # --- selection and query cache -----------------------------------------------------------------------
@@ -267,6 +336,7 @@ def _config_key() -> tuple[Any, ...]:
         conf.embedding_model,
         conf.embedding_api_key,
         conf.embedding_timeout,
+        conf.embedding_call_retries,
     )
 
 
@@ -276,9 +346,11 @@ def embedder_get() -> Embedder:
     with _embedders_lock:
         embedder = _embedders.get(key)
         if embedder is None:
-            kind, url, model, api_key, timeout = key
+            kind, url, model, api_key, timeout, retries = key
             if kind == "openai":
-                embedder = OpenAICompatibleEmbedder(url=url, model=model, api_key=api_key, timeout=timeout)
+                embedder = OpenAICompatibleEmbedder(
+                    url=url, model=model, api_key=api_key, timeout=timeout, retries=retries
+                )
             else:
                 embedder = MiniLMEmbedder()
             _embedders[key] = embedder

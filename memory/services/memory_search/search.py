@@ -11,6 +11,7 @@ from itertools import islice
 import numpy as np
 from django.utils import timezone
 
+from ctxapp.db_router import replica_reads
 from memory.exceptions import InvalidInput
 from memory.models import Tenant
 from memory.services import ranking, relevance_floor
@@ -22,6 +23,7 @@ from memory.services.memory_search.sql import ScopeWhere
 from memory.services.message_indexing import memory_policy_get
 
 
+@replica_reads()  # a replica may serve it: ctxapp/db_router.py says when
 def memory_search(
     *,
     tenant: Tenant,

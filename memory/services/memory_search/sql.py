@@ -7,8 +7,9 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from django.db import connection
+from django.db import connections
 
+from ctxapp.db_router import read_alias
 from ctxapp.infra.prepared import prepared_cursor
 from memory.models import Tenant
 from memory.services import ranking
@@ -66,7 +67,8 @@ class ScopeWhere:
 
 
 def fetch_rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    with connection.cursor() as cursor:
+    # The replica inside memory_search's replica_reads(), when it may serve (ctxapp/db_router.py).
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(sql, params)
         return list(cursor.fetchall())
 
@@ -74,7 +76,7 @@ def fetch_rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
 def fetch_prepared(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     """`fetch_rows` for a statement a search runs every time: prepared once per connection
     (ctxapp/infra/prepared.py), so PostgreSQL does not parse and plan it again on every search."""
-    with prepared_cursor() as cursor:
+    with prepared_cursor(read_alias()) as cursor:
         cursor.execute(sql, params)
         return list(cursor.fetchall())
 

@@ -25,11 +25,16 @@ def fake_vector(text: str) -> list[float]:
 
 
 class FakeOpenAI:
-    """mode: "ok" | "fail" (HTTP 500) | "hang" (the next request blocks until `release()`)."""
+    """mode: "ok" | "fail" (HTTP 500) | "hang" (the next request blocks until `release()`).
+
+    `fail_next`: answers (status, headers) the next embeddings requests get, one each, before the
+    mode applies; `stall_next`: seconds the next embeddings requests wait before answering."""
 
     def __init__(self) -> None:
         self.mode = "ok"
         self.embed_requests: list[list[str]] = []
+        self.fail_next: list[tuple[int, dict[str, str]]] = []
+        self.stall_next: list[float] = []
         self.chat_requests: list[dict[str, Any]] = []
         self.chat_replies: list[str] = []
         self.request_arrived = threading.Event()
@@ -48,6 +53,11 @@ class FakeOpenAI:
                     owner.request_arrived.set()
                     if owner.mode == "hang":
                         owner._release.wait(60)
+                    if owner.stall_next:
+                        owner._release.wait(owner.stall_next.pop(0))
+                    if owner.fail_next:
+                        status, headers = owner.fail_next.pop(0)
+                        return self._send(status, {"error": {"message": "try later"}}, headers)
                     if owner.mode == "fail":
                         return self._send(500, {"error": {"message": "model overloaded"}})
                     data = [
@@ -63,9 +73,11 @@ class FakeOpenAI:
                     )
                 return self._send(404, {})
 
-            def _send(self, status: int, payload: Any) -> None:
+            def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(payload).encode()
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

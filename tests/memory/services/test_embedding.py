@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import email.utils
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
 import numpy as np
 import pytest
 
@@ -12,6 +17,7 @@ from memory.services.embedding import (
     OpenAICompatibleEmbedder,
     embed_query,
     embedder_get,
+    retry_after_seconds,
 )
 from tests.memory.services.experience_servers import FakeOpenAI, fake_vector
 
@@ -58,20 +64,21 @@ def test_the_default_embedder_is_the_local_model(settings):
 def test_openai_compatible_endpoint():
     server = FakeOpenAI()
     try:
-        embedder = OpenAICompatibleEmbedder(url=server.url, model="m")
+        embedder = OpenAICompatibleEmbedder(url=server.url, model="m", backoff=0.01)
         vectors = embedder.embed(["a b", "c"])
         assert np.allclose(vectors[0], fake_vector("a b"), atol=1e-6)
         assert server.embed_requests == [["a b", "c"]]
         server.mode = "fail"
         with pytest.raises(EmbedderUnavailable, match="HTTP 500"):
             embedder.embed(["x"])
+        assert server.embed_requests[1:] == [["x"]] * 4  # the first try and three retries
     finally:
         server.close()
 
 
 def test_unreachable_endpoint_is_transient_and_a_bad_answer_permanent():
     with pytest.raises(EmbedderUnavailable):
-        OpenAICompatibleEmbedder(url="http://127.0.0.1:9", model="m", timeout=2).embed(["x"])
+        OpenAICompatibleEmbedder(url="http://127.0.0.1:9", model="m", timeout=2, backoff=0.01).embed(["x"])
     server = FakeOpenAI()
     try:
         # 384 dimensions are required: a mismatch is a permanent error, not retried.
@@ -82,3 +89,60 @@ def test_unreachable_endpoint_is_transient_and_a_bad_answer_permanent():
         assert not isinstance(info.value, EmbedderUnavailable)
     finally:
         server.close()
+
+
+@pytest.fixture
+def remote() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_the_endpoint_gets_at_most_64_texts_per_call(remote: FakeOpenAI) -> None:
+    texts = [f"text number {i}" for i in range(130)]
+    vectors = OpenAICompatibleEmbedder(url=remote.url, model="m", batch_size=500).embed(texts)
+    assert [len(batch) for batch in remote.embed_requests] == [64, 64, 2]
+    assert remote.texts_embedded() == texts
+    assert np.allclose(vectors[129], fake_vector("text number 129"), atol=1e-6)
+
+
+def test_overload_and_rate_limits_are_retried_honouring_retry_after(remote: FakeOpenAI) -> None:
+    texts = [f"t{i}" for i in range(70)]
+    remote.fail_next = [(503, {}), (429, {"Retry-After": "1"})]
+    started = time.monotonic()
+    vectors = OpenAICompatibleEmbedder(url=remote.url, model="m", backoff=0.01).embed(texts)
+    assert time.monotonic() - started >= 1.0  # the server asked for a second
+    # The first batch three times (two refusals), the second once: nothing embedded twice.
+    assert [len(batch) for batch in remote.embed_requests] == [64, 64, 64, 6]
+    assert vectors.shape == (70, 384) and np.allclose(vectors[69], fake_vector("t69"), atol=1e-6)
+
+
+def test_a_timeout_is_retried(remote: FakeOpenAI) -> None:
+    remote.stall_next = [3.0]
+    vectors = OpenAICompatibleEmbedder(url=remote.url, model="m", timeout=0.5, backoff=0.01).embed(["late"])
+    assert remote.embed_requests == [["late"], ["late"]]
+    assert np.allclose(vectors[0], fake_vector("late"), atol=1e-6)
+
+
+def test_a_long_retry_after_is_left_to_the_job_retry(remote: FakeOpenAI) -> None:
+    remote.fail_next = [(429, {"Retry-After": "120"})]
+    with pytest.raises(EmbedderUnavailable, match="HTTP 429"):
+        OpenAICompatibleEmbedder(url=remote.url, model="m", backoff=0.01).embed(["x"])
+    assert remote.embed_requests == [["x"]]
+
+
+def test_a_client_error_is_permanent_and_not_retried(remote: FakeOpenAI) -> None:
+    remote.fail_next = [(400, {})]
+    with pytest.raises(EmbedderError, match="HTTP 400") as info:
+        OpenAICompatibleEmbedder(url=remote.url, model="m", backoff=0.01).embed(["x"])
+    assert not isinstance(info.value, EmbedderUnavailable)
+    assert remote.embed_requests == [["x"]]
+
+
+def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
+    assert retry_after_seconds("7") == 7.0
+    later = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+    assert 25 <= (retry_after_seconds(later) or 0) <= 31
+    assert retry_after_seconds("soon") is None and retry_after_seconds(None) is None

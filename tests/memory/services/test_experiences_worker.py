@@ -133,7 +133,12 @@ def test_a_worker_killed_mid_batch_is_redelivered_and_every_row_completes_once(t
 def test_a_failing_embedder_marks_rows_failed_and_the_retry_command_recovers_them(tenant, endpoint):
     endpoint.mode = "fail"
     rows = create_batch(tenant, 3)
-    worker = start_worker(endpoint, CTXAPP_EMBEDDING_MAX_RETRIES="2", CTXAPP_EMBEDDING_RETRY_BACKOFF="0.2")
+    worker = start_worker(
+        endpoint,
+        CTXAPP_EMBEDDING_MAX_RETRIES="2",
+        CTXAPP_EMBEDDING_RETRY_BACKOFF="0.2",
+        CTXAPP_EMBEDDING_CALL_RETRIES="0",  # the job's retries only (the embedder's own: test_embedding.py)
+    )
     try:
         wait_until(lambda: statuses(rows) == ["failed"] * 3)
         assert len(endpoint.embed_requests) == 3  # the first attempt and two retries
