@@ -9,6 +9,7 @@ The source is plain text written for ctxapp (CC0): `CONV id | user | assistant`,
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sys
@@ -41,9 +42,7 @@ def parse(lines: list[str]) -> list[dict]:
             continue
         if line.startswith("CONV "):
             sample_id, user, assistant = (p.strip() for p in line[5:].split("|"))
-            convs.append(
-                {"id": sample_id, "user": user, "assistant": assistant, "sessions": [], "qa": []}
-            )
+            convs.append({"id": sample_id, "user": user, "assistant": assistant, "sessions": [], "qa": []})
         elif line.startswith("S "):
             convs[-1]["sessions"].append({"date": line[2:].strip(), "turns": []})
         elif line.startswith("Q "):
@@ -111,7 +110,7 @@ def build(convs: list[dict]) -> tuple[list[dict], dict]:
             )
         changes = []
         for subject, values in history.items():
-            for (old, old_id), (new, new_id) in zip(values, values[1:], strict=False):
+            for (old, old_id), (new, new_id) in itertools.pairwise(values):
                 if old.casefold() != new.casefold():
                     changes.append(
                         {
@@ -149,8 +148,11 @@ def main() -> None:
     for sample in samples:
         sessions = sum(1 for k in sample["conversation"] if re.fullmatch(r"session_\d+", k))
         print(
-            sample["sample_id"], sample["split"], f"sessions={sessions}",
-            f"questions={len(sample['qa'])}", f"changes={len(sample['fact_changes'])}",
+            sample["sample_id"],
+            sample["split"],
+            f"sessions={sessions}",
+            f"questions={len(sample['qa'])}",
+            f"changes={len(sample['fact_changes'])}",
         )
 
 
