@@ -19,7 +19,8 @@ Kinds (KINDS): `experiences.embed` (coalesced: one run takes up to CTXAPP_EMBEDD
 pending experiences from every pending embedding intent), `task.distill` (full distillation of
 finished tasks: a run takes up to distillation.DISTILL_BATCH waiting ones and writes them at
 once, a task that fails alone in a savepoint of its own), `session.summarise`, `session.digest`
-(the session digest). Each records its outcome on the intent row: `done` with a result, or
+(the session digest), `user_memory.extract` (memories about the user from a session's new turns,
+coalesced per session). Each records its outcome on the intent row: `done` with a result, or
 `failed` with the reason (a run of several may fail one intent alone, `job_intent_fail`); the
 dashboard's jobs page lists them.
 
@@ -79,7 +80,8 @@ EMBED = "experiences.embed"
 DISTILL = "task.distill"
 SUMMARISE = "session.summarise"
 DIGEST = "session.digest"
-KINDS = frozenset({EMBED, DISTILL, SUMMARISE, DIGEST})
+USER_MEMORY_EXTRACT = "user_memory.extract"  # memory/services/user_memory/extraction.py
+KINDS = frozenset({EMBED, DISTILL, SUMMARISE, DIGEST, USER_MEMORY_EXTRACT})
 
 JOB_RUN_TASK = "memory.jobs.run"  # memory/tasks/jobs.py `job_run_task`
 

@@ -37,6 +37,7 @@ from memory.models import (
 )
 from memory.selectors.sessions import session_get
 from memory.services import decay, message_indexing, recorder, tokens
+from memory.services.user_memory import extraction
 
 MESSAGE_ADDED = "message.added"
 TOUCH_SECONDS = 1  # how stale a session's last_accessed_at may get while it is being appended to
@@ -324,6 +325,9 @@ def messages_append(
             )
             if params["embedding_status"] == "pending":
                 message_indexing.memory_index_dispatch_on_commit()
+            if params["user_n"] and current.user_id:
+                # Queued, never run here: the append does not wait for extraction.
+                extraction.extraction_queue(tenant=tenant, session=current)
     if row is None:
         if session is None:
             session_get(tenant=tenant, session_id=public_id)  # NotFound for a missing or foreign id
