@@ -128,7 +128,7 @@ def _clauses(text: str) -> list[str]:
         parts = [p.strip() for p in re.split(r",\s+(?:and |but |so |by the way,?\s*)?", sentence)]
         kept = [p for p in parts if p and not _QUESTION_OPENERS.match(p)]
         if kept:
-            out.append(", ".join(kept))
+            out.append(", ".join(kept).rstrip(".!?"))
     return out
 
 
