@@ -23,11 +23,13 @@ What the offline rules will not extract is listed in docs/memory.md ("Extraction
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -39,6 +41,7 @@ from memory.models import (
     MessageRole,
     Session,
     Tenant,
+    UserMemory,
     UserMemoryExtraction,
     UserMemoryOrigin,
     UserMemoryType,
@@ -83,7 +86,8 @@ _DIETS = "vegetarian|vegan|pescatarian|keto|paleo|flexitarian|carnivore"
 _SPECIES = {
     "dog": "dog", "puppy": "dog", "mutt": "dog", "cat": "cat", "kitten": "cat", "rabbit": "rabbit",
     "bunny": "rabbit", "parrot": "parrot", "hamster": "hamster", "tortoise": "tortoise",
-    "turtle": "turtle", "horse": "horse", "fish": "fish", "greyhound": "dog", "budgie": "bird",
+    "turtle": "turtle", "horse": "horse", "greyhound": "dog", "budgie": "bird", "tabby": "cat",
+    "elkhound": "dog", "terrier": "dog", "labrador": "dog",
 }  # fmt: skip
 _PARTNERS = {"partner", "girlfriend", "boyfriend", "fiance", "fiancé", "fiancee", "fiancée"}
 _FAMILY = {
@@ -96,7 +100,11 @@ _PLAN_TOPICS = {
     "race": "race", "triathlon": "race", "wedding": "wedding", "promotion": "promotion",
     "renovation": "renovation", "renovate": "renovation", "move": "move", "moving": "move",
     "degree": "study", "exam": "exam", "restaurant": "business", "business": "business",
+    "truck": "business", "shop": "business", "cafe": "business", "bakery": "business",
+    "cabin": "home_project", "kitchen": "home_project", "house": "home_project",
+    "pet": "pet", "cat": "pet", "dog": "pet", "puppy": "pet", "kitten": "pet",
 }  # fmt: skip
+_BUSINESS = re.compile(r"\b(food truck|restaurant|caf[eé]|shop|bakery|bar|studio|business)\b")
 # Words a sentence of small talk is made of: a sentence of only these is never a memory.
 _SMALL_TALK = re.compile(
     r"^(?:(?:hi|hello|hey|hola|hei|thanks?|thank you|cheers|ok(?:ay)?|cool|great|good|perfect|"
@@ -143,9 +151,8 @@ def _is_place(name: str) -> bool:
 
 
 def _first_person(clause: str) -> bool:
-    return bool(
-        re.match(r"^(?:[\w,:!]+ ){0,2}(?:I|I'm|I've|I'll|I'd|we|we're|we've|we'll|my|our)\b", clause, re.I)
-    )
+    """Whether the clause is said of the user (I, we, my, our), not of someone else."""
+    return bool(re.search(r"\b(?:I|I'm|I've|I'll|I'd|we|we're|we've|we'll|my|our)\b", clause, re.I))
 
 
 def _topic(words: str) -> str:
@@ -164,7 +171,9 @@ def _slug(words: str, limit: int = 2) -> str:
 def _third_person(verb: str) -> str:
     verb = verb.casefold()
     irregular = {"can't stand": "can't stand", "prefer": "prefers", "love": "loves", "like": "likes"}
-    return irregular.get(verb, verb + "s" if not verb.endswith("s") else verb)
+    if verb in irregular or verb.endswith("s"):
+        return irregular.get(verb, verb)
+    return verb[:-1] + "ies" if re.search(r"[^aeiou]y$", verb) else verb + "s"
 
 
 class _Rules:
@@ -172,9 +181,20 @@ class _Rules:
 
     def __init__(self, current: dict[str, str]) -> None:
         self.current = current  # subject → the current text (for "… instead" and "changed my mind")
+        self.offer = ""  # a role the user was offered, until they say whether they take it
 
     def turn(self, text: str) -> list[tuple[str, str, str, float]]:
         found: dict[str, tuple[str, str, str, float]] = {}
+        if self.offer and re.match(
+            r"^(?:yes|yeah|yep)\b|.*\bI(?:'ll| will) take it\b|.*\bI accepted\b", text, re.I
+        ):
+            found["work.role"] = ("work.role", f"Works as {self.offer}", UserMemoryType.PROFILE, 0.7)
+            self.offer = ""
+        if m := re.search(
+            r"\b(?:I've|I have|I was|I got) (?:been )?offered (the|an?) ([\w -]+?) (?:job|role|position)\b",
+            text,
+        ):
+            self.offer = f"{'a' if m[1] == 'the' else m[1]} {m[2]}".replace("a a", "an a")
         for clause in _clauses(text):
             for item in self.clause(clause):
                 found.setdefault(item[0], item)  # one value per subject per turn: the first said
@@ -238,6 +258,7 @@ class _Rules:
             yield "relationship.status", "Relationship: single (broke up)", profile, 0.85
         if re.search(r"\b(?:we|I) got married\b", c):
             yield "relationship.status", "Relationship: married", profile, 0.9
+        yield from self._more(c)
         # --- pets
         yield from self._pets(c)
         # --- diet and constraints
@@ -283,15 +304,97 @@ class _Rules:
                 0.7,
             )
 
+    def _more(self, c: str) -> Iterable[tuple[str, str, str, float]]:
+        """Ways of saying where one lives and works, diets and preferences beyond the first set."""
+        profile, pref, plan = UserMemoryType.PROFILE, UserMemoryType.PREFERENCE, UserMemoryType.PLAN
+        if (
+            m := re.search(r"\b(?:[Ww]e|I)(?:'ve| have)? (?:settled|been living) in " + _NAME, c)
+        ) and _is_place(m[1]):
+            yield "home.city", f"Lives in {m[1]}", profile, 0.8
+        teach = re.search(r"\bI teach ([a-z]+(?: and [a-z]+)?) (?:at " + _ORG + r"|there)", c)
+        if teach:
+            yield "work.role", f"Works as a {teach[1]} teacher", profile, 0.8
+            if teach[2]:
+                yield "work.employer", f"Works at {teach[2]}", profile, 0.8
+                if (home := re.search(r" at [^,]+? in " + _NAME + r"[\s.!]*$", c)) and _is_place(home[1]):
+                    yield "home.city", f"Lives in {home[1]}", profile, 0.7
+        if m := re.search(r"^(?:And |So )?" + _ORG + r" (?:took me|hired me|took me on)\b", c):
+            yield "work.employer", f"Works at {m[1]}", profile, 0.75
+        named = re.search(r"\bI(?:'m| am), an? ([A-Za-z][\w -]+?) (?:at|for) " + _ORG, c)
+        accepted = re.search(r"\bI (?:accepted|took|got) an? ([A-Za-z][\w -]+?) (?:at|with) " + _ORG, c)
+        for m in (named, accepted):
+            if m:
+                yield "work.role", f"Works as a {m[1]}", profile, 0.8
+                yield "work.employer", f"Works at {m[2].split(' in ')[0]}", profile, 0.8
+        if (m := re.search(r"\bI'm calling it " + _NAME, c)) and (
+            business := _BUSINESS.search(self.current.get("plan.business", ""))
+        ):
+            yield "work.employer", f"Runs {m[1]}, a {business[1]}", profile, 0.7
+            yield "work.role", f"Owner of a {business[1]}", profile, 0.7
+        if re.search(r"\bI(?:'m| am) (?:a )?(?:coeliac|celiac)\b", c):
+            yield "constraint.diet", "Gluten-free (coeliac)", UserMemoryType.CONSTRAINT, 0.85
+        if m := re.search(r"\b(" + _DIETS + r") (?:recipes|meals|food) please\b", c, re.I):
+            yield "diet", f"Diet: {m[1].casefold()}", UserMemoryType.CONSTRAINT, 0.7
+        if m := re.search(r"\b(?:please )?use (metric|imperial) units\b", c, re.I):
+            yield "preference.units", f"Wants {m[1].casefold()} units", pref, 0.85
+        if m := re.search(r"\bI (study|work|sleep|think|write) best ([^,.!?]+)", c):
+            yield f"preference.{m[1]}_time", f"{_third_person(m[1]).capitalize()} best {m[2]}", pref, 0.8
+        if m := re.search(r"(?:^|(?<=, )|\b(?:and|also|really) )I like ([^,.!?]+)", c):
+            what = _clean_value(m[1])
+            if not re.match(r"(?:it|that|this|you|the idea|to)\b", what):
+                yield f"preference.{_slug(what, 1)}", f"Likes {what}", pref, 0.75
+        if m := re.search(r"\bI(?:'m| am) switching from (?:an? )?([\w-]+) to (?:an? )?([\w -]+)", c):
+            yield f"preference.{_slug(m[1], 1)}", f"Switched from {m[1]} to {_clean_value(m[2])}", pref, 0.75
+        if m := re.search(r"\bI drive an? ([^,.!?]+?)(?: and\b|$)", c):
+            yield "fact.car", f"Drives a {_clean_value(m[1])}", UserMemoryType.FACT, 0.8
+        car = self.current.get("fact.car", "")
+        if (m := re.search(r"\bI (?:also )?sold (?:my|the|our) (\w+)", c)) and m[
+            1
+        ].casefold() in car.casefold():
+            yield "fact.car", "Sold the car", UserMemoryType.FACT, 0.75
+        # plans said with "want", "changed … from … to …", "thinking of getting …", "postponed …"
+        if m := re.search(
+            r"\b(?:is|are|was|were|got|been) (postponed|delayed|pushed back) (?:to|until) ([^,.!?]+)", c
+        ):
+            words = set(re.findall(r"[a-z]+", c.split(m[0])[0].casefold())) - {"the", "so", "and", "work"}
+            subject = next(
+                (
+                    s
+                    for s, t in self.current.items()
+                    if s.startswith("plan.") and words & set(re.findall(r"[a-z]+", t.casefold()))
+                ),
+                "",
+            )
+            if subject:
+                yield subject, f"Plan: {m[1]} to {_clean_value(m[2])}", plan, 0.7
+        if not (_first_person(c) or re.search(r"\band I (?:are|am)\b", c)):
+            return
+        if (m := re.search(r"\b(?:we|I) want (?:to )?([^,.!?]+)", c, re.I)) and (topic := _topic(m[1])):
+            yield f"plan.{topic}", f"Plan: {_clean_value(c)}", plan, 0.7
+        if (m := re.search(r"\bchanged (?:the |our |my )?([\w ]+?) from (\w+) to (\w+)", c)) and (
+            topic := _topic(m[1])
+        ):
+            yield f"plan.{topic}", f"Plan: {m[1]} to {m[3]}", plan, 0.75
+        if (m := re.search(r"\bthinking of (getting|buying|adopting) ([^,.!?]+)", c)) and (
+            topic := _topic(m[2])
+        ):
+            yield f"plan.{topic}", f"Plan: {m[1]} {_clean_value(m[2])}", plan, 0.65
+        if m := re.search(r"\b(?:are|am|'re) moving to " + _NAME, c):
+            yield "plan.move", f"Plan: moving to {m[1]}", plan, 0.75
+
     def _pets(self, c: str) -> Iterable[tuple[str, str, str, float]]:
         species_re = "|".join(sorted(_SPECIES, key=len, reverse=True))
-        m = re.search(
-            r"\b(?:adopted|got|have|bought|rescued|brought home)\b.*?\b(second |another )?(?:[\w-]+ )*?("
-            + species_re
-            + r")\b(?:[^.]*?\b(?:called|named)\s+|,\s*(?:(?:her|his|its) name is\s+)?)"
-            + _NAME,
-            c,
-        ) or re.search(r"\bmy (second |new )?(" + species_re + r")\s+" + _NAME, c)
+        m = (
+            re.search(
+                r"\b(?:adopted|got|have|bought|rescued|brought home)\b.*?\b(second |another )?(?:[\w-]+ )*?("
+                + species_re
+                + r")\b(?:[^.]*?\b(?:called|named)\s+|,\s*(?:(?:her|his|its) name is\s+)?)"
+                + _NAME,
+                c,
+            )
+            or re.search(r"\bmy (second |new )?(" + species_re + r")\s+" + _NAME, c)
+            or re.search(r"\b()(" + species_re + r") (?:called|named) " + _NAME, c)
+        )
         if m is None:
             return
         species, name = _SPECIES[m[2].casefold()], m[3]
@@ -568,7 +671,17 @@ def value_tokens(text: str) -> set[str]:
     return {w for w in re.findall(r"\w+", text.casefold()) if w not in _SCORE_STOP}
 
 
+def _stem(word: str) -> str:
+    for suffix, replace in (("ies", "y"), ("ing", ""), ("es", ""), ("ed", ""), ("s", "")):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            word = word[: -len(suffix)] + replace
+            break
+    return word[:-1] if len(word) > 3 and word[-1] == word[-2] and word[-1] not in "aeiou" else word
+
+
 def _token_in(token: str, words: set[str]) -> bool:
+    if _stem(token) in {_stem(w) for w in words}:
+        return True
     return any(
         token == w or (min(len(token), len(w)) >= 4 and (w.startswith(token) or token.startswith(w)))
         for w in words
@@ -597,3 +710,94 @@ def candidate_correct(candidate: Candidate, expected: list[dict[str, Any]]) -> b
         subjects_match(candidate.subject, e["subject"]) and holds_value(candidate.text, e["value"])
         for e in expected
     )
+
+
+@dataclass
+class DevScore:
+    """Extraction measured on a dev set: precision of what was extracted, and the share of fact
+    changes after which the current view holds the new value and not the old one."""
+
+    extracted: int = 0
+    correct: int = 0
+    changes: int = 0
+    changes_held: int = 0
+    labels: int = 0  # labelled memories of the turns replayed
+    labels_found: int = 0  # of which a new memory from the same turn states the value
+    wrong: list[str] = dataclasses.field(default_factory=list)
+    missed_changes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def precision(self) -> float:
+        return 100.0 * self.correct / self.extracted if self.extracted else 0.0
+
+    @property
+    def change_accuracy(self) -> float:
+        return 100.0 * self.changes_held / self.changes if self.changes else 0.0
+
+
+def dev_set_score(
+    *, tenant: Tenant, samples: list[dict[str, Any]], labelled: list[dict[str, Any]], agent: str = "dev"
+) -> DevScore:
+    """Replay each sample's sessions (a fresh user per sample, one session per conversation
+    session, turns a second apart from the session's date), extract after each session as the job
+    would, and score against the labels. Writes real rows in `tenant`."""
+    from memory.services.sessions import MessageInput, messages_append, session_open
+
+    parse_date = _session_date
+    labels = {(t["sample_id"], t["dia_id"]): t["expected"] for t in labelled}
+    score = DevScore()
+    for sample in samples:
+        sid, conv = sample["sample_id"], sample["conversation"]
+        user_id = f"{agent}-{sid}-{uuid.uuid4().hex[:6]}"
+        dia_at: dict[str, datetime] = {}
+        numbers = sorted(int(k.split("_")[1]) for k in conv if re.fullmatch(r"session_\d+", k))
+        for number in numbers:
+            start = parse_date(conv[f"session_{number}_date_time"])
+            session, _ = session_open(tenant=tenant, agent_external_id=agent, user_id=user_id)
+            items = []
+            for index, turn in enumerate(conv[f"session_{number}"]):
+                at = start + timedelta(seconds=index)
+                dia_at[turn["dia_id"]] = at
+                role = MessageRole.USER if turn["speaker"] == conv["speaker_a"] else MessageRole.ASSISTANT
+                items.append(MessageInput(role=role, content=turn["text"], occurred_at=at))
+            messages = messages_append(tenant=tenant, session=session, items=items)
+            dia_of = {
+                m.seq: turn["dia_id"] for m, turn in zip(messages, conv[f"session_{number}"], strict=True)
+            }
+            before = set(
+                UserMemory.objects.filter(tenant=tenant, user_id=user_id).values_list("pk", flat=True)
+            )
+            session_memories_extract(session=session)
+            new = list(UserMemory.objects.filter(tenant=tenant, user_id=user_id).exclude(pk__in=before))
+            for seq, dia_id in dia_of.items():
+                said = [m for m in new if m.sources[0]["seq"] == seq]
+                for label in labels.get((sid, dia_id), []):
+                    score.labels += 1
+                    score.labels_found += any(
+                        subjects_match(m.subject, label["subject"]) and holds_value(m.text, label["value"])
+                        for m in said
+                    )
+            for memory in new:
+                seq = memory.sources[0]["seq"]
+                candidate = Candidate(memory.subject, memory.text, memory.memory_type, seq, memory.confidence)
+                score.extracted += 1
+                if candidate_correct(candidate, labels.get((sid, dia_of[seq]), [])):
+                    score.correct += 1
+                else:
+                    score.wrong.append(f"{sid} {dia_of[seq]} {memory.subject}: {memory.text}")
+        for change in sample.get("fact_changes", []):
+            as_of = dia_at[change["evidence"][0]] + timedelta(milliseconds=500)
+            view = [m.text for m in memories_of(tenant=tenant, user_id=user_id, as_of=as_of)]
+            new_held = any(holds_value(text, change["new"]) for text in view)
+            old_held = any(holds_value(t, change["old"]) and not holds_value(t, change["new"]) for t in view)
+            score.changes += 1
+            if new_held and not old_held:
+                score.changes_held += 1
+            else:
+                score.missed_changes.append(f"{sid} {change['subject']}: {change['old']} -> {change['new']}")
+    return score
+
+
+def _session_date(text: str) -> datetime:
+    cleaned = " ".join(text.split()).title().replace(" On ", " on ")
+    return datetime.strptime(cleaned, "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC)
