@@ -10,7 +10,8 @@ models and measures, through the services (no HTTP):
    the share of labelled memories found, and the share of fact changes after which the current
    view holds the new value and not the old one. Per split: u1-u3 (the rules were written on
    them) and u4-u6 (looked at only after the first figures, see docs/memory.md);
-2. the median append of one user message with extraction queued (a session with a user) and
+2. the SQL statements of one append with and without extraction queued, and the median append
+   of one user message with extraction queued (a session with a user) and
    without (a session without a user, which queues nothing), interleaved, each append its own
    transaction so the after-commit dispatch is counted: a burst (the job pending, so appends
    coalesce into it) and the worst case (every append queues and dispatches a new job).
@@ -94,6 +95,19 @@ def append_cost(tenant) -> None:
     for n in range(30):  # warm up: prepared statements, the broker connection
         append(with_user, n)
         append(without, n)
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    statements = {}
+    for name, session in (("with", with_user), ("without", without)):
+        JobIntent.objects.filter(kind=EXTRACT_JOB, status=JobStatus.PENDING).update(status=JobStatus.DONE)
+        with CaptureQueriesContext(connection) as captured:
+            append(session, 0)
+        statements[name] = len(captured.captured_queries)
+    print(
+        f"statements per append (a new job queued): with extraction {statements['with']},"
+        f" without {statements['without']}"
+    )
     for mode in ("burst", "worst"):
         timed: dict[str, list[float]] = {"with": [], "without": []}
         for n in range(APPENDS):
