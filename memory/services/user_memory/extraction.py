@@ -122,7 +122,7 @@ _QUESTION_OPENERS = re.compile(
 
 def is_small_talk(text: str) -> bool:
     """An acknowledgement, a greeting or a closing ("Thanks. Anything else before we close?")."""
-    cleaned = re.sub(r"\b(?:so|then|just|really|very|much|all|for now|before we close|for today)\b", "", text)
+    cleaned = re.sub(r"\b(?:so|then|just|really|very|much|for now|before we close|for today)\b", "", text)
     return bool(_SMALL_TALK.match(cleaned.strip())) or not re.search(r"[A-Za-z]{3}", text)
 
 

@@ -44,6 +44,8 @@ def _turns(*pairs: tuple[str, str]) -> list[Turn]:
         "Good idea, thanks.",
         "Will do.",
         "Merry Christmas!",
+        "No, that's all, thanks.",
+        "Great, thanks.",
     ],
 )
 def test_small_talk_and_acknowledgements_never_become_memories(text):
@@ -271,4 +273,5 @@ def test_an_append_returns_while_extraction_is_held_and_the_memory_appears_once_
     assert (memory.subject, memory.text) == ("constraint.allergy", "Allergic to peanuts")
     assert memory.sources == [{"session": session["id"], "seq": 1}]
     intent.refresh_from_db()
-    assert intent.status == JobStatus.DONE and intent.result["method"] == "offline"
+    assert intent.status == JobStatus.DONE and intent.result is not None
+    assert intent.result["method"] == "offline"
