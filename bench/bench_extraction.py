@@ -15,6 +15,9 @@ models and measures, through the services (no HTTP):
    without (a session without a user, which queues nothing), interleaved, each append its own
    transaction so the after-commit dispatch is counted: a burst (the job pending, so appends
    coalesce into it) and the worst case (every append queues and dispatches a new job).
+3. the added work alone, where the append's noise does not reach: the intent's INSERT timed in a
+   server-side loop, and the after-commit hand-off to the dispatcher thread
+   (`BENCH_ONLY=parts` runs only this; BENCH_APPENDS sets the pairs of 2).
 Medians of repeated runs; the machine is shared, so read the difference side by side.
 """
 
@@ -53,7 +56,7 @@ from django.db import transaction  # noqa: E402
 from django.test.utils import setup_databases, setup_test_environment, teardown_databases  # noqa: E402
 
 DEV = ROOT / "tests" / "data" / "dev"
-APPENDS = 600
+APPENDS = int(os.environ.get("BENCH_APPENDS", "600"))
 
 
 def quality(tenant) -> None:
@@ -131,6 +134,51 @@ def append_cost(tenant) -> None:
             f" (quartiles {low:+.3f} / {high:+.3f})   n={APPENDS} pairs, interleaved"
         )
     print(f"  jobs queued: {JobIntent.objects.filter(kind=EXTRACT_JOB).count()}")
+    part_cost(tenant, with_user)
+
+
+def part_cost(tenant, session) -> None:
+    """The added work itself, measured where the append's noise does not reach: the intent's
+    INSERT run 2,000 times in one server-side loop (coalescing into a pending intent, and making a
+    new one each time, for a new key), and the after-commit hand-off (a queue put) to the dispatcher thread."""
+    import queue
+    import timeit
+
+    from django.db import connection
+
+    from memory.services import jobs
+
+    loops = 2000
+    notices: list[str] = []
+    connection.ensure_connection()
+    connection.connection.add_notice_handler(lambda diag: notices.append(str(diag.message_primary)))
+    for mode, key in (
+        ("coalesced", f"'session:{session.pk}'"),  # the same key, its intent pending: no row
+        ("new intent", "'session:bench-new-' || i"),  # a new key each time: a new row
+    ):
+        insert = jobs.job_intent_insert_sql(
+            f"SELECT {int(tenant.pk)}, 'user_memory.extract', {key}, '{{}}'::jsonb, "
+            "'pending', 0, '', now(), now()"
+        ).replace("RETURNING id", "")
+        block = f"""
+            DO $$ DECLARE started timestamptz; total interval := '0';
+            BEGIN
+                FOR i IN 1..{loops} LOOP
+                    started := clock_timestamp();
+                    {insert};
+                    total := total + (clock_timestamp() - started);
+                END LOOP;
+                RAISE NOTICE 'per insert %', round((extract(epoch from total) * 1e6 / {loops})::numeric, 2);
+            END $$"""
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(block)
+            transaction.set_rollback(True)
+        print(
+            f"intent INSERT in the server, {mode:<10}: {notices[-1].split('per insert')[-1].strip()} µs each"
+        )
+    waiting: queue.SimpleQueue[int] = queue.SimpleQueue()
+    handoff = timeit.timeit(lambda: waiting.put(1), number=100_000) / 100_000 * 1e6
+    print(f"after-commit hand-off (a queue put): {handoff:.2f} µs")
 
 
 def main() -> None:
@@ -141,6 +189,11 @@ def main() -> None:
 
         tenant = Tenant.objects.create(name="bench", slug="bench")
         print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
+        if os.environ.get("BENCH_ONLY") == "parts":  # the server-side part costs alone (seconds)
+            from memory.services.sessions import session_open
+
+            part_cost(tenant, session_open(tenant=tenant, agent_external_id="bench", user_id="u")[0])
+            return
         quality(tenant)
         append_cost(tenant)
     finally:
