@@ -140,7 +140,8 @@ def append_cost(tenant) -> None:
 def part_cost(tenant, session) -> None:
     """The added work itself, measured where the append's noise does not reach: the intent's
     INSERT run 2,000 times in one server-side loop (coalescing into a pending intent, and making a
-    new one each time, for a new key), and the after-commit hand-off (a queue put) to the dispatcher thread."""
+    new one each time, for a new key), and the after-commit hand-off (a queue put) to the
+    dispatcher thread."""
     import queue
     import timeit
 
