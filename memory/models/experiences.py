@@ -23,6 +23,7 @@ EMBEDDING_DIMENSIONS = 384
 FULL_TEXT_CONFIG = "english"
 
 __all__ = [
+    "PROMOTED_KINDS",
     "EmbeddingCache",
     "EmbeddingStatus",
     "Experience",
@@ -59,6 +60,12 @@ class ExperienceKind(models.TextChoices):
     PROJECT_CONFIG = "project_config"
     CONSTRAINT = "constraint"
     FACT = "fact"  # a promoted goal or critical piece of information
+
+
+# The kinds that hold a promoted statement (key → value), not a problem and its solution.
+PROMOTED_KINDS = frozenset(
+    {ExperienceKind.PREFERENCE, ExperienceKind.PROJECT_CONFIG, ExperienceKind.CONSTRAINT, ExperienceKind.FACT}
+)
 
 
 class Experience(models.Model):
@@ -164,8 +171,12 @@ class Experience(models.Model):
         return self.merged_into_id is None and self.superseded_by_id is None
 
     @staticmethod
-    def compose_text(problem: str, cause: str, solution: str) -> str:
-        """The text that is embedded, hashed and put into prompts."""
+    def compose_text(problem: str, cause: str, solution: str, kind: str = "") -> str:
+        """The text that is embedded, hashed and put into prompts. A promoted preference,
+        configuration, constraint or fact reads as what it states ("Fact (primary_db): The
+        primary database is db-1"), not as a problem with a solution."""
+        if kind in PROMOTED_KINDS and solution.strip():
+            return f"{problem.strip()}: {solution.strip()}"
         parts = [f"Problem: {problem.strip()}"]
         if cause.strip():
             parts.append(f"Cause: {cause.strip()}")
@@ -175,7 +186,7 @@ class Experience(models.Model):
 
     @property
     def text(self) -> str:
-        return self.compose_text(self.problem, self.cause, self.solution)
+        return self.compose_text(self.problem, self.cause, self.solution, self.kind)
 
     @property
     def problem_text(self) -> str:

@@ -36,7 +36,7 @@ from memory.models import (
     TrackedFact,
 )
 from memory.selectors.sessions import session_get
-from memory.services import decay, message_indexing, recorder, tokens
+from memory.services import decay, jobs, message_indexing, recorder, tokens
 
 MESSAGE_ADDED = "message.added"
 TOUCH_SECONDS = 1  # how stale a session's last_accessed_at may get while it is being appended to
@@ -122,6 +122,14 @@ _EVENTS = recorder.StatementEvents(
 # any fact. The access time (and the idle expiry from it) moves only when it is more than a
 # second old: a session appended to several times a second then changes no indexed column, so
 # PostgreSQL updates its row in place (HOT) instead of writing a new entry in each of its indexes.
+# `x` queues extraction of user memories (memory/services/user_memory/extraction.py) when the batch
+# has a user turn and the session a user: the outbox intent of `jobs.job_enqueue`, made by this
+# statement so that it costs the append no round trip; coalesced per session like any intent.
+_EXTRACT_SQL = jobs.job_intent_insert_sql(
+    "SELECT %(tenant)s, %(extract_kind)s, 'session:' || s.id, jsonb_build_object('session', s.id), "
+    "'pending', 0, '', now(), now() FROM s WHERE %(user_n)s > 0 AND s.user_id <> ''"
+)
+
 _APPEND_SQL = """
 WITH s AS (
     UPDATE {session} AS s SET message_seq = s.message_seq + %(n)s, message_count = s.message_count + %(n)s,
@@ -151,8 +159,10 @@ r AS (
     UPDATE {rounds} AS c SET rounds = c.rounds + %(user_n)s, last_user_seq = s.first_seq + %(last_user)s
     FROM s WHERE c.session_id = s.id AND %(user_n)s > 0
     RETURNING c.rounds
-)
-SELECT s.*, (SELECT array_agg(id ORDER BY seq) FROM m), (SELECT array_agg(id ORDER BY seq) FROM e),
+),
+x AS ({extract})
+SELECT s.*, (SELECT id FROM x),
+    (SELECT array_agg(id ORDER BY seq) FROM m), (SELECT array_agg(id ORDER BY seq) FROM e),
     (SELECT min(seq) FROM e),
     COALESCE((SELECT rounds FROM r), (SELECT rounds FROM {rounds} WHERE session_id = s.id)),
     EXISTS (SELECT 1 FROM {facts} WHERE session_id = s.id), {listeners}
@@ -193,6 +203,7 @@ def _append_sql(match: str, listeners: str) -> str:
         message_values=", ".join(_message_value(f) for f in _INSERTED),
         payload_columns=", ".join(dict.fromkeys(str(f.column) for f in _RETURNED)),
         events=_EVENTS.insert_sql,
+        extract=_EXTRACT_SQL,
         match=match,
         listeners=listeners,
         returning=returning,
@@ -232,6 +243,7 @@ def _params(*, tenant: Tenant, items: list[MessageInput], counts: list[int], now
         "embedding_status": index_fields["embedding_status"],
         "occurred_at": occurred,
         "items": _rows_json(items, counts, occurred),
+        "extract_kind": jobs.USER_MEMORY_EXTRACT,
         **_DEFAULTS,
         **_EVENTS.params(tenant=tenant, count=len(items), now=now),
     }
@@ -239,6 +251,7 @@ def _params(*, tenant: Tenant, items: list[MessageInput], counts: list[int], now
 
 @dataclass
 class _Appended:
+    extract_intent: int | None  # the extraction job this append queued (None: coalesced, or none due)
     session: Session
     message_ids: list[int]
     event_ids: list[int]
@@ -256,8 +269,11 @@ def _appended(row: tuple[Any, ...]) -> _Appended:
     session.agent = Agent.from_db(
         connection.alias, [f.attname for f in Agent._meta.concrete_fields], row[sessions : sessions + agents]
     )
-    message_ids, event_ids, first_event_seq, rounds, has_facts, listened = row[sessions + agents + 2 :]
+    extract_id, message_ids, event_ids, first_event_seq, rounds, has_facts, listened = row[
+        sessions + agents + 2 :
+    ]
     return _Appended(
+        extract_id,
         session,
         list(message_ids),
         list(event_ids),
@@ -324,6 +340,8 @@ def messages_append(
             )
             if params["embedding_status"] == "pending":
                 message_indexing.memory_index_dispatch_on_commit()
+            if appended.extract_intent is not None:  # queued, never run here: no append waits for it
+                jobs.job_dispatch_on_commit(appended.extract_intent, background=True)
     if row is None:
         if session is None:
             session_get(tenant=tenant, session_id=public_id)  # NotFound for a missing or foreign id

@@ -23,6 +23,7 @@ from memory.services.embedding import EmbedderUnavailable
 from memory.services.experiences import experiences_embed, experiences_mark_failed
 from memory.services.rolling_summary import session_summarise
 from memory.services.session_digest import session_digest_update
+from memory.services.user_memory import extraction
 
 
 @shared_task(acks_late=True, name=jobs.JOB_RUN_TASK)
@@ -104,6 +105,15 @@ def _digest_run(intents: list[JobIntent]) -> dict[str, Any]:
     return {"session": session.public_id, "version": digest.version if digest is not None else None}
 
 
+def _extract_run(intents: list[JobIntent]) -> dict[str, Any]:
+    session = (
+        Session.objects.select_related("tenant", "agent").filter(pk=intents[0].payload.get("session")).first()
+    )
+    if session is None:  # deleted meanwhile: nothing to remember
+        return {"skipped": "session deleted"}
+    return extraction.extraction_payload(extraction.session_memories_extract(session=session))
+
+
 def _register_kinds() -> None:
     jobs.job_kind_register(
         jobs.EMBED,
@@ -119,6 +129,7 @@ def _register_kinds() -> None:
     jobs.job_kind_register(jobs.DISTILL, jobs.JobKind(run=tasks_distill_intents, merge=distill_intents_merge))
     jobs.job_kind_register(jobs.SUMMARISE, jobs.JobKind(run=_summarise_run))
     jobs.job_kind_register(jobs.DIGEST, jobs.JobKind(run=_digest_run))
+    jobs.job_kind_register(jobs.USER_MEMORY_EXTRACT, jobs.JobKind(run=_extract_run))
 
 
 _register_kinds()

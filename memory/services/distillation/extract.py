@@ -18,6 +18,7 @@ from django.conf import settings
 
 from memory.models import ExtractionMethod, Message, MessageRole, Task, TaskStatus, ValueTier
 from memory.services.chat_endpoint import chat_parsed
+from memory.services.user_memory.extraction import is_small_talk
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def _find_cause(text: str) -> str:
 def extract_direct(task: Task) -> list[Candidate]:
     """The task itself: input → problem, output → solution (or, failed, → cause)."""
     problem = task.input.strip() or task.title.strip()
-    if not problem:
+    if not problem or is_small_talk(problem):  # "Thanks, anything else?" teaches nothing
         return []
     if task.status == TaskStatus.FAILED:
         cause = task.output.strip()
@@ -117,7 +118,10 @@ def extract_patterns(messages: list[Message]) -> list[Candidate]:
     index = 0
     while index < len(messages):
         message = messages[index]
-        if message.role != MessageRole.USER or not PROBLEM_RE.search(message.content or ""):
+        content = message.content or ""
+        # An acknowledgement or a closing ("Thanks. Anything else before we close?") is not a
+        # problem, whatever the assistant answers to it.
+        if message.role != MessageRole.USER or not PROBLEM_RE.search(content) or is_small_talk(content):
             index += 1
             continue
         replies: list[Message] = []
@@ -177,6 +181,8 @@ def parse_summary_output(text: str) -> list[Candidate]:
     for position, item in enumerate(items):
         if not isinstance(item, dict) or not str(item.get("problem", "")).strip():
             raise MalformedModelOutput(f"experience {position} has no problem")
+        if is_small_talk(str(item["problem"])):
+            continue
         try:
             confidence = float(item.get("confidence", 0.6))
         except (TypeError, ValueError):

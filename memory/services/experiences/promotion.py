@@ -59,7 +59,7 @@ def experiences_promote(
         if current is not None and current.solution == content:
             return _confirm(current, source=source, session=session)
         return experience_create(
-            tenant=tenant, problem=f"{KIND_LABELS[ExperienceKind(kind)]}: {key}", solution=content,
+            tenant=tenant, problem=f"{KIND_LABELS[ExperienceKind(kind)]} ({key})", solution=content,
             confidence=confidence, extraction_method=ExtractionMethod.PROMOTED, user_id=user_id,
             scope=scope, kind=kind, key=key, source_session=session, source=source, supersedes=current,
         )  # fmt: skip

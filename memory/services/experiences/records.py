@@ -21,7 +21,7 @@ KIND_LABELS = {
     ExperienceKind.PREFERENCE: "User preference",
     ExperienceKind.PROJECT_CONFIG: "Project configuration",
     ExperienceKind.CONSTRAINT: "Constraint",
-    ExperienceKind.FACT: "Important fact",
+    ExperienceKind.FACT: "Fact",
 }
 # What an exact duplicate changes on the row it merges into (saved with update_fields).
 EXACT_MERGE_FIELDS = ["confidence", "use_count", "merge_count", "provenance", "updated_at"]
@@ -70,7 +70,7 @@ def draft_of(item: BulkItem) -> Draft:
     """`item` normalised: stripped texts, scope `user` when it names a user (else `tenant`)."""
     problem, cause, solution = item.problem.strip(), item.cause.strip(), item.solution.strip()
     scope = item.scope or (ExperienceScope.USER if item.user_id else ExperienceScope.TENANT)
-    digest = text_hash(Experience.compose_text(problem, cause, solution))
+    digest = text_hash(Experience.compose_text(problem, cause, solution, item.kind))
     return Draft(item=item, problem=problem, cause=cause, solution=solution, scope=scope, digest=digest)
 
 
