@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("memory", "0016_user_memory"),
+        ("memory", "0018_forget_content_generation"),
     ]
 
     operations = [
