@@ -60,7 +60,7 @@ APPENDS = int(os.environ.get("BENCH_APPENDS", "600"))
 
 
 def quality(tenant) -> None:
-    from memory.services.user_memory.extraction import dev_set_score
+    from memory.services.user_memory.dev_score import dev_set_score
 
     samples = json.loads((DEV / "user_assistant_dev.json").read_text(encoding="utf-8"))
     labelled = json.loads((DEV / "extraction_labelled.json").read_text(encoding="utf-8"))["turns"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from memory.services.user_memory.extraction import dev_set_score
+from memory.services.user_memory.dev_score import dev_set_score
 
 DEV = Path(__file__).resolve().parents[2] / "data" / "dev"
 
