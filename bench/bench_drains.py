@@ -198,11 +198,19 @@ def part_experiences(base: str, secret: str, tenant_pk: int, n: int, deadline: f
     asyncio.run(write_experiences(base, secret, pairs))
     written = time.perf_counter()
     rows = Experience.objects.filter(tenant_id=tenant_pk)
-    finished = wait_until(
-        lambda: rows.count() >= n and not rows.filter(embedding_status=EmbeddingStatus.PENDING).exists(),
-        deadline,
-        "the embedding drain",
-    )
+    try:
+        finished = wait_until(
+            lambda: rows.count() >= n and not rows.filter(embedding_status=EmbeddingStatus.PENDING).exists(),
+            deadline,
+            "the embedding drain",
+        )
+    except SystemExit:
+        from memory.models import JobIntent
+
+        print(f"rows {rows.count()}, pending {rows.filter(embedding_status=EmbeddingStatus.PENDING).count()}")
+        for i in JobIntent.objects.filter(pk__gt=mark).exclude(status="done"):
+            print(f"open intent {i.kind} {i.status}, {i.attempts} attempts, merged into {i.merged_into}")
+        raise
     return {
         "part": "experiences (bulk + single POSTs)",
         "rows": rows.filter(embedding_status=EmbeddingStatus.COMPLETED).count(),
