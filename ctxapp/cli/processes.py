@@ -11,15 +11,18 @@ from ctxapp.cli.base import checked_port, data_dir_of, metrics_dir, prepare_data
 from ctxapp.conf import CtxappSettings
 
 
-def worker_argv(cfg: CtxappSettings, *, concurrency: int | None = None) -> list[str]:
+def worker_argv(cfg: CtxappSettings, *, concurrency: int | None = None, name: str | None = None) -> list[str]:
     queue = f"{cfg.queue_prefix}-default"
+    # Two workers on one host with one node name would answer control commands (ping, inspect)
+    # as one: each needs its own.
+    named = ["--hostname", name] if name else []
     return [
         sys.executable, "-m", "celery", "-A", "ctxapp", "--quiet", "worker",
         "--loglevel", cfg.log_level,
         "--pool", cfg.worker_pool,
         "--concurrency", str(concurrency or cfg.worker_concurrency),
         "--queues", queue,
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "--without-gossip", "--without-mingle", "--without-heartbeat", *named,
     ]  # fmt: skip
 
 
@@ -63,7 +66,7 @@ def cmd_web(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     cfg = settings_load()
     prepare_database(cfg)
-    return _exec(worker_argv(cfg))
+    return _exec(worker_argv(cfg, name=args.name))
 
 
 def cmd_beat(args: argparse.Namespace) -> int:

@@ -450,17 +450,28 @@ def embed_intents_merge(intent: JobIntent) -> list[JobIntent]:
     if room <= 0:
         return merged
     candidates = (
-        JobIntent.objects.select_for_update(skip_locked=True)
-        .filter(kind=EMBED, status=JobStatus.PENDING)
+        JobIntent.objects.filter(kind=EMBED, status=JobStatus.PENDING)
         .exclude(pk=intent.pk)
-        .order_by("pk")[:batch]
+        .order_by("pk")
+        .only("pk", "payload")[:batch]
     )
+    chosen: list[int] = []
     for other in candidates:
         size = len(embed_intent_ids([other]))
         if size > room:
             break
-        merged.append(other)
+        chosen.append(other.pk)
         room -= size
+    if not chosen:
+        return merged
+    # Only the intents this run takes are locked (SKIP LOCKED: one another runner holds is left
+    # to it). A pending intent locked but left out would be skipped by the worker its own message
+    # reaches, and then wait for the sweep: a second worker ran almost nothing.
+    merged = list(
+        JobIntent.objects.select_for_update(skip_locked=True)
+        .filter(pk__in=chosen, kind=EMBED, status=JobStatus.PENDING)
+        .order_by("pk")
+    )
     return merged
 
 

@@ -294,13 +294,16 @@ def memory_index_drain(*, time_budget: float | None = None, batch_size: int | No
 
     Clears the dispatch flag first (so commits from now on queue the next job). Stops after
     `time_budget` seconds (CTXAPP_MEMORY_DRAIN_SECONDS) and then queues a successor if rows
-    remain. Idempotent; safe to run concurrently. Raises EmbedderUnavailable (the task retries).
+    remain. After its first full batch it queues one more drain (unless one is queued), so a
+    backlog is drained by as many drains as there are free worker slots (claims skip each other's
+    rows). Idempotent; safe to run concurrently. Raises EmbedderUnavailable (the task retries).
     """
     MemoryIndexState.objects.filter(pk=1).update(drain_scheduled=False)
     budget = time_budget if time_budget is not None else settings.CTXAPP.memory_drain_seconds
     size = batch_size or settings.CTXAPP.memory_embed_batch
     result = DrainResult()
     started = time.monotonic()
+    helper_asked = False
     while True:
         completed, failed, skipped = messages_embed_batch(batch_size=size)
         if completed:
@@ -309,6 +312,12 @@ def memory_index_drain(*, time_budget: float | None = None, batch_size: int | No
         result.skipped += skipped
         if completed + failed + skipped < size:
             return result
+        if not helper_asked:
+            helper_asked = True
+            # A backlog: ask for one more drain (unless one is queued already), so an idle worker
+            # slot, in this process or another, joins; each helper asks for the next the same
+            # way. Without it one drain at a time ran however many workers there were.
+            memory_index_dispatch()
         if time.monotonic() - started >= budget:
             result.handed_over = memory_index_dispatch(force=True)
             return result

@@ -204,3 +204,35 @@ def test_a_broker_that_is_down_keeps_no_connection_and_answers_at_once(broker_do
     assert jobs.tasks_send(jobs.JOB_RUN_TASK, [(0,), (0,)]) == 0
     assert jobs._producers.entry is None  # the next send tries a fresh connection
     assert (timezone.now() - started).total_seconds() < 3  # not Kombu's ~6 s of retries
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_embedding_run_locks_only_the_intents_it_takes(tenant_a: Tenant, settings: Any) -> None:
+    """With two workers: an intent a run leaves out is run by the worker its own message reaches."""
+    settings.CTXAPP = dataclasses.replace(settings.CTXAPP, embedding_batch_size=2)
+    for word in ("alpha", "bravo", "charlie"):
+        experience_create(tenant=tenant_a, problem=f"problem {word}", solution=f"fix {word}")
+    first, second, third = JobIntent.objects.filter(kind=jobs.EMBED).order_by("pk")
+    holding, release = threading.Event(), threading.Event()
+    taken: list[int] = []
+
+    def running() -> None:  # the run of `first`, holding what its merge locked
+        try:
+            with transaction.atomic():
+                taken.extend(i.pk for i in jobs.embed_intents_merge(first))
+                holding.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=running)
+    thread.start()
+    try:
+        assert holding.wait(30)
+        assert taken == [second.pk]  # one row of room left in a batch of two
+        assert jobs.job_run(intent_id=second.pk) == "skipped"  # the running merge has it
+        assert jobs.job_run(intent_id=third.pk) == "done"  # not locked by a run that left it out
+    finally:
+        release.set()
+        thread.join(30)
+    assert JobIntent.objects.get(pk=third.pk).status == "done"

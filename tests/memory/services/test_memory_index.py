@@ -204,3 +204,17 @@ def test_reembed_messages_rewrites_every_vector_with_the_configured_model(tenant
     rows = Message.objects.filter(session=session)
     assert {r.embedding_model for r in rows} == {embedder_get().model_name}
     assert {r.embedding_status for r in rows} == {MessageEmbeddingStatus.COMPLETED}
+
+
+def test_a_drain_that_finds_a_backlog_queues_a_helper_so_free_workers_join(tenant_a):
+    session = session_create(tenant=tenant_a, agent_external_id="bot")
+    items = [MessageInput(role="user", content=f"backlog note {i}") for i in range(20)]
+    messages_append(tenant=tenant_a, session=session, items=items)
+    result = message_indexing.memory_index_drain(batch_size=8)
+    assert result.batches == [8, 8, 4]
+    # Cleared at its start, set again after its first full batch: a second drain was queued.
+    assert MemoryIndexState.objects.get(pk=1).drain_scheduled is True
+    assert message_indexing.memory_index_drain(batch_size=8).completed == 0  # the helper: nothing left
+    messages_append(tenant=tenant_a, session=session, items=items[:3])
+    assert message_indexing.memory_index_drain(batch_size=8).batches == [3]
+    assert MemoryIndexState.objects.get(pk=1).drain_scheduled is False  # no backlog, no helper
