@@ -47,6 +47,12 @@ OPERATIONS: list[tuple[str, tuple[Any, ...], dict[str, Any], Any]] = [
     ("checkpoint_create", ("bot",), {}, ctx.CheckpointOut),
     ("checkpoint_get", ("bot", 3), {}, ctx.CheckpointOut),
     ("checkpoints_list", ("bot",), {}, ctx.CheckpointPage),
+    ("user_memories_list", ("u1",), {}, ctx.UserMemoryPage),
+    ("user_memory_get", ("u1", "M1"), {}, ctx.UserMemoryOut),
+    ("user_memory_create", ("u1", "home", "Lisbon"), {}, ctx.UserMemoryWrittenOut),
+    ("user_memory_update", ("u1", "M1"), {"text": "Porto"}, ctx.UserMemoryWrittenOut),
+    ("user_memory_delete", ("u1", "M1"), {}, ctx.UserMemoryDeletedOut),
+    ("user_memory_history", ("u1", "M1"), {}, ctx.UserMemoryHistoryOut),
 ]
 
 

@@ -218,7 +218,7 @@ class UserMemoryDetailApi(UserMemoriesView):
 
     @extend_schema(
         request=None,
-        responses=UserMemoryDeletedSerializer,
+        responses={200: UserMemoryDeletedSerializer},
         summary="Erase a memory and every earlier version of its subject",
         description="Later versions stay. The audit event holds ids only. A second delete answers 404.",
     )
