@@ -38,7 +38,8 @@ from ctxapp.client._core import Request, operation
 INSTRUCTIONS = (
     "ctxapp is the agent's memory. Start a session with session_start, store each turn with remember, "
     "ask context_build for the next prompt, search earlier turns, summaries, facts and experiences (this "
-    "and earlier sessions) with memory_search, record what "
+    "and earlier sessions) with memory_search, keep what you learn about the user with remember "
+    '(kind="user_memory") and read or correct it with memory_list and memory_update, record what '
     "worked with experience_record, and end the session with session_end. After a crash, "
     "recovered_state returns everything needed to resume."
 )
@@ -119,12 +120,15 @@ class ToolSpec:
     path_arguments: tuple[str, ...] = ()  # parts of the route's URL (required)
     required: tuple[str, ...] = ()  # required body fields
     idempotent: bool = True  # the same call again changes nothing more
+    # Erases what cannot be had back (memory_forget). Others only add: sessions end, facts update by
+    # key, and a corrected user memory keeps its old version in the history.
+    destructive: bool = False
 
     @property
     def annotations(self) -> ToolAnnotations:
         return ToolAnnotations(
             read_only_hint=self.scope == "read",
-            destructive_hint=False,  # no tool deletes or overwrites: sessions end, facts update by key
+            destructive_hint=self.destructive,
             idempotent_hint=self.idempotent,
             open_world_hint=False,
         )
@@ -177,19 +181,55 @@ def _search(arguments: dict[str, Any]) -> Call:
     return Call("POST", "/memory/search", body=body)
 
 
+def _required_string(arguments: dict[str, Any], name: str, why: str = "") -> str:
+    value = arguments.get(name)
+    if value is None:
+        raise tool_error("validation_error", f"{name}: This field is required{why}.")
+    if not isinstance(value, str) or not value:
+        raise tool_error("validation_error", f"{name}: Must be a non-empty string.")
+    return value
+
+
+def _user_memories(arguments: dict[str, Any], memory: str | None = None) -> str:
+    path = f"/users/{_segment(_required_string(arguments, 'user_id'))}/memories"
+    return path if memory is None else f"{path}/{_segment(memory)}"
+
+
 def _remember(arguments: dict[str, Any]) -> Call:
-    session = _segment(arguments["session"])
     kind = arguments.get("kind", "message")
+    if kind == "user_memory":
+        _required_string(arguments, "subject", " (kind=user_memory)")
+        names = ("subject", "content", "memory_type")
+        body = _given(arguments, names, {"content": "text", "memory_type": "type"})
+        return Call("POST", _user_memories(arguments), body=body)
+    session = _segment(_required_string(arguments, "session"))
     if kind == "message":
         body = {"role": "user", **_given(arguments, ("role", "content"))}
         return Call("POST", f"/sessions/{session}/messages", body=body)
     if kind != "fact":
         raise tool_error("validation_error", f'kind: "{kind}" is not a valid choice.')
+    for name in ("user_id", "subject", "memory_type"):
+        if name in arguments:
+            raise tool_error("validation_error", f"{name}: Only with kind=user_memory.")
     body = _given(arguments, ("key", "content", "fact_type"), {"fact_type": "type"})
     body.setdefault("type", "constraint")
     if "key" not in body and isinstance(body.get("content"), str) and isinstance(body["type"], str):
         body["key"] = fact_key(body["type"], body["content"])
     return Call("POST", f"/sessions/{session}/facts", body=body)
+
+
+def _memory_list(arguments: dict[str, Any]) -> Call:
+    params = _given(arguments, ("as_of", "type", "cursor", "limit"))
+    return Call("GET", _user_memories(arguments), params=params)
+
+
+def _memory_update(arguments: dict[str, Any]) -> Call:
+    body = _given(arguments, ("text", "type", "confidence"))
+    return Call("PATCH", _user_memories(arguments, arguments["memory"]), body=body)
+
+
+def _memory_forget(arguments: dict[str, Any]) -> Call:
+    return Call("DELETE", _user_memories(arguments, arguments["memory"]))
 
 
 def _decay_report(arguments: dict[str, Any]) -> Call:
@@ -198,6 +238,10 @@ def _decay_report(arguments: dict[str, Any]) -> Call:
 
 
 SESSION_ARG = _string("The session id (`sess_…`) from session_start.")
+USER_ARG = _string("The user's id (the `user_id` of their sessions).", max_length=NAME_MAX_LENGTH)
+MEMORY_ARG = _string("The user memory's id (`umem_…`), from memory_list.")
+MEMORY_TYPES = ("profile", "preference", "decision", "constraint", "plan", "fact")
+USER_MEMORY_TEXT_MAX_LENGTH = 4000  # memory/services/user_memory/store.py MAX_TEXT_CHARS
 AGENT_ARG = _string("The agent's external id (your name for it).")
 
 ID_ARGUMENTS = {"session": SESSION_ARG, "agent": AGENT_ARG}
@@ -259,17 +303,20 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         name="remember",
         description=(
-            'Store something in a session: a conversation turn (kind="message", with its role), or a '
-            'fact to keep in view (kind="fact", with its fact_type; the optional key identifies it, so '
-            "registering the same key again updates it). Returns the stored message (with its seq) or "
-            "the tracked fact."
+            'Store something: a conversation turn of a session (kind="message", with its role), a fact '
+            'to keep in view in that session (kind="fact", with its fact_type; the optional key '
+            "identifies it, so registering the same key again updates it), or a durable memory about "
+            'the user that outlives sessions (kind="user_memory", with user_id and subject: a new '
+            "value for the same subject supersedes the old one, see memory_list). Returns the stored "
+            "message (with its seq), the tracked fact, or the user memory."
         ),
         properties={
-            "session": SESSION_ARG,
-            "content": _string("The message text, or the fact's text."),
+            "session": _string("The session id (`sess_…`) from session_start; not for kind=user_memory."),
+            "content": _string("The message text, the fact's text, or the memory about the user."),
             "kind": _string(
-                "`message`: a conversation turn; `fact`: a fact to keep in view.",
-                enum=("message", "fact"),
+                "`message`: a conversation turn; `fact`: a fact to keep in view in the session; "
+                "`user_memory`: a memory about the user across sessions.",
+                enum=("message", "fact", "user_memory"),
                 default="message",
             ),
             "role": _string(
@@ -284,12 +331,19 @@ TOOLS: tuple[ToolSpec, ...] = (
                 "The fact's key (kind=fact); default: derived from its type and text.",
                 max_length=NAME_MAX_LENGTH,
             ),
+            "user_id": USER_ARG | {"description": "The user the memory is about (kind=user_memory)."},
+            "subject": _string(
+                "What the memory is about, e.g. `home.city` (kind=user_memory); a new value replaces it.",
+                max_length=NAME_MAX_LENGTH,
+            ),
+            "memory_type": _string(
+                "The user memory's type (kind=user_memory).", enum=MEMORY_TYPES, default="fact"
+            ),
         },
         required=("content",),
         scope="write",
         idempotent=False,
         request=_remember,
-        path_arguments=("session",),
     ),
     ToolSpec(
         name="context_build",
@@ -369,6 +423,64 @@ TOOLS: tuple[ToolSpec, ...] = (
         "checkpoint and current state, its latest session with recent messages, and its open tasks.",
         ("GET", "/agents/{}/recovered-state", "agent"),
         scope="read",
+    ),
+    ToolSpec(
+        name="memory_list",
+        description=(
+            "What is known about a user: their current memories (profile, preferences, decisions, "
+            "constraints, plans, facts), or those current at a past moment (`as_of`). Returns `items` "
+            "(id, subject, type, text, sources, confidence, valid_from, valid_to, superseded_by), newest "
+            "first; `next` (null on the last page) is the `cursor` of the next page."
+        ),
+        properties={
+            "user_id": USER_ARG,
+            "as_of": _string("An ISO 8601 moment, e.g. 2026-03-01T00:00:00Z: the memories current then."),
+            "type": _string("Only memories of this type.", enum=MEMORY_TYPES),
+            "cursor": _string("The `next` of the previous page."),
+            "limit": _integer(
+                "Memories per page (default: the server's page size, CTXAPP_PAGE_SIZE).",
+                minimum=1,
+                maximum=FACTS_MAX_LIMIT,
+            ),
+        },
+        scope="read",
+        request=_memory_list,
+        path_arguments=("user_id",),
+    ),
+    ToolSpec(
+        name="memory_update",
+        description=(
+            "Correct a current memory about a user: the answer is a new version (its own id) that "
+            "supersedes it, with the same subject; the old value stays in the history. Updating a "
+            "memory that is no longer current is refused (memory_superseded): update the newer one."
+        ),
+        properties={
+            "user_id": USER_ARG,
+            "memory": MEMORY_ARG,
+            "text": _string("The corrected text (non-empty).", max_length=USER_MEMORY_TEXT_MAX_LENGTH),
+            "type": _string("The corrected type.", enum=MEMORY_TYPES),
+            "confidence": {
+                "type": "number",
+                "minimum": 0,
+                "maximum": 1,
+                "description": "How sure the memory is, 0 to 1.",
+            },
+        },
+        scope="write",
+        request=_memory_update,
+        path_arguments=("user_id", "memory"),
+    ),
+    ToolSpec(
+        name="memory_forget",
+        description=(
+            "Erase one memory about a user, with every earlier version of its subject (later versions "
+            "stay). Cannot be undone. Returns the erased ids."
+        ),
+        properties={"user_id": USER_ARG, "memory": MEMORY_ARG},
+        scope="write",
+        destructive=True,
+        request=_memory_forget,
+        path_arguments=("user_id", "memory"),
     ),
     ToolSpec(
         name="decay_report",
