@@ -124,7 +124,8 @@ def _assert_conversation(seen: dict[str, Any], tenant: Tenant) -> None:
         assert tool.description and len(tool.description) > 40
         assert tool.input_schema["type"] == "object"
     assert seen["tools"]["remember"].input_schema["required"] == ["content"]
-    assert set(seen["tools"]["remember"].input_schema["properties"]["kind"]["enum"]) == {"message", "fact"}
+    kinds = set(seen["tools"]["remember"].input_schema["properties"]["kind"]["enum"])
+    assert kinds == {"message", "fact", "user_memory"}
     session = Session.objects.get(tenant=tenant, public_id=seen["session"]["id"])
     assert session.agent.external_id == "mcp-bot"
     assert seen["message"]["seq"] == 1
