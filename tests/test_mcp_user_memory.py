@@ -40,6 +40,9 @@ async def _user_memory_session(client: Any) -> dict[str, Any]:
     seen["no subject"] = await client.call_tool(
         "remember", {"kind": "user_memory", "user_id": "u-1", "content": "x"}
     )
+    seen["with session"] = await client.call_tool(
+        "remember", {**remember, "session": "sess_x", "content": "Moved to Braga"}
+    )
     seen["forgot"] = data(
         await client.call_tool("memory_forget", {"user_id": "u-1", "memory": seen["fixed"]["id"]})
     )
@@ -68,6 +71,9 @@ def test_the_user_memory_tools_record_supersede_correct_and_forget(
     assert seen["empty"].is_error and seen["empty"].content[0].text.startswith("validation_error: ")
     assert seen["no subject"].content[0].text == (
         "validation_error: subject: This field is required (kind=user_memory)."
+    )
+    assert seen["with session"].content[0].text == (
+        "validation_error: session: Not with kind=user_memory (it outlives sessions)."
     )
     assert seen["forgot"]["count"] == 3
     assert seen["after"]["items"] == []

@@ -198,6 +198,11 @@ def _user_memories(arguments: dict[str, Any], memory: str | None = None) -> str:
 def _remember(arguments: dict[str, Any]) -> Call:
     kind = arguments.get("kind", "message")
     if kind == "user_memory":
+        for name in ("session", "fact_type", "key"):
+            if name in arguments:
+                raise tool_error(
+                    "validation_error", f"{name}: Not with kind=user_memory (it outlives sessions)."
+                )
         _required_string(arguments, "subject", " (kind=user_memory)")
         names = ("subject", "content", "memory_type")
         body = _given(arguments, names, {"content": "text", "memory_type": "type"})

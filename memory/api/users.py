@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.urls import path
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -27,6 +28,16 @@ from memory.api.base import BodySerializer, CursorSerializer, KeysetPagination, 
 from memory.models import EmbeddingStatus, UserMemoryOrigin, UserMemoryType
 from memory.services.user_memory import memories
 from memory.services.user_memory.store import MAX_SUBJECT_CHARS, MAX_TEXT_CHARS, Recorded
+
+USER_PARAM = OpenApiParameter(
+    "user_id",
+    OpenApiTypes.STR,
+    OpenApiParameter.PATH,
+    description="The user's id: the `user_id` the tenant puts on its sessions.",
+)
+MEMORY_PARAM = OpenApiParameter(
+    "memory_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="The memory's id (`umem_…`)."
+)
 
 
 class UserMemorySourceSerializer(serializers.Serializer):
@@ -144,7 +155,7 @@ class UserMemoryListApi(UserMemoriesView):
         confidence = serializers.FloatField(default=1.0, min_value=0.0, max_value=1.0)
 
     @extend_schema(
-        parameters=[FilterSerializer],
+        parameters=[USER_PARAM, FilterSerializer],
         responses=UserMemoryPageSerializer,
         summary="List a user's current memories (or those current at `as_of`)",
         description="Newest first, in the list envelope `{items, next}`. 404 for a user none of the "
@@ -161,6 +172,7 @@ class UserMemoryListApi(UserMemoriesView):
         return pages.get_paginated_response(UserMemorySerializer(rows, many=True).data)
 
     @extend_schema(
+        parameters=[USER_PARAM],
         request=InputSerializer,
         responses={201: UserMemoryWrittenSerializer, 200: UserMemoryWrittenSerializer},
         summary="Record a memory about the user (a new value of its subject supersedes the current one)",
@@ -190,12 +202,17 @@ class UserMemoryDetailApi(UserMemoriesView):
         type = serializers.ChoiceField(choices=UserMemoryType.choices, required=False)
         confidence = serializers.FloatField(required=False, min_value=0.0, max_value=1.0)
 
-    @extend_schema(responses=UserMemorySerializer, summary="Read one memory of the user, current or not")
+    @extend_schema(
+        parameters=[USER_PARAM, MEMORY_PARAM],
+        responses=UserMemorySerializer,
+        summary="Read one memory of the user, current or not",
+    )
     def get(self, request: Request, user_id: str, memory_id: str) -> Response:
         memory = memories.user_memory_get(scope=self.scope(user_id), memory_id=memory_id)
         return Response(UserMemorySerializer(memory).data)
 
     @extend_schema(
+        parameters=[USER_PARAM, MEMORY_PARAM],
         request=PatchSerializer,
         responses={201: UserMemoryWrittenSerializer, 200: UserMemoryWrittenSerializer},
         summary="Correct a current memory: a new version of its subject supersedes it",
@@ -217,6 +234,7 @@ class UserMemoryDetailApi(UserMemoriesView):
         return Response(_written(recorded), status=code)
 
     @extend_schema(
+        parameters=[USER_PARAM, MEMORY_PARAM],
         request=None,
         responses={200: UserMemoryDeletedSerializer},
         summary="Erase a memory and every earlier version of its subject",
@@ -229,6 +247,7 @@ class UserMemoryDetailApi(UserMemoriesView):
 
 class UserMemoryHistoryApi(UserMemoriesView):
     @extend_schema(
+        parameters=[USER_PARAM, MEMORY_PARAM],
         responses=UserMemoryHistorySerializer,
         summary="Every version of the memory's subject, oldest first",
         description="How the value changed: each version's `valid_from`, `valid_to` and `superseded_by`.",
