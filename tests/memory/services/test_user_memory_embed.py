@@ -4,6 +4,7 @@ version racing: one wins, the other is told the memory was superseded."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from memory.models import EmbeddingStatus, JobIntent, Tenant, UserMemory
 from memory.services import jobs
 from memory.services.user_memory.memories import MemorySuperseded, user_memory_update, user_scope
-from memory.services.user_memory.store import memory_record
+from memory.services.user_memory.store import Recorded, memory_record
 from tests.helpers import run_together
 
 
@@ -39,8 +40,8 @@ def test_the_worker_embeds_every_new_version(celery_worker: Any) -> None:
     assert _wait_for(
         lambda: UserMemory.objects.get(pk=fixed.pk).embedding_status == EmbeddingStatus.COMPLETED
     )
-    vectors = dict(UserMemory.objects.filter(pk__in=[first.pk, fixed.pk]).values_list("pk", "embedding"))
-    assert list(vectors[first.pk]) != list(vectors[fixed.pk])
+    old_vector, new_vector = (UserMemory.objects.get(pk=pk).embedding for pk in (first.pk, fixed.pk))
+    assert old_vector is not None and new_vector is not None and list(old_vector) != list(new_vector)
     intents = JobIntent.objects.filter(kind=jobs.USER_MEMORY_EMBED)
     assert set(intents.values_list("status", flat=True)) == {"done"}
 
@@ -50,12 +51,11 @@ def test_two_corrections_of_one_version_racing_write_one_version() -> None:
     tenant = Tenant.objects.create(name="Alice's team", slug="alice")
     memory = memory_record(tenant=tenant, user_id="u-1", subject="job", text="Works at Acme").memory
     scope = user_scope(tenant=tenant, user_id="u-1")
-    results, errors = run_together(
-        [
-            lambda text=text: user_memory_update(scope=scope, memory_id=memory.public_id, text=text)
-            for text in ("Works at Initech", "Works at Globex")
-        ]
-    )
+
+    def correct(text: str) -> Callable[[], Recorded]:
+        return lambda: user_memory_update(scope=scope, memory_id=memory.public_id, text=text)
+
+    results, errors = run_together([correct("Works at Initech"), correct("Works at Globex")])
     assert len(results) == 1 and len(errors) == 1 and isinstance(errors[0], MemorySuperseded)
     current = UserMemory.objects.filter(tenant=tenant, subject="job", valid_to__isnull=True)
     assert [m.text for m in current] == [results[0].memory.text]
