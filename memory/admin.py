@@ -429,3 +429,45 @@ class SharingPolicyInline(PolicyInline):
 
 
 POLICY_INLINES.append(SharingPolicyInline)
+
+
+# --- user memory ---------------------------------------------------------------------------------
+from memory.models import UserMemory  # noqa: E402
+from memory.services.user_memory.memories import user_memory_delete, user_scope  # noqa: E402
+
+
+@admin.register(UserMemory)
+class UserMemoryAdmin(RecordAdmin):
+    """Read-only: a change is a new version (the API's PATCH), never an edit in place. Deleting
+    goes through the service, so it erases the earlier versions and records its event."""
+
+    list_display = [
+        "public_id", "tenant", "user_id", "subject", "memory_type", "origin", "is_current",
+        "embedding_status", "valid_from", "valid_to",
+    ]  # fmt: skip
+    list_filter = ["tenant", "memory_type", "origin", "embedding_status"]
+    search_fields = ["public_id", "user_id", "subject", "text"]
+    list_select_related = ["tenant"]
+    exclude = ["embedding"]
+    actions = ["erase"]
+
+    @admin.display(boolean=True, description="current")
+    def is_current(self, obj: UserMemory) -> bool:
+        return obj.valid_to is None
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Django's bulk delete would skip the event and leave earlier versions: the `erase` action.
+        return False
+
+    @admin.action(description="Erase the selected memories and their earlier versions")
+    def erase(self, request: HttpRequest, queryset: QuerySet[UserMemory]) -> None:
+        erased = 0
+        for memory in queryset.select_related("tenant").order_by("-valid_from"):
+            if not UserMemory.objects.filter(pk=memory.pk).exists():  # went with a later one
+                continue
+            scope = user_scope(tenant=memory.tenant, user_id=memory.user_id)
+            erased += len(user_memory_delete(scope=scope, memory_id=memory.public_id))
+        self.message_user(request, f"Erased {erased} memories.")

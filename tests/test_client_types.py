@@ -49,6 +49,12 @@ OPERATIONS: list[tuple[str, tuple[Any, ...], dict[str, Any], Any]] = [
     ("checkpoints_list", ("bot",), {}, ctx.CheckpointPage),
     ("users_forget", ("u1",), {}, ctx.ForgetReceiptOut),
     ("message_redact", ("S1", 3), {}, ctx.RedactReceiptOut),
+    ("user_memories_list", ("u1",), {}, ctx.UserMemoryPage),
+    ("user_memory_get", ("u1", "M1"), {}, ctx.UserMemoryOut),
+    ("user_memory_create", ("u1", "home", "Lisbon"), {}, ctx.UserMemoryWrittenOut),
+    ("user_memory_update", ("u1", "M1"), {"text": "Porto"}, ctx.UserMemoryWrittenOut),
+    ("user_memory_delete", ("u1", "M1"), {}, ctx.UserMemoryDeletedOut),
+    ("user_memory_history", ("u1", "M1"), {}, ctx.UserMemoryHistoryOut),
 ]
 
 

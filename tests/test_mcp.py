@@ -34,6 +34,9 @@ TOOLS = {
     "experience_record",
     "recovered_state",
     "decay_report",
+    "memory_list",
+    "memory_update",
+    "memory_forget",
 }
 
 
@@ -120,8 +123,9 @@ def _assert_conversation(seen: dict[str, Any], tenant: Tenant) -> None:
     for tool in seen["tools"].values():
         assert tool.description and len(tool.description) > 40
         assert tool.input_schema["type"] == "object"
-    assert seen["tools"]["remember"].input_schema["required"] == ["session", "content"]
-    assert set(seen["tools"]["remember"].input_schema["properties"]["kind"]["enum"]) == {"message", "fact"}
+    assert seen["tools"]["remember"].input_schema["required"] == ["content"]
+    kinds = set(seen["tools"]["remember"].input_schema["properties"]["kind"]["enum"])
+    assert kinds == {"message", "fact", "user_memory"}
     session = Session.objects.get(tenant=tenant, public_id=seen["session"]["id"])
     assert session.agent.external_id == "mcp-bot"
     assert seen["message"]["seq"] == 1
@@ -200,7 +204,7 @@ def test_a_read_only_key_is_shown_and_allowed_only_the_read_tools(
             return listed, await client.call_tool("session_start", {"agent": "reader"})
 
     listed, result = asyncio.run(go())
-    assert listed == {"memory_search", "recovered_state", "decay_report"}
+    assert listed == {"memory_search", "recovered_state", "decay_report", "memory_list"}
     assert result.is_error and result.content[0].text.startswith("forbidden: ")
     assert "'write' scope" in result.content[0].text
     assert not Session.objects.exists()
@@ -368,6 +372,7 @@ def _rest_fields() -> dict[tuple[str, str], Any]:
     from memory.api.experiences import ExperienceListApi
     from memory.api.memory import MemorySearchApi, ScopeSerializer
     from memory.api.sessions import SessionListCreateApi
+    from memory.api.users import UserMemoryDetailApi, UserMemoryListApi
 
     def fields(serializer: Any, names: dict[str, str]) -> dict[str, Any]:
         declared = serializer().fields
@@ -387,7 +392,12 @@ def _rest_fields() -> dict[tuple[str, str], Any]:
             ExperienceListApi.InputSerializer, same("problem", "solution", "cause", "confidence", "user_id")
         ),
         "decay_report": fields(FactsApi.ListQuerySerializer, same("cursor", "limit")),
-        "remember": fields(FactsApi.InputSerializer, {"key": "key"}),
+        "remember": {
+            **fields(FactsApi.InputSerializer, {"key": "key"}),
+            **fields(UserMemoryListApi.InputSerializer, {"subject": "subject"}),
+        },
+        "memory_list": fields(UserMemoryListApi.FilterSerializer, same("limit")),
+        "memory_update": fields(UserMemoryDetailApi.PatchSerializer, same("text", "confidence")),
     }
     return {(tool, parameter): field for tool, named in by_tool.items() for parameter, field in named.items()}
 
@@ -420,8 +430,8 @@ def test_every_tool_is_described_bounded_and_annotated(
         assert bounds == rest, (name, parameter)
     assert tools["memory_search"].input_schema["properties"]["limit"]["maximum"] == 100
     read_only = {name for name, tool in tools.items() if tool.annotations.read_only_hint}
-    assert read_only == {"memory_search", "recovered_state", "decay_report"}
-    assert not any(tool.annotations.destructive_hint for tool in tools.values())
+    assert read_only == {"memory_search", "recovered_state", "decay_report", "memory_list"}
+    assert {name for name, tool in tools.items() if tool.annotations.destructive_hint} == {"memory_forget"}
 
 
 # Each bad call, and the REST request with the same body, which must be refused the same way.

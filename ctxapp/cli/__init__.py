@@ -10,6 +10,7 @@ ctxapp web | worker | beat
 ctxapp demo      a simulated agent that drives every dashboard panel
 ctxapp mcp       the MCP server over stdio (CTXAPP_URL, CTXAPP_API_KEY) for MCP clients
 ctxapp ctx …     context operations from the command line (decay, compress, enhance, …)
+ctxapp users …   what is known about each user: memories, their history, forget one
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import warnings
 
 from ctxapp.cli import ctx as ctx_cli
+from ctxapp.cli import users as users_cli
 from ctxapp.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, CliError, Interrupted, anchor_data_dir, command_name
 from ctxapp.cli.config import cmd_config, settings_markdown
 from ctxapp.cli.manage import cmd_manage
@@ -92,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctx_cli.add_target_arguments(mcp)
     mcp.set_defaults(func=cmd_mcp)
     ctx_cli.add_parser(sub)
+    users_cli.add_parser(sub)
     return parser
 
 

@@ -382,29 +382,36 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run one `ctxapp ctx` command; errors the user can fix are printed without a traceback."""
+    return run_with(args, COMMANDS[args.ctx_command], "ctxapp ctx")
+
+
+def run_with(
+    args: argparse.Namespace, command: Callable[[Any, argparse.Namespace], Result], name: str
+) -> int:
+    """Run `command` with a client for the target of `args` (also `ctxapp users`, ctxapp/cli/users.py);
+    errors the user can fix are printed as `<name>: …` without a traceback."""
     from ctxapp import client as api  # lazy: startup-cost
 
     try:
         url, key = target(args)
         with api.Client(url, key, retries=0) as client:
-            document, renderables = COMMANDS[args.ctx_command](client, args)
+            document, renderables = command(client, args)
     except CtxError as exc:
-        print(f"ctxapp ctx: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
         return 2
     except api.NetworkError as exc:
-        print(f"ctxapp ctx: cannot reach ctxapp at {url}: {exc}. Is `ctxapp up` running?", file=sys.stderr)
+        print(f"{name}: cannot reach ctxapp at {url}: {exc}. Is `ctxapp up` running?", file=sys.stderr)
         return 3
     except api.Unauthorized:
         print(
-            f"ctxapp ctx: the server at {url} refused the API key (revoked, expired or wrong).",
-            file=sys.stderr,
+            f"{name}: the server at {url} refused the API key (revoked, expired or wrong).", file=sys.stderr
         )
         return 2
     except api.NotFound as exc:
-        print(f"ctxapp ctx: not found: {exc}", file=sys.stderr)
+        print(f"{name}: not found: {exc}", file=sys.stderr)
         return 4
     except api.CtxappError as exc:
-        print(f"ctxapp ctx: {exc.code}: {exc}", file=sys.stderr)
+        print(f"{name}: {exc.code}: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(document, default=str))

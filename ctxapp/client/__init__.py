@@ -13,7 +13,8 @@ chosen by the API's error `code` (`NotFound`, `SessionEnded`, …), all subclass
 `CtxappError` with `.code`, `.status`, `.message` and `.details`.
 
 Layout: each operation is written once, as a request builder (`_conversation.py`,
-`_knowledge.py`) over the sans-IO core (`_core.py`: requests, retries, answers); `sync.py` and
+`_knowledge.py`,
+`_users.py`) over the sans-IO core (`_core.py`: requests, retries, answers); `sync.py` and
 `asyncio.py` are the two transports; `errors.py` the exceptions; `types.py` the answers' shapes.
 
 This package must stay importable without Django: it imports nothing from ctxapp's server side.
@@ -81,6 +82,12 @@ from ctxapp.client.types import (
     RedactReceiptOut,
     SessionOut,
     TaskOut,
+    UserMemoryDeletedOut,
+    UserMemoryHistoryOut,
+    UserMemoryOut,
+    UserMemoryPage,
+    UserMemorySource,
+    UserMemoryWrittenOut,
 )
 
 __all__ = [
@@ -137,6 +144,12 @@ __all__ = [
     "TaskFinished",
     "TaskOut",
     "Unauthorized",
+    "UserMemoryDeletedOut",
+    "UserMemoryHistoryOut",
+    "UserMemoryOut",
+    "UserMemoryPage",
+    "UserMemorySource",
+    "UserMemoryWrittenOut",
     "ValidationFailed",
     "error_from_response",
 ]

@@ -107,6 +107,8 @@ ERROR_CODES: dict[str, type[CtxappError]] = {
     "invalid_state": ValidationFailed,
     "schema_version_unsupported": ValidationFailed,
     "version_conflict": Conflict,
+    # user memory
+    "memory_superseded": Conflict,
     "agent_mismatch": Forbidden,
     "checkpoint_corrupt": ServerError,
 }

@@ -272,3 +272,49 @@ class RedactReceiptOut(TypedDict):
     session: str
     seq: int
     counts: dict[str, int]  # what changed per kind
+
+
+class UserMemorySource(TypedDict):
+    session: str
+    seq: int
+
+
+class UserMemoryOut(TypedDict):
+    """One memory about a user; `current` until a new value of its `subject` supersedes it."""
+
+    id: str
+    user_id: str
+    subject: str
+    type: str
+    text: str
+    sources: list[UserMemorySource]
+    confidence: float
+    origin: str
+    agent: str
+    current: bool
+    valid_from: str
+    valid_to: str | None
+    superseded_by: str | None
+    embedding_status: str
+    created_at: str
+    updated_at: str
+
+
+class UserMemoryWrittenOut(UserMemoryOut):
+    outcome: str  # created | superseded | unchanged
+    supersedes: str | None
+
+
+class UserMemoryPage(TypedDict):
+    items: list[UserMemoryOut]
+    next: str | None
+    next_cursor: str | None  # deprecated alias of next
+
+
+class UserMemoryHistoryOut(TypedDict):
+    items: list[UserMemoryOut]
+
+
+class UserMemoryDeletedOut(TypedDict):
+    deleted: list[str]
+    count: int

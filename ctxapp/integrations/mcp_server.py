@@ -36,7 +36,8 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework.request import Request
 
 from ctxapp.api_errors import error_body, exception_handler, handler404, too_large_response
-from ctxapp.integrations.mcp_tools import Call, build_server, current_backend, tool_error
+from ctxapp.integrations.mcp_schema import Call, tool_error
+from ctxapp.integrations.mcp_tools import build_server, current_backend
 from memory.api import throttles
 from memory.api.auth import ApiKeyAuthentication
 from memory.models import ApiKey

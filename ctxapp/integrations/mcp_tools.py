@@ -11,7 +11,8 @@ A tool only turns its arguments into one REST request (method, path, body or que
 view's input serializer validates them, so a tool accepts exactly what the API accepts and
 refuses the rest with the API's own `code: message`, over both transports alike. The arguments
 are therefore not validated by the SDK (pydantic): the schemas listed to the client describe them
-(types, bounds, descriptions) and the API enforces them. This module needs no Django.
+(types, bounds, descriptions) and the API enforces them. This module needs no Django. What a tool
+is made of: mcp_schema.py; the user memory tools: mcp_user_memory.py.
 """
 
 from __future__ import annotations
@@ -22,43 +23,45 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Protocol
-from urllib.parse import quote
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
+from mcp.types import CallToolResult, TextContent, Tool
 
 from ctxapp.client import Client, CtxappError
 from ctxapp.client._core import Request, operation
+from ctxapp.integrations.mcp_schema import (
+    FACTS_MAX_LIMIT,
+    NAME_MAX_LENGTH,
+    QUERY_MAX_LENGTH,
+    SEARCH_MAX_LIMIT,
+    SEARCH_MAX_NEIGHBOURS,
+    Call,
+    ToolSpec,
+    given,
+    integer_arg,
+    required_string,
+    segment,
+    string_arg,
+    tool_error,
+)
+from ctxapp.integrations.mcp_user_memory import (
+    MEMORY_TYPES,
+    USER_ARG,
+    USER_MEMORY_TOOLS,
+    user_memory_remember,
+)
 
 INSTRUCTIONS = (
     "ctxapp is the agent's memory. Start a session with session_start, store each turn with remember, "
     "ask context_build for the next prompt, search earlier turns, summaries, facts and experiences (this "
-    "and earlier sessions) with memory_search, record what "
+    "and earlier sessions) with memory_search, keep what you learn about the user with remember "
+    '(kind="user_memory") and read or correct it with memory_list and memory_update, record what '
     "worked with experience_record, and end the session with session_end. After a crash, "
     "recovered_state returns everything needed to resume."
 )
-
-# The bounds of the REST input serializers (tests/test_mcp.py holds them equal).
-SEARCH_MAX_LIMIT = 100
-SEARCH_MAX_NEIGHBOURS = 5
-QUERY_MAX_LENGTH = 4000
-FACTS_MAX_LIMIT = 1000
-NAME_MAX_LENGTH = 200
-
-
-@dataclass(frozen=True)
-class Call:
-    """One REST request under /api/v1: what a tool call becomes."""
-
-    method: str
-    path: str
-    body: dict[str, Any] | None = None
-    params: dict[str, Any] | None = None
 
 
 class Backend(Protocol):
@@ -81,111 +84,28 @@ def fact_key(fact_type: str, content: str) -> str:
     return f"{fact_type}:{'-'.join(words) or 'fact'}-{digest}"[:200]
 
 
-def tool_error(code: str, message: str) -> ToolError:
-    return ToolError(f"{code}: {message}")
-
-
-# --- the tools: JSON schema, annotations, and the REST request each call becomes ---------------
-
-
-def _string(
-    description: str, *, max_length: int | None = None, enum: Sequence[str] = (), default: str | None = None
-) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string", "description": description}
-    if default is not None:
-        schema["default"] = default
-    if max_length is not None:
-        schema["maxLength"] = max_length
-    if enum:
-        schema["enum"] = list(enum)
-    return schema
-
-
-def _integer(description: str, *, minimum: int, maximum: int, default: int | None = None) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "integer", "description": description, "minimum": minimum}
-    schema["maximum"] = maximum
-    if default is not None:
-        schema["default"] = default
-    return schema
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    name: str
-    description: str
-    properties: dict[str, dict[str, Any]]
-    request: Callable[[dict[str, Any]], Call]
-    scope: str  # the API key scope its REST route needs: `read` tools change nothing
-    path_arguments: tuple[str, ...] = ()  # parts of the route's URL (required)
-    required: tuple[str, ...] = ()  # required body fields
-    idempotent: bool = True  # the same call again changes nothing more
-
-    @property
-    def annotations(self) -> ToolAnnotations:
-        return ToolAnnotations(
-            read_only_hint=self.scope == "read",
-            destructive_hint=False,  # no tool deletes or overwrites: sessions end, facts update by key
-            idempotent_hint=self.idempotent,
-            open_world_hint=False,
-        )
-
-    def listed(self) -> Tool:
-        schema: dict[str, Any] = {"type": "object", "properties": self.properties}
-        schema |= {"required": [*self.path_arguments, *self.required], "additionalProperties": False}
-        return Tool(
-            name=self.name,
-            description=self.description,
-            input_schema=schema,
-            output_schema={"type": "object"},
-            annotations=self.annotations,
-        )
-
-    def call(self, arguments: dict[str, Any]) -> Call:
-        """The REST request for these arguments; only the URL's own parts are checked here."""
-        unknown = sorted(set(arguments) - set(self.properties))
-        if unknown:
-            raise tool_error(
-                "validation_error",
-                f"{unknown[0]}: Unknown field. Known: {', '.join(sorted(self.properties))}.",
-            )
-        for name in self.path_arguments:
-            value = arguments.get(name)
-            if value is None:
-                raise tool_error("validation_error", f"{name}: This field is required.")
-            if not isinstance(value, str) or not value:
-                raise tool_error("validation_error", f"{name}: Must be a non-empty string.")
-        return self.request(arguments)
-
-
-def _given(
-    arguments: dict[str, Any], names: Sequence[str], rename: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """The body fields among `arguments` (as given: the REST serializer judges them)."""
-    rename = rename or {}
-    return {rename.get(name, name): arguments[name] for name in names if name in arguments}
-
-
-def _segment(value: str) -> str:
-    return quote(value, safe="")
-
-
 def _search(arguments: dict[str, Any]) -> Call:
-    body = _given(arguments, ("query", "kinds", "limit", "neighbours"))
-    scope = _given(arguments, ("agent", "user_id", "session", "sessions"))
+    body = given(arguments, ("query", "kinds", "limit", "neighbours"))
+    scope = given(arguments, ("agent", "user_id", "session", "sessions"))
     if scope:
         body["scope"] = scope
     return Call("POST", "/memory/search", body=body)
 
 
 def _remember(arguments: dict[str, Any]) -> Call:
-    session = _segment(arguments["session"])
     kind = arguments.get("kind", "message")
+    if kind == "user_memory":
+        return user_memory_remember(arguments)
+    session = segment(required_string(arguments, "session"))
     if kind == "message":
-        body = {"role": "user", **_given(arguments, ("role", "content"))}
+        body = {"role": "user", **given(arguments, ("role", "content"))}
         return Call("POST", f"/sessions/{session}/messages", body=body)
     if kind != "fact":
         raise tool_error("validation_error", f'kind: "{kind}" is not a valid choice.')
-    body = _given(arguments, ("key", "content", "fact_type"), {"fact_type": "type"})
+    for name in ("user_id", "subject", "memory_type"):
+        if name in arguments:
+            raise tool_error("validation_error", f"{name}: Only with kind=user_memory.")
+    body = given(arguments, ("key", "content", "fact_type"), {"fact_type": "type"})
     body.setdefault("type", "constraint")
     if "key" not in body and isinstance(body.get("content"), str) and isinstance(body["type"], str):
         body["key"] = fact_key(body["type"], body["content"])
@@ -193,12 +113,12 @@ def _remember(arguments: dict[str, Any]) -> Call:
 
 
 def _decay_report(arguments: dict[str, Any]) -> Call:
-    params = {"decayed": "true", **_given(arguments, ("cursor", "limit"))}
-    return Call("GET", f"/sessions/{_segment(arguments['session'])}/facts", params=params)
+    params = {"decayed": "true", **given(arguments, ("cursor", "limit"))}
+    return Call("GET", f"/sessions/{segment(arguments['session'])}/facts", params=params)
 
 
-SESSION_ARG = _string("The session id (`sess_…`) from session_start.")
-AGENT_ARG = _string("The agent's external id (your name for it).")
+SESSION_ARG = string_arg("The session id (`sess_…`) from session_start.")
+AGENT_ARG = string_arg("The agent's external id (your name for it).")
 
 ID_ARGUMENTS = {"session": SESSION_ARG, "agent": AGENT_ARG}
 
@@ -211,7 +131,7 @@ def _by_id(name: str, description: str, route: tuple[str, str, str], *, scope: s
         description=description,
         properties={argument: ID_ARGUMENTS[argument]},
         scope=scope,
-        request=lambda a: Call(method, template.format(_segment(a[argument]))),
+        request=lambda a: Call(method, template.format(segment(a[argument]))),
         path_arguments=(argument,),
     )
 
@@ -229,23 +149,25 @@ TOOLS: tuple[ToolSpec, ...] = (
             "signal's contribution."
         ),
         properties={
-            "query": _string("What to look for (non-empty).", max_length=QUERY_MAX_LENGTH),
-            "session": _string("Search around this session (see `sessions`)."),
-            "sessions": _string(
+            "query": string_arg("What to look for (non-empty).", max_length=QUERY_MAX_LENGTH),
+            "session": string_arg("Search around this session (see `sessions`)."),
+            "sessions": string_arg(
                 "`all`: every session of the session's user (or agent); `current`: only `session`.",
                 enum=("all", "current"),
                 default="all",
             ),
-            "agent": _string("Only this agent's sessions."),
-            "user_id": _string("Only this user's sessions."),
+            "agent": string_arg("Only this agent's sessions."),
+            "user_id": string_arg("Only this user's sessions."),
             "kinds": {
                 "type": "array",
                 "items": {"type": "string", "enum": ["message", "summary", "fact", "experience"]},
                 "minItems": 1,
                 "description": "Which kinds of memory to search (default: all four).",
             },
-            "limit": _integer("How many results at most.", minimum=1, maximum=SEARCH_MAX_LIMIT, default=10),
-            "neighbours": _integer(
+            "limit": integer_arg(
+                "How many results at most.", minimum=1, maximum=SEARCH_MAX_LIMIT, default=10
+            ),
+            "neighbours": integer_arg(
                 "Turns to include either side of each message hit.",
                 minimum=0,
                 maximum=SEARCH_MAX_NEIGHBOURS,
@@ -259,37 +181,47 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         name="remember",
         description=(
-            'Store something in a session: a conversation turn (kind="message", with its role), or a '
-            'fact to keep in view (kind="fact", with its fact_type; the optional key identifies it, so '
-            "registering the same key again updates it). Returns the stored message (with its seq) or "
-            "the tracked fact."
+            'Store something: a conversation turn of a session (kind="message", with its role), a fact '
+            'to keep in view in that session (kind="fact", with its fact_type; the optional key '
+            "identifies it, so registering the same key again updates it), or a durable memory about "
+            'the user that outlives sessions (kind="user_memory", with user_id and subject: a new '
+            "value for the same subject supersedes the old one, see memory_list). Returns the stored "
+            "message (with its seq), the tracked fact, or the user memory."
         ),
         properties={
-            "session": SESSION_ARG,
-            "content": _string("The message text, or the fact's text."),
-            "kind": _string(
-                "`message`: a conversation turn; `fact`: a fact to keep in view.",
-                enum=("message", "fact"),
+            "session": string_arg("The session id (`sess_…`) from session_start; not for kind=user_memory."),
+            "content": string_arg("The message text, the fact's text, or the memory about the user."),
+            "kind": string_arg(
+                "`message`: a conversation turn; `fact`: a fact to keep in view in the session; "
+                "`user_memory`: a memory about the user across sessions.",
+                enum=("message", "fact", "user_memory"),
                 default="message",
             ),
-            "role": _string(
+            "role": string_arg(
                 "Who said it (kind=message).", enum=("user", "assistant", "system", "tool"), default="user"
             ),
-            "fact_type": _string(
+            "fact_type": string_arg(
                 "The fact's type (kind=fact), lowercase: constraint, decision, goal, preference, …",
                 max_length=64,
                 default="constraint",
             ),
-            "key": _string(
+            "key": string_arg(
                 "The fact's key (kind=fact); default: derived from its type and text.",
                 max_length=NAME_MAX_LENGTH,
+            ),
+            "user_id": USER_ARG | {"description": "The user the memory is about (kind=user_memory)."},
+            "subject": string_arg(
+                "What the memory is about, e.g. `home.city` (kind=user_memory); a new value replaces it.",
+                max_length=NAME_MAX_LENGTH,
+            ),
+            "memory_type": string_arg(
+                "The user memory's type (kind=user_memory).", enum=MEMORY_TYPES, default="fact"
             ),
         },
         required=("content",),
         scope="write",
         idempotent=False,
         request=_remember,
-        path_arguments=("session",),
     ),
     ToolSpec(
         name="context_build",
@@ -300,13 +232,13 @@ TOOLS: tuple[ToolSpec, ...] = (
         ),
         properties={
             "session": SESSION_ARG,
-            "input": _string("The upcoming user message (what the prompt is for)."),
-            "model": _string("The model the prompt is for (its budget); default: the session's model."),
+            "input": string_arg("The upcoming user message (what the prompt is for)."),
+            "model": string_arg("The model the prompt is for (its budget); default: the session's model."),
         },
         scope="write",
         idempotent=False,
         request=lambda a: Call(
-            "POST", f"/sessions/{_segment(a['session'])}/context", body=_given(a, ("input", "model"))
+            "POST", f"/sessions/{segment(a['session'])}/context", body=given(a, ("input", "model"))
         ),
         path_arguments=("session",),
     ),
@@ -320,9 +252,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         ),
         properties={
             "agent": AGENT_ARG | {"maxLength": NAME_MAX_LENGTH},
-            "user_id": _string("The user the session is with.", max_length=NAME_MAX_LENGTH),
-            "model": _string("The model the agent uses (its token budget).", max_length=NAME_MAX_LENGTH),
-            "key": _string(
+            "user_id": string_arg("The user the session is with.", max_length=NAME_MAX_LENGTH),
+            "model": string_arg("The model the agent uses (its token budget).", max_length=NAME_MAX_LENGTH),
+            "key": string_arg(
                 "Your own id for this conversation, unique per agent: the same key returns the same session.",
                 max_length=NAME_MAX_LENGTH,
             ),
@@ -330,7 +262,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         required=("agent",),
         scope="write",
         idempotent=False,
-        request=lambda a: Call("POST", "/sessions", body=_given(a, ("agent", "user_id", "model", "key"))),
+        request=lambda a: Call("POST", "/sessions", body=given(a, ("agent", "user_id", "model", "key"))),
     ),
     _by_id(
         "session_end",
@@ -345,9 +277,9 @@ TOOLS: tuple[ToolSpec, ...] = (
             "exact duplicate merges into the existing experience (`outcome`)."
         ),
         properties={
-            "problem": _string("What went wrong or was asked (non-empty).", max_length=10_000),
-            "solution": _string("What worked.", max_length=20_000),
-            "cause": _string("Why it happened.", max_length=10_000),
+            "problem": string_arg("What went wrong or was asked (non-empty).", max_length=10_000),
+            "solution": string_arg("What worked.", max_length=20_000),
+            "cause": string_arg("Why it happened.", max_length=10_000),
             "confidence": {
                 "type": "number",
                 "minimum": 0,
@@ -355,12 +287,12 @@ TOOLS: tuple[ToolSpec, ...] = (
                 "default": 0.5,
                 "description": "How sure you are that the solution works, 0 to 1.",
             },
-            "user_id": _string("The user it is about (default: every user).", max_length=NAME_MAX_LENGTH),
+            "user_id": string_arg("The user it is about (default: every user).", max_length=NAME_MAX_LENGTH),
         },
         required=("problem",),
         scope="write",
         request=lambda a: Call(
-            "POST", "/experiences", body=_given(a, ("problem", "solution", "cause", "confidence", "user_id"))
+            "POST", "/experiences", body=given(a, ("problem", "solution", "cause", "confidence", "user_id"))
         ),
     ),
     _by_id(
@@ -379,13 +311,14 @@ TOOLS: tuple[ToolSpec, ...] = (
         ),
         properties={
             "session": SESSION_ARG,
-            "cursor": _string("The `next_cursor` of the previous page."),
-            "limit": _integer("Facts per page (default 100).", minimum=1, maximum=FACTS_MAX_LIMIT),
+            "cursor": string_arg("The `next_cursor` of the previous page."),
+            "limit": integer_arg("Facts per page (default 100).", minimum=1, maximum=FACTS_MAX_LIMIT),
         },
         scope="read",
         request=_decay_report,
         path_arguments=("session",),
     ),
+    *USER_MEMORY_TOOLS,
 )
 
 

@@ -42,6 +42,7 @@ TAG_RULES: tuple[tuple[str, str], ...] = (
     ("/usage", "Context"),
     ("/tokens", "Context"),
     ("/models", "Context"),
+    ("/users/", "User memory"),
     ("/memory", "Memory search"),
     ("/experiences", "Experiences"),
     ("/events", "Flight recorder"),
@@ -60,6 +61,8 @@ TAG_DESCRIPTIONS = {
     "addressed by its id, or by its agent and the application's key (`by-key`).",
     "Context": "The next prompt within the model's budget: builds, usage reports, policy, summaries.",
     "Memory search": "Search every kind of memory: messages, summaries, facts, experiences.",
+    "User memory": "What is known about each user (the `user_id` of its sessions): facts, "
+    "preferences, decisions, plans; a new value supersedes the old, `as_of` shows any past moment.",
     "Experiences": "Long-term memory: what worked, preferences, configuration, constraints.",
     "Fact decay": "Facts a session must not forget, and how far each is from being lost.",
     "Digests": "A session's structured digest, for the same user's next session.",

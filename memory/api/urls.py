@@ -15,4 +15,5 @@ urlpatterns = [
     path("", include("memory.api.memory")),
     path("", include("memory.api.store")),
     path("", include("memory.api.forget")),
+    path("", include("memory.api.users")),
 ]

@@ -20,9 +20,10 @@ pending experiences from every pending embedding intent), `task.distill` (full d
 finished tasks: a run takes up to distillation.DISTILL_BATCH waiting ones and writes them at
 once, a task that fails alone in a savepoint of its own), `session.summarise`, `session.digest`
 (the session digest), `user_memory.extract` (memories about the user from a session's new turns,
-coalesced per session). Each records its outcome on the intent row: `done` with a result, or
-`failed` with the reason (a run of several may fail one intent alone, `job_intent_fail`); the
-dashboard's jobs page lists them.
+coalesced per session), `user_memory.embed` (a tenant's pending user memories, coalesced per
+tenant). Each records its outcome on the intent row: `done` with a result, or `failed` with the
+reason (a run of several may fail one intent alone, `job_intent_fail`); the dashboard's jobs page
+lists them.
 
 This module is the facade services use to enqueue, and it imports no service and no task: what
 each kind runs is registered (HANDLERS, `job_kind_register`) by memory/tasks/jobs.py, the
@@ -82,7 +83,8 @@ DISTILL = "task.distill"
 SUMMARISE = "session.summarise"
 DIGEST = "session.digest"
 USER_MEMORY_EXTRACT = "user_memory.extract"  # memory/services/user_memory/extraction.py
-KINDS = frozenset({EMBED, DISTILL, SUMMARISE, DIGEST, USER_MEMORY_EXTRACT})
+USER_MEMORY_EMBED = "user_memory.embed"  # memory/services/user_memory/embed.py
+KINDS = frozenset({EMBED, DISTILL, SUMMARISE, DIGEST, USER_MEMORY_EXTRACT, USER_MEMORY_EMBED})
 
 JOB_RUN_TASK = "memory.jobs.run"  # memory/tasks/jobs.py `job_run_task`
 

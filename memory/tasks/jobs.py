@@ -24,6 +24,7 @@ from memory.services.experiences import experiences_embed, experiences_mark_fail
 from memory.services.rolling_summary import session_summarise
 from memory.services.session_digest import session_digest_update
 from memory.services.user_memory import extraction
+from memory.services.user_memory.embed import user_memories_embed, user_memories_mark_failed
 
 
 @shared_task(acks_late=True, name=jobs.JOB_RUN_TASK)
@@ -114,6 +115,16 @@ def _extract_run(intents: list[JobIntent]) -> dict[str, Any]:
     return extraction.extraction_payload(extraction.session_memories_extract(session=session))
 
 
+def _user_memory_embed_run(intents: list[JobIntent]) -> dict[str, Any]:
+    tenants = sorted({i.tenant_id for i in intents if i.tenant_id is not None})
+    return {"embedded": sum(user_memories_embed(tenant_id=t) for t in tenants)}
+
+
+def _user_memory_embed_failed(intents: list[JobIntent], reason: str) -> None:
+    for tenant_id in {i.tenant_id for i in intents if i.tenant_id is not None}:
+        user_memories_mark_failed(tenant_id=tenant_id, reason=reason)
+
+
 def _register_kinds() -> None:
     jobs.job_kind_register(
         jobs.EMBED,
@@ -130,6 +141,16 @@ def _register_kinds() -> None:
     jobs.job_kind_register(jobs.SUMMARISE, jobs.JobKind(run=_summarise_run))
     jobs.job_kind_register(jobs.DIGEST, jobs.JobKind(run=_digest_run))
     jobs.job_kind_register(jobs.USER_MEMORY_EXTRACT, jobs.JobKind(run=_extract_run))
+    jobs.job_kind_register(
+        jobs.USER_MEMORY_EMBED,
+        jobs.JobKind(
+            run=_user_memory_embed_run,
+            transient=(EmbedderUnavailable, OperationalError),
+            max_attempts=jobs.embed_max_attempts,
+            backoff=jobs.embed_backoff,
+            on_failure=_user_memory_embed_failed,
+        ),
+    )
 
 
 _register_kinds()

@@ -21,6 +21,7 @@ from django.utils import timezone
 from memory.exceptions import Conflict, InvalidInput
 from memory.models import Tenant, UserMemory, UserMemoryOrigin, UserMemoryType
 from memory.services import recorder
+from memory.services.user_memory.embed import embedding_enqueue
 
 MAX_TEXT_CHARS = 4000
 MAX_SUBJECT_CHARS = 200
@@ -42,7 +43,7 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(normalized(text).encode()).hexdigest()
 
 
-def _validate(*, user_id: str, subject: str, text: str, memory_type: str, confidence: float) -> None:
+def validate(*, user_id: str, subject: str, text: str, memory_type: str, confidence: float) -> None:
     errors: dict[str, list[str]] = {}
     if not user_id.strip():
         errors["user_id"] = ["A user memory needs a user id."]
@@ -92,9 +93,12 @@ def memory_record(
     agent: str = "",
     at: datetime | None = None,
 ) -> Recorded:
-    """Record the current value of `subject` for the user (see the module doc). Atomic."""
+    """Record the current value of `subject` for the user (see the module doc). Atomic.
+
+    A new version queues its embedding (memory.services.user_memory.embed) in the same transaction.
+    """
     subject = subject.strip()
-    _validate(user_id=user_id, subject=subject, text=text, memory_type=memory_type, confidence=confidence)
+    validate(user_id=user_id, subject=subject, text=text, memory_type=memory_type, confidence=confidence)
     at = at or timezone.now()
     sources = list(sources or [])
     with transaction.atomic():
@@ -117,38 +121,71 @@ def memory_record(
                 f"Subject {subject!r} already has a value from {current.valid_from.isoformat()}.",
                 details={"memory": current.public_id},
             )
-        memory = UserMemory(
+        memory = version_write(
             tenant=tenant,
+            current=current,
             user_id=user_id,
             subject=subject,
+            text=text,
             memory_type=memory_type,
-            text=text.strip(),
             sources=sources,
             confidence=confidence,
             origin=origin,
             agent=agent,
-            valid_from=at,
-            text_hash=text_hash(text),
+            at=at,
         )
-        if current is not None:
-            current.valid_to = at
-            current.updated_at = timezone.now()
-            current.save(update_fields=["valid_to", "updated_at"])
-        memory.save()
-        entries: list[tuple[str, dict[str, Any]]] = [
-            ("user_memory.recorded", {"memory": memory.public_id, "user_id": user_id, "origin": origin})
-        ]
-        if current is not None:
-            current.superseded_by = memory
-            current.save(update_fields=["superseded_by"])
-            entries.append(
-                (
-                    "user_memory.superseded",
-                    {"memory": current.public_id, "superseded_by": memory.public_id, "user_id": user_id},
-                )
-            )
-        recorder.events_append(tenant=tenant, entries=entries)
     return Recorded(memory=memory, outcome="superseded" if current else "created", superseded=current)
+
+
+def version_write(
+    *,
+    tenant: Tenant,
+    current: UserMemory | None,
+    user_id: str,
+    subject: str,
+    text: str,
+    memory_type: str,
+    sources: list[dict[str, Any]],
+    confidence: float,
+    origin: str,
+    agent: str,
+    at: datetime,
+) -> UserMemory:
+    """Write a new version of `subject` (superseding `current`, locked by the caller), its events and
+    its embedding job. Inside the caller's transaction, under its `subject_lock`."""
+    memory = UserMemory(
+        tenant=tenant,
+        user_id=user_id,
+        subject=subject,
+        memory_type=memory_type,
+        text=text.strip(),
+        sources=sources,
+        confidence=confidence,
+        origin=origin,
+        agent=agent,
+        valid_from=at,
+        text_hash=text_hash(text),
+    )
+    if current is not None:
+        current.valid_to = at
+        current.updated_at = timezone.now()
+        current.save(update_fields=["valid_to", "updated_at"])
+    memory.save()
+    entries: list[tuple[str, dict[str, Any]]] = [
+        ("user_memory.recorded", {"memory": memory.public_id, "user_id": user_id, "origin": origin})
+    ]
+    if current is not None:
+        current.superseded_by = memory
+        current.save(update_fields=["superseded_by"])
+        entries.append(
+            (
+                "user_memory.superseded",
+                {"memory": current.public_id, "superseded_by": memory.public_id, "user_id": user_id},
+            )
+        )
+    recorder.events_append(tenant=tenant, entries=entries)
+    embedding_enqueue(tenant=tenant)
+    return memory
 
 
 def memories_of(*, tenant: Tenant, user_id: str, as_of: datetime | None = None) -> QuerySet[UserMemory]:

@@ -55,6 +55,15 @@ AGENT_INDEPENDENT = {
     "user (test_forget.py, test_a_bound_key_forgets_only_its_agents_sessions_of_the_user)",
 }
 
+# A user is not an agent's: a bound key reaches a user of its own agent's sessions only, and every
+# other user answers 404 as an unknown one does (tests/memory/api/test_user_memories.py).
+USER_MEMORY_REASON = (
+    "names only a user; a bound key reaches only users of its agent's sessions (404 otherwise)"
+)
+USER_MEMORY_OPERATIONS = ("list", "create", "retrieve", "partial_update", "destroy")
+AGENT_INDEPENDENT |= {f"v1_users_memories_{op}": USER_MEMORY_REASON for op in USER_MEMORY_OPERATIONS}
+AGENT_INDEPENDENT["v1_users_memories_history_retrieve"] = USER_MEMORY_REASON
+
 # Operations that name a task but act as the calling agent on layers the task's agents share by
 # design: the key's agent is the caller (X-Agent-Id naming another agent is refused instead).
 SHARED_BETWEEN_AGENTS = {

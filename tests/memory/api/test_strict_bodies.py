@@ -35,6 +35,9 @@ def ids(api_a) -> dict[str, str]:
         format="json",
     ).json()
     experience = api_a.post("/api/v1/experiences", {"problem": "p", "solution": "s"}, format="json").json()
+    memory = api_a.post(
+        "/api/v1/users/u1/memories", {"subject": "home", "text": "Lisbon"}, format="json"
+    ).json()
     return {
         "agent": "agent-1",
         "session_id": session["id"],
@@ -43,6 +46,8 @@ def ids(api_a) -> dict[str, str]:
         "fact_id": fact["id"],
         "experience_id": experience["id"],
         "seq": "1",
+        "user_id": "u1",
+        "memory_id": memory["id"],
     }
 
 
