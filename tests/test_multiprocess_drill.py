@@ -223,100 +223,110 @@ def dashboard_cookie(tenant: Tenant) -> str:
     return str(browser.cookies["sessionid"].value)
 
 
-def test_two_web_processes_and_two_workers_serve_one_truth(
-    installation: Installation, embeddings: FakeEmbeddings
+def check_writes_through_both(a: httpx.Client, b: httpx.Client) -> tuple[str, str]:
+    # Writes through both web processes; each reads what the other wrote.
+    session = a.post("/api/v1/sessions", json={"agent": "drill"}).json()["id"]
+    other = b.post("/api/v1/sessions", json={"agent": "drill"}).json()["id"]
+    append(a, session, "We keep the invoices in the blue cabinet.")
+    append(b, session, "The quarterly review moved to Thursday.")
+    append(b, other, "The parrot named Kiwi talks at dawn.")
+    assert [m["content"] for m in a.get(f"/api/v1/sessions/{session}/messages").json()["items"]] == [
+        "We keep the invoices in the blue cabinet.",
+        "The quarterly review moved to Thursday.",
+    ]
+    assert b.get(f"/api/v1/sessions/{other}").status_code == 200
+    assert a.get(f"/api/v1/sessions/{other}").status_code == 200
+    return session, other
+
+
+def check_search_is_fresh_across_processes(a: httpx.Client, b: httpx.Client, session: str) -> None:
+    # B's scope caches warmed (tenant-wide and the one session), then A appends.
+    assert texts_of(hits(b, "cabinet")) == ["We keep the invoices in the blue cabinet."]
+    assert hits(b, "automobile", session=session) == []
+    word = f"w{uuid.uuid4().hex[:8]}"
+    car = f"My car {word} would not start this morning."
+    append(a, session, car)
+    assert car in texts_of(hits(b, word)), "B answered from a stale scope cache (by words)"
+    assert car in texts_of(hits(b, word, session=session))
+    wait_until(
+        lambda: car in texts_of(hits(b, "automobile", session=session)),
+        JOB_DEADLINE,
+        "B to find the message by meaning once embedded",
+    )
+    assert car in texts_of(hits(b, "vehicle"))
+
+
+def check_dashboard_on_b_sees_writes_through_a(
+    a: httpx.Client, installation: Installation, cookie: str, session: str
 ) -> None:
-    tenant = Tenant.objects.create(name="Drill", slug="drill")
-    _, secret = api_key_create(tenant=tenant, name="drill")
-    cookie = dashboard_cookie(tenant)
-    headers = {"Authorization": f"Bearer {secret}"}
-    with (
-        httpx.Client(base_url=installation.base("a"), headers=headers, timeout=30) as a,
-        httpx.Client(base_url=installation.base("b"), headers=headers, timeout=30) as b,
-    ):
-        # Writes through both web processes; each reads what the other wrote.
-        session = a.post("/api/v1/sessions", json={"agent": "drill"}).json()["id"]
-        other = b.post("/api/v1/sessions", json={"agent": "drill"}).json()["id"]
-        append(a, session, "We keep the invoices in the blue cabinet.")
-        append(b, session, "The quarterly review moved to Thursday.")
-        append(b, other, "The parrot named Kiwi talks at dawn.")
-        assert [m["content"] for m in a.get(f"/api/v1/sessions/{session}/messages").json()["items"]] == [
-            "We keep the invoices in the blue cabinet.",
-            "The quarterly review moved to Thursday.",
-        ]
-        assert b.get(f"/api/v1/sessions/{other}").status_code == 200
-        assert a.get(f"/api/v1/sessions/{other}").status_code == 200
+    # A dashboard connected to B gets what is appended through A.
+    with ws_connect(
+        f"ws://127.0.0.1:{installation.ports['b']}/ws/dashboard/?tenant=drill&page=session&session={session}",
+        additional_headers={"Cookie": f"sessionid={cookie}", "Origin": installation.base("b")},
+        open_timeout=10,
+    ) as ws:
+        live = f"live {uuid.uuid4().hex[:8]} from web A"
+        append(a, session, live)
+        deadline = time.monotonic() + 15
+        frames: list[str] = []
+        while not any(live in f for f in frames):
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"the dashboard on B never showed {live!r}: {frames}"
+            with contextlib.suppress(TimeoutError):
+                frames.append(str(ws.recv(timeout=remaining)))
 
-        # B's scope caches warmed (tenant-wide and the one session), then A appends.
-        assert texts_of(hits(b, "cabinet")) == ["We keep the invoices in the blue cabinet."]
-        assert hits(b, "automobile", session=session) == []
-        word = f"w{uuid.uuid4().hex[:8]}"
-        car = f"My car {word} would not start this morning."
-        append(a, session, car)
-        assert car in texts_of(hits(b, word)), "B answered from a stale scope cache (by words)"
-        assert car in texts_of(hits(b, word, session=session))
-        wait_until(
-            lambda: car in texts_of(hits(b, "automobile", session=session)),
-            JOB_DEADLINE,
-            "B to find the message by meaning once embedded",
-        )
-        assert car in texts_of(hits(b, "vehicle"))
 
-        # A dashboard connected to B gets what is appended through A.
-        with ws_connect(
-            f"ws://127.0.0.1:{installation.ports['b']}/ws/dashboard/?tenant=drill&page=session&session={session}",
-            additional_headers={"Cookie": f"sessionid={cookie}", "Origin": installation.base("b")},
-            open_timeout=10,
-        ) as ws:
-            live = f"live {uuid.uuid4().hex[:8]} from web A"
-            append(a, session, live)
-            deadline = time.monotonic() + 15
-            frames: list[str] = []
-            while not any(live in f for f in frames):
-                remaining = deadline - time.monotonic()
-                assert remaining > 0, f"the dashboard on B never showed {live!r}: {frames}"
-                with contextlib.suppress(TimeoutError):
-                    frames.append(str(ws.recv(timeout=remaining)))
+def check_erasure_is_seen_at_once(a: httpx.Client, b: httpx.Client, other: str) -> None:
+    # An erasure through A is seen by B at once.
+    assert texts_of(hits(b, "parrot")) == ["The parrot named Kiwi talks at dawn."]
+    assert a.delete(f"/api/v1/sessions/{other}").status_code == 204
+    assert hits(b, "parrot") == [], "B still finds an erased session's message"
+    assert b.get(f"/api/v1/sessions/{other}").status_code == 404
 
-        # An erasure through A is seen by B at once.
-        assert texts_of(hits(b, "parrot")) == ["The parrot named Kiwi talks at dawn."]
-        assert a.delete(f"/api/v1/sessions/{other}").status_code == 204
-        assert hits(b, "parrot") == [], "B still finds an erased session's message"
-        assert b.get(f"/api/v1/sessions/{other}").status_code == 404
 
-        # A failed embedding, re-embedded by a one-off process, is found by meaning through B.
-        wait_until(lambda: index_status(b)["pending"] == 0, JOB_DEADLINE, "the index to drain")
-        embeddings.refuse = {"zeppelin"}
-        zeppelin = "The zeppelin hangar roof leaks when it rains."
-        append(a, session, zeppelin)
-        wait_until(lambda: index_status(b)["failed"] == 1, JOB_DEADLINE, "the embedding to fail")
-        assert zeppelin not in texts_of(hits(b, "airship", session=session))
-        embeddings.refuse = set()
-        # `ctxapp manage reembed` itself refuses a database without migration records, as the test
-        # database is (created from the models): the same command through django-admin.
-        reembed = subprocess.run(
-            [sys.executable, "-m", "django", "reembed", "--messages", "--failed"],
-            env=installation.env, cwd=installation.work, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert reembed.returncode == 0, reembed.stdout + reembed.stderr
-        assert zeppelin in texts_of(hits(b, "airship", session=session)), "B missed the re-embedding"
-        assert zeppelin in texts_of(hits(a, "dirigible"))
+def check_reembedding_is_seen(
+    a: httpx.Client, b: httpx.Client, installation: Installation, embeddings: FakeEmbeddings, session: str
+) -> None:
+    # A failed embedding, re-embedded by a one-off process, is found by meaning through B.
+    wait_until(lambda: index_status(b)["pending"] == 0, JOB_DEADLINE, "the index to drain")
+    embeddings.refuse = {"zeppelin"}
+    zeppelin = "The zeppelin hangar roof leaks when it rains."
+    append(a, session, zeppelin)
+    wait_until(lambda: index_status(b)["failed"] == 1, JOB_DEADLINE, "the embedding to fail")
+    assert zeppelin not in texts_of(hits(b, "airship", session=session))
+    embeddings.refuse = set()
+    # `ctxapp manage reembed` itself refuses a database without migration records, as the test
+    # database is (created from the models): the same command through django-admin.
+    reembed = subprocess.run(
+        [sys.executable, "-m", "django", "reembed", "--messages", "--failed"],
+        env=installation.env, cwd=installation.work, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert reembed.returncode == 0, reembed.stdout + reembed.stderr
+    assert zeppelin in texts_of(hits(b, "airship", session=session)), "B missed the re-embedding"
+    assert zeppelin in texts_of(hits(a, "dirigible"))
 
-        # Jobs written through both web processes run once across the two workers.
-        tasks, experiences = [], []
-        for n in range(6):
-            client = (a, b)[n % 2]
-            problem = {"problem": f"drill {n} stalls", "solution": f"restart service {n}"}
-            made = client.post("/api/v1/experiences", json=problem)
-            assert made.status_code in (200, 201), made.text
-            experiences.append(made.json()["id"])
-            started = {"session": session, "input": f"fix {n}", "metadata": {"distill": "full"}}
-            task = client.post("/api/v1/tasks", json=started).json()
-            finished = {"status": "succeeded", "output": f"Fixed by pinning {n}."}
-            done = (b, a)[n % 2].patch(f"/api/v1/tasks/{task['id']}", json=finished)
-            assert done.status_code == 200, done.text
-            tasks.append(task["id"])
 
+def submit_jobs_through_both(a: httpx.Client, b: httpx.Client, session: str) -> tuple[list[str], list[str]]:
+    # Jobs written through both web processes run once across the two workers.
+    tasks, experiences = [], []
+    for n in range(6):
+        client = (a, b)[n % 2]
+        problem = {"problem": f"drill {n} stalls", "solution": f"restart service {n}"}
+        made = client.post("/api/v1/experiences", json=problem)
+        assert made.status_code in (200, 201), made.text
+        experiences.append(made.json()["id"])
+        started = {"session": session, "input": f"fix {n}", "metadata": {"distill": "full"}}
+        task = client.post("/api/v1/tasks", json=started).json()
+        finished = {"status": "succeeded", "output": f"Fixed by pinning {n}."}
+        done = (b, a)[n % 2].patch(f"/api/v1/tasks/{task['id']}", json=finished)
+        assert done.status_code == 200, done.text
+        tasks.append(task["id"])
+    return tasks, experiences
+
+
+def check_jobs_ran_once(
+    installation: Installation, tenant: Tenant, tasks: list[str], experiences: list[str]
+) -> None:
     def caught_up() -> bool:
         connection.close()  # a fresh snapshot each poll
         return (
@@ -345,3 +355,23 @@ def test_two_web_processes_and_two_workers_serve_one_truth(
     stats = app.control.inspect(destination=list(installation.workers.values()), timeout=5).stats() or {}
     ran = {node: sum(stats.get(node, {}).get("total", {}).values()) for node in installation.workers.values()}
     assert all(ran.values()), f"a worker ran no job: {ran}"
+
+
+def test_two_web_processes_and_two_workers_serve_one_truth(
+    installation: Installation, embeddings: FakeEmbeddings
+) -> None:
+    tenant = Tenant.objects.create(name="Drill", slug="drill")
+    _, secret = api_key_create(tenant=tenant, name="drill")
+    cookie = dashboard_cookie(tenant)
+    headers = {"Authorization": f"Bearer {secret}"}
+    with (
+        httpx.Client(base_url=installation.base("a"), headers=headers, timeout=30) as a,
+        httpx.Client(base_url=installation.base("b"), headers=headers, timeout=30) as b,
+    ):
+        session, other = check_writes_through_both(a, b)
+        check_search_is_fresh_across_processes(a, b, session)
+        check_dashboard_on_b_sees_writes_through_a(a, installation, cookie, session)
+        check_erasure_is_seen_at_once(a, b, other)
+        check_reembedding_is_seen(a, b, installation, embeddings, session)
+        tasks, experiences = submit_jobs_through_both(a, b, session)
+    check_jobs_ran_once(installation, tenant, tasks, experiences)

@@ -18,7 +18,7 @@ from django.conf import settings
 
 from memory.models import ExtractionMethod, Message, MessageRole, Task, TaskStatus, ValueTier
 from memory.services.chat_endpoint import chat_parsed
-from memory.services.user_memory.extraction import is_small_talk
+from memory.services.user_memory.rules import is_small_talk
 
 logger = logging.getLogger(__name__)
 
