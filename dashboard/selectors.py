@@ -17,7 +17,17 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from dashboard.timeline import shorten
-from memory.models import Agent, Event, Experience, Message, Session, SessionStatus, Tenant, TrackedFact
+from memory.models import (
+    Agent,
+    Event,
+    Experience,
+    Message,
+    Session,
+    SessionStatus,
+    Tenant,
+    TrackedFact,
+    UserMemory,
+)
 from memory.services.recorder import stream_key
 
 MESSAGE_PAGE_SIZE = 50
@@ -223,3 +233,61 @@ def experience_problems(*, tenant: Tenant, experience_ids: list[str]) -> dict[st
         "public_id", "problem"
     )
     return {public_id: shorten(problem, 60) for public_id, problem in rows}
+
+
+# --- user -----------------------------------------------------------------------------------
+
+USER_SESSIONS = 50
+USER_MEMORY_ROWS = 2000  # versions shown on a user page (current values always come first)
+
+
+@dataclass
+class SubjectHistory:
+    """One subject of a user's memories: its current value (None once deleted) and every version,
+    newest first."""
+
+    subject: str
+    current: UserMemory | None
+    versions: list[UserMemory]
+
+    @property
+    def past(self) -> list[UserMemory]:
+        return [v for v in self.versions if v.valid_to is not None]
+
+
+@dataclass
+class UserOverview:
+    user_id: str
+    subjects: list[SubjectHistory]  # subjects with a current value first, then those without
+    sessions: list[Session]
+    session_count: int
+    truncated: bool  # more versions than USER_MEMORY_ROWS
+
+
+def user_overview(*, tenant: Tenant, user_id: str) -> UserOverview | None:
+    """What the tenant holds about one user: memories by subject with their history, and the
+    user's sessions (newest first). None when the tenant has neither memories nor sessions of
+    that user id. Three queries."""
+    rows = list(
+        UserMemory.objects.filter(tenant=tenant, user_id=user_id).order_by(
+            F("valid_to").desc(nulls_first=True), "-valid_from", "-id"
+        )[: USER_MEMORY_ROWS + 1]
+    )
+    truncated = len(rows) > USER_MEMORY_ROWS
+    sessions_qs = (
+        Session.objects.filter(tenant=tenant, user_id=user_id) if user_id else Session.objects.none()
+    )
+    sessions = list(sessions_qs.select_related("agent").order_by("-created_at")[:USER_SESSIONS])
+    if not rows and not sessions:
+        return None
+    by_subject: dict[str, SubjectHistory] = {}
+    for row in rows[:USER_MEMORY_ROWS]:
+        history = by_subject.setdefault(row.subject, SubjectHistory(row.subject, None, []))
+        history.versions.append(row)
+        if row.valid_to is None:
+            history.current = row
+    for history in by_subject.values():
+        history.versions.sort(key=lambda v: (v.valid_from, v.pk), reverse=True)
+    subjects = sorted(by_subject.values(), key=lambda h: (h.current is None, h.subject))
+    count = len(sessions) if len(sessions) < USER_SESSIONS else sessions_qs.count()
+    return UserOverview(user_id, subjects, sessions, count, truncated)
