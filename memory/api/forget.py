@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.urls import path
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 
@@ -86,10 +87,16 @@ class RedactSerializer(BodySerializer):
     )
 
 
+SEQ_PARAM = OpenApiParameter(
+    "seq", OpenApiTypes.INT, OpenApiParameter.PATH, description="The message's seq in its session."
+)
+
+
 class MessageRedactApi(TenantApiView):
     required_scope = ApiKeyScope.WRITE
 
     @extend_schema(
+        parameters=[SEQ_PARAM],
         request=RedactSerializer,
         responses=RedactReceiptSerializer,
         summary="Redact one message everywhere it was copied (write scope)",
@@ -99,13 +106,14 @@ class MessageRedactApi(TenantApiView):
         "builds and stored responses quoting it are tombstoned or deleted; every process's search "
         "caches drop it. Records `message.redacted` (no content). An unknown seq → 404.",
     )
-    def post(self, request: Any, session_id: str, seq: int) -> Response:
+    def post(self, request: Any, session_id: str, seq: str) -> Response:
         data = self.validate(RedactSerializer)
         session = selectors.session_get(tenant=self.tenant, session_id=session_id)
-        if seq > MAX_BIGINT:
+        # A str path parameter, so that the agent-binding check answers before any 404 of the seq.
+        if not (seq.isascii() and seq.isdigit() and int(seq) <= MAX_BIGINT):
             raise NotFound.of("message", f"{session_id}#{seq}")
         receipt = forget.message_redact(
-            tenant=self.tenant, session=session, seq=seq, replacement=data["replacement"]
+            tenant=self.tenant, session=session, seq=int(seq), replacement=data["replacement"]
         )
         return Response({"session": receipt.session, "seq": receipt.seq, "counts": receipt.counts})
 
@@ -113,7 +121,7 @@ class MessageRedactApi(TenantApiView):
 urlpatterns = [
     path("users/<str:user_id>", UserForgetApi.as_view(), name="api-user-forget"),
     path(
-        "sessions/<str:session_id>/messages/<int:seq>/redact",
+        "sessions/<str:session_id>/messages/<str:seq>/redact",
         MessageRedactApi.as_view(),
         name="api-message-redact",
     ),
