@@ -99,6 +99,7 @@ def ids(make_client) -> dict[str, str]:
         "prefix": client.api_key.prefix,  # type: ignore[attr-defined]
         "name": "gpt-4o",
         "key": "conv-1",
+        "user_id": "u1",
         "authorization": f"Bearer {client.secret}",  # type: ignore[attr-defined]
     }
     assert all(values.values()), values

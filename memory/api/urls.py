@@ -14,4 +14,5 @@ urlpatterns = [
     path("", include("memory.api.digest")),
     path("", include("memory.api.memory")),
     path("", include("memory.api.store")),
+    path("", include("memory.api.forget")),
 ]

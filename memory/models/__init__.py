@@ -5,6 +5,7 @@ from memory.models.context import *  # noqa: F403
 from memory.models.decay import *  # noqa: F403
 from memory.models.digest import *  # noqa: F403
 from memory.models.experiences import *  # noqa: F403
+from memory.models.forget import *  # noqa: F403
 from memory.models.jobs import *  # noqa: F403
 from memory.models.otel import *  # noqa: F403
 from memory.models.recorder import *  # noqa: F403

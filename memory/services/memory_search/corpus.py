@@ -15,7 +15,7 @@ import numpy as np
 from cachetools import LRUCache
 from django.conf import settings
 
-from memory.models import Message, Session
+from memory.models import ContentGeneration, Message, Session
 from memory.services import ranking
 from memory.services.embedding import EMBEDDING_DIMENSIONS
 from memory.services.memory_search.sql import MessageCandidate, ScopeWhere, fetch_rows, scope_key
@@ -92,15 +92,20 @@ LARGE_SCOPE_RECHECK_SECONDS = 60.0
 
 
 def _scope_version(where: ScopeWhere) -> tuple[Any, ...]:
-    """The scope's version: rows (count, newest id) and their vectors (how many, which model). A new
-    message, a deletion, an embedding drained or a re-embedding with another model changes it."""
-    count, max_id, embedded, model_lo, model_hi = fetch_rows(
+    """The scope's version: rows (count, newest id), their vectors (how many, which model) and the
+    tenant's content generation. A new message, a deletion, an embedding drained or a re-embedding
+    with another model changes the first ones; a redaction, an erasure or a re-embedding with the
+    same model changes none of them, and bumps the generation in its own transaction
+    (memory/services/forget.py), so every process sees a committed change at its next search."""
+    count, max_id, embedded, model_lo, model_hi, generation = fetch_rows(
         f"SELECT count(*), coalesce(max(m.id), 0), count(m.embedding), "
-        f"coalesce(min(m.embedding_model), ''), coalesce(max(m.embedding_model), '') "
+        f"coalesce(min(m.embedding_model), ''), coalesce(max(m.embedding_model), ''), "
+        f"(SELECT coalesce(max(g.generation), 0) FROM {ContentGeneration._meta.db_table} g "
+        f"WHERE g.tenant_id = %s) "
         f"FROM {Message._meta.db_table} m WHERE {where.where}",
-        where.params,
+        [where.tenant_id, *where.params],
     )[0]
-    return (int(count), int(max_id), int(embedded), model_lo, model_hi)
+    return (int(count), int(max_id), int(embedded), model_lo, model_hi, int(generation))
 
 
 def _corpus_load(where: ScopeWhere) -> ScopeCorpus:

@@ -51,6 +51,8 @@ AGENT_INDEPENDENT = {
     "v1_traces_create": "OTLP ingest: a bound key records every span as its own agent (test_otel.py)",
     "v1_store_batch_create": "the key-value store: a bound key has its own (test_langgraph_store.py)",
     "v1_agents_list": "names no agent; a bound key lists only its own (test_session_keys.py)",
+    "v1_users_destroy": "names only the user; a bound key forgets only its own agent's sessions of the "
+    "user (test_forget.py, test_a_bound_key_forgets_only_its_agents_sessions_of_the_user)",
 }
 
 # Operations that name a task but act as the calling agent on layers the task's agents share by

@@ -42,6 +42,7 @@ def ids(api_a) -> dict[str, str]:
         "ref": checkpoint["id"],
         "fact_id": fact["id"],
         "experience_id": experience["id"],
+        "seq": "1",
     }
 
 
