@@ -23,6 +23,7 @@ from dashboard.access import TenantRequest
 from memory.exceptions import DomainError, NotFound
 from memory.models import Agent, Session
 from memory.selectors.sessions import agent_get, session_get
+from memory.services.forget import forget_user
 from memory.services.memory_search import SearchScope
 from memory.services.memory_search import memory_search as search
 
@@ -171,8 +172,6 @@ def user_forget(request: TenantRequest, user_id: str) -> HttpResponse:
     if request.POST.get("confirm", "") != user_id:
         flash.error(request, f"Nothing was erased: type the user id {user_id!r} exactly to confirm.")
         return redirect("dashboard:user", user_id=user_id)
-    from memory.services.forget import forget_user  # the erasure service; imported when used
-
     receipt = forget_user(tenant=request.tenant, user_id=user_id)
     return render(
         request,
