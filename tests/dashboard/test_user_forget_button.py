@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from memory.models import Membership, MembershipRole, Tenant, UserMemory
+from memory.models import Membership, MembershipRole, Session, Tenant, UserMemory
 from memory.services.user_memory.store import memory_record
 from tests.dashboard.conftest import logged_in, make_user
 
@@ -41,7 +41,13 @@ def test_only_an_admin_who_types_the_user_id_can_forget(
     done = web_admin.post("/users/u-1/forget", {"confirm": "u-1"})
     assert done.status_code == 200
     receipt = done.content.decode().split('data-testid="forget-receipt"')[1]
-    assert "<td>1</td>" in receipt  # at least the one memory, counted in its kind
+    assert "<tr><td>user_memories</td><td>1</td></tr>" in receipt
+    assert (
+        "<tr><td>sessions</td><td>1</td></tr>" in receipt
+        and "<tr><td>messages</td><td>2</td></tr>" in receipt
+    )
     assert not UserMemory.objects.filter(tenant=tenant_a, user_id="u-1").exists()
+    assert not Session.objects.filter(tenant=tenant_a, user_id="u-1").exists()
+    assert "Moved to Lisbon" not in web_admin.get("/sessions/").content.decode()
     gone = web_admin.get("/users/u-1/")
     assert gone.status_code == 404 and "Lisbon" not in gone.content.decode()

@@ -1,6 +1,6 @@
 """The user page in real headless Chromium against a real server: the history opens per subject,
-a memory recorded meanwhile appears live (superseding the shown value), and the forget form
-erases nothing until the user id is typed."""
+a memory recorded meanwhile appears live, the forget form erases nothing until the user id is
+typed, and then erases the user and shows the receipt."""
 
 from __future__ import annotations
 
@@ -59,4 +59,12 @@ def test_an_admin_reads_a_users_memories_live_and_the_forget_form_needs_the_id(
     page.wait_for_selector(".flash")
     assert "Nothing was erased" in page.locator(".flash").inner_text()
     assert UserMemory.objects.filter(tenant=tenant, user_id="u-42", valid_to__isnull=True).count() == 2
+
+    page.fill("[data-testid=forget-confirm]", "u-42")
+    page.click("[data-testid=forget-button]")
+    page.wait_for_selector("[data-testid=forget-receipt]")
+    assert "user_memories" in page.locator("[data-testid=forget-receipt]").inner_text()
+    assert not UserMemory.objects.filter(tenant=tenant, user_id="u-42").exists()
     assert console.errors == []
+    gone = page.goto(f"{server}/users/u-42/")
+    assert gone is not None and gone.status == 404 and "Lisbon" not in page.content()
