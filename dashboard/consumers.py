@@ -101,7 +101,7 @@ class DashboardConsumer(AsyncWebsocketConsumer):
                 self.last_seq = session.message_seq
             elif self.page == "user":
                 user_id = params.get("user", "")
-                if selectors.user_overview(tenant=tenant, user_id=user_id) is None:
+                if not selectors.user_known(tenant=tenant, user_id=user_id):
                     return None
                 self.scope_kwargs["user_id"] = user_id
             elif self.page == "agent":

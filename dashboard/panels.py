@@ -111,11 +111,12 @@ def _agent_events(
 
 
 def _user_memories(*, tenant: Tenant, user_id: str, **_: Any) -> dict[str, Any]:
-    return {"user_id": user_id, "overview": selectors.user_overview(tenant=tenant, user_id=user_id)}
+    return {"user_id": user_id, "memories": selectors.user_memories(tenant=tenant, user_id=user_id)}
 
 
 def _user_sessions(*, tenant: Tenant, user_id: str, **_: Any) -> dict[str, Any]:
-    return {"user_id": user_id, "overview": selectors.user_overview(tenant=tenant, user_id=user_id)}
+    sessions, count = selectors.user_sessions(tenant=tenant, user_id=user_id)
+    return {"user_id": user_id, "sessions": sessions, "session_count": count}
 
 
 # --- experiences and jobs -------------------------------------------------------------------

@@ -256,30 +256,36 @@ class SubjectHistory:
 
 
 @dataclass
-class UserOverview:
-    user_id: str
+class UserMemories:
     subjects: list[SubjectHistory]  # subjects with a current value first, then those without
-    sessions: list[Session]
-    session_count: int
     truncated: bool  # more versions than USER_MEMORY_ROWS
 
 
-def user_overview(*, tenant: Tenant, user_id: str) -> UserOverview | None:
-    """What the tenant holds about one user: memories by subject with their history, and the
-    user's sessions (newest first). None when the tenant has neither memories nor sessions of
-    that user id. Three queries."""
+# What the page shows of a memory (not its vector or its text-search column).
+MEMORY_COLUMNS = (
+    "public_id", "user_id", "subject", "memory_type", "text", "sources", "confidence", "origin", "agent",
+    "valid_from", "valid_to", "superseded_by",
+)  # fmt: skip
+
+
+def user_known(*, tenant: Tenant, user_id: str) -> bool:
+    """Whether the tenant has a session or a memory (current or past) of the user id."""
+    if not user_id:
+        return False
+    return (
+        Session.objects.filter(tenant=tenant, user_id=user_id).exists()
+        or UserMemory.objects.filter(tenant=tenant, user_id=user_id).exists()
+    )
+
+
+def user_memories(*, tenant: Tenant, user_id: str) -> UserMemories:
+    """The user's memories by subject, each with its current value and every version, newest
+    first (current values are read first, so a long history never hides one). One query."""
     rows = list(
-        UserMemory.objects.filter(tenant=tenant, user_id=user_id).order_by(
-            F("valid_to").desc(nulls_first=True), "-valid_from", "-id"
-        )[: USER_MEMORY_ROWS + 1]
+        UserMemory.objects.filter(tenant=tenant, user_id=user_id)
+        .only(*MEMORY_COLUMNS)
+        .order_by(F("valid_to").desc(nulls_first=True), "-valid_from", "-id")[: USER_MEMORY_ROWS + 1]
     )
-    truncated = len(rows) > USER_MEMORY_ROWS
-    sessions_qs = (
-        Session.objects.filter(tenant=tenant, user_id=user_id) if user_id else Session.objects.none()
-    )
-    sessions = list(sessions_qs.select_related("agent").order_by("-created_at")[:USER_SESSIONS])
-    if not rows and not sessions:
-        return None
     by_subject: dict[str, SubjectHistory] = {}
     for row in rows[:USER_MEMORY_ROWS]:
         history = by_subject.setdefault(row.subject, SubjectHistory(row.subject, None, []))
@@ -289,5 +295,11 @@ def user_overview(*, tenant: Tenant, user_id: str) -> UserOverview | None:
     for history in by_subject.values():
         history.versions.sort(key=lambda v: (v.valid_from, v.pk), reverse=True)
     subjects = sorted(by_subject.values(), key=lambda h: (h.current is None, h.subject))
-    count = len(sessions) if len(sessions) < USER_SESSIONS else sessions_qs.count()
-    return UserOverview(user_id, subjects, sessions, count, truncated)
+    return UserMemories(subjects, len(rows) > USER_MEMORY_ROWS)
+
+
+def user_sessions(*, tenant: Tenant, user_id: str) -> tuple[list[Session], int]:
+    """The user's newest sessions (at most USER_SESSIONS) and how many there are."""
+    queryset = Session.objects.filter(tenant=tenant, user_id=user_id)
+    sessions = list(queryset.select_related("agent").order_by("-created_at")[:USER_SESSIONS])
+    return sessions, (len(sessions) if len(sessions) < USER_SESSIONS else queryset.count())

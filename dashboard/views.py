@@ -126,11 +126,9 @@ def session_messages(request: TenantRequest, session_id: str) -> HttpResponse:
     )
 
 
-def _user_or_404(request: TenantRequest, user_id: str) -> selectors.UserOverview:
-    overview = selectors.user_overview(tenant=request.tenant, user_id=user_id)
-    if overview is None:
+def _user_or_404(request: TenantRequest, user_id: str) -> None:
+    if not selectors.user_known(tenant=request.tenant, user_id=user_id):
         raise Http404("No such user.")
-    return overview
 
 
 @access.tenant_view

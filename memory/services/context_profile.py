@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pgvector.django import CosineDistance
 
 from memory.models import Session, Tenant, UserMemory, UserMemoryType
 from memory.services import embedding, sharing, tokens
@@ -40,6 +41,7 @@ TYPE_PRIORITY: dict[str, float] = {
 }
 WEIGHTS = {"relevance": 0.5, "type": 0.3, "confidence": 0.2}
 MAX_CANDIDATES = 500  # a user with more current memories gets the newest 500 considered
+COLUMNS = ("public_id", "subject", "memory_type", "text", "confidence", "agent", "valid_from")
 
 
 @dataclass
@@ -68,10 +70,10 @@ class ProfileEntry:
         }
 
 
-def _query_vector(query: str, memories: list[UserMemory]) -> np.ndarray | None:
-    """The query's vector, only when some memory has one to compare with; None while the embedder
-    is unusable (words still rank)."""
-    if not query.strip() or not any(m.embedding is not None for m in memories):
+def _query_vector(query: str) -> np.ndarray | None:
+    """The query's vector (cached per process: recall embeds the same query in the same build);
+    None while the embedder is unusable (words still rank)."""
+    if not query.strip():
         return None
     try:
         return embedding.embed_query(query)[1]
@@ -79,18 +81,15 @@ def _query_vector(query: str, memories: list[UserMemory]) -> np.ndarray | None:
         return None
 
 
-def _relevance(query_terms: set[str], vector: np.ndarray | None, memory: UserMemory) -> float:
+def _relevance(query_terms: set[str], memory: UserMemory) -> float:
     """0..1: the share of the query's words the memory (text or subject) holds, or the cosine of
-    its embedding to the query's, whichever is higher."""
+    its embedding to the query's (`distance`, computed by PostgreSQL), whichever is higher."""
     lexical = 0.0
     if query_terms:
         own = set(tokenize(f"{memory.text} {memory.subject.replace('.', ' ').replace('_', ' ')}"))
         lexical = len(own & query_terms) / len(query_terms)
-    dense = 0.0
-    if vector is not None and memory.embedding is not None:
-        stored = np.asarray(memory.embedding, dtype=np.float32)
-        norm = float(np.linalg.norm(stored) * np.linalg.norm(vector))
-        dense = max(0.0, float(np.dot(stored, vector)) / norm) if norm else 0.0
+    distance = getattr(memory, "distance", None)
+    dense = max(0.0, 1.0 - float(distance)) if distance is not None else 0.0
     return max(lexical, dense)
 
 
@@ -124,18 +123,22 @@ def user_profile_item(
     if not session.user_id or allowance <= 0:
         return None
     reader = session.agent.external_id
-    memories = list(
+    readable = (
         memories_of(tenant=tenant, user_id=session.user_id)
         .filter(sharing.user_memory_reader_filter(tenant=tenant, agent=reader))
-        .order_by("-valid_from")[:MAX_CANDIDATES]
+        .only(*COLUMNS)
     )
+    vector = _query_vector(query)
+    if vector is not None:
+        # The cosine in the database: no vector is shipped to and parsed in this process.
+        readable = readable.annotate(distance=CosineDistance("embedding", vector))
+    memories = list(readable.order_by("-valid_from")[:MAX_CANDIDATES])
     if not memories:
         return None
     query_terms = set(tokenize(query))
-    vector = _query_vector(query, memories)
     entries = []
     for memory in memories:
-        relevance = _relevance(query_terms, vector, memory)
+        relevance = _relevance(query_terms, memory)
         score = (
             WEIGHTS["relevance"] * relevance
             + WEIGHTS["type"] * TYPE_PRIORITY.get(memory.memory_type, 0.4)

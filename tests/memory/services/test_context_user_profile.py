@@ -150,3 +150,21 @@ def test_over_budget_the_block_gives_way_before_required_parts_and_says_so(tenan
     assert not entry["included"] and entry["reason"].startswith("over budget")
     assert entry["memories"][0]["included"] is False
     assert "vegetarian" not in "\n".join(str(m["content"]) for m in built.messages)
+
+
+def test_relevance_by_meaning_uses_the_memorys_stored_embedding(tenant_a):
+    from memory.services import embedding
+
+    beagle = _remember(tenant_a, "pets", "The user owns a beagle.")
+    stamps = _remember(tenant_a, "hobby", "The user collects stamps.")
+    for memory in (beagle, stamps):
+        memory.embedding = embedding.embed_query(memory.text)[1]
+        memory.save(update_fields=["embedding"])
+    session = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u-42", model_name="gpt-4o")
+
+    built = context_build(tenant=tenant_a, session=session, next_input="What food suits my dog?")
+
+    by_id = {m["id"]: m for m in _profile(built)["memories"]}
+    # No word in common with the question: only the meaning can tell the two apart.
+    assert by_id[beagle.public_id]["relevance"] > by_id[stamps.public_id]["relevance"] + 0.1
+    assert _profile(built)["memories"][0]["id"] == beagle.public_id
