@@ -211,7 +211,10 @@ class ManifestItemSerializer(InOrder):
     memories = ProfileMemorySerializer(
         many=True,
         required=False,
-        help_text="user_profile: every current memory considered, best first, chosen or not and why.",
+        help_text="user_profile: the memories chosen and the best 20 left out, best first, each with why.",
+    )
+    memories_not_listed = serializers.IntegerField(
+        required=False, help_text="user_profile: further memories left out (ranked below those listed)."
     )
 
 

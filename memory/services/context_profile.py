@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from pgvector.django import CosineDistance
 
-from memory.models import Session, Tenant, UserMemory, UserMemoryType
+from memory.models import Session, Tenant, UserMemoryType
 from memory.services import embedding, sharing, tokens
 from memory.services.context_items import ContextItem, carried_over_message
 from memory.services.context_policy import EffectivePolicy
@@ -41,14 +41,31 @@ TYPE_PRIORITY: dict[str, float] = {
 }
 WEIGHTS = {"relevance": 0.5, "type": 0.3, "confidence": 0.2}
 MAX_CANDIDATES = 500  # a user with more current memories gets the newest 500 considered
+# Memories left out that the manifest names (the best of them); the rest are only counted, so a
+# build's stored manifest stays small for a user with hundreds of memories.
+LISTED_LEFT_OUT = 20
 COLUMNS = ("public_id", "subject", "memory_type", "text", "confidence", "agent", "valid_from")
+
+
+@dataclass(frozen=True)
+class ProfileMemory:
+    """What the block needs of a current UserMemory row (read as values: no model instances)."""
+
+    public_id: str
+    subject: str
+    memory_type: str
+    text: str
+    confidence: float
+    agent: str
+    valid_from: Any
+    distance: float | None = None  # cosine distance of its embedding to the query's (None: none)
 
 
 @dataclass
 class ProfileEntry:
     """One current memory considered for the block, with what it scored and why it is (not) in."""
 
-    memory: UserMemory
+    memory: ProfileMemory
     relevance: float
     score: float
     line: str
@@ -81,19 +98,18 @@ def _query_vector(query: str) -> np.ndarray | None:
         return None
 
 
-def _relevance(query_terms: set[str], memory: UserMemory) -> float:
+def _relevance(query_terms: set[str], memory: ProfileMemory) -> float:
     """0..1: the share of the query's words the memory (text or subject) holds, or the cosine of
     its embedding to the query's (`distance`, computed by PostgreSQL), whichever is higher."""
     lexical = 0.0
     if query_terms:
         own = set(tokenize(f"{memory.text} {memory.subject.replace('.', ' ').replace('_', ' ')}"))
         lexical = len(own & query_terms) / len(query_terms)
-    distance = getattr(memory, "distance", None)
-    dense = max(0.0, 1.0 - float(distance)) if distance is not None else 0.0
+    dense = max(0.0, 1.0 - float(memory.distance)) if memory.distance is not None else 0.0
     return max(lexical, dense)
 
 
-def _line(memory: UserMemory, reader_agent: str) -> str:
+def _line(memory: ProfileMemory, reader_agent: str) -> str:
     where = f" [from agent {memory.agent}]" if memory.agent != reader_agent else ""
     return f"- {memory.text} ({memory.memory_type}: {memory.subject}){where}"
 
@@ -123,16 +139,18 @@ def user_profile_item(
     if not session.user_id or allowance <= 0:
         return None
     reader = session.agent.external_id
-    readable = (
-        memories_of(tenant=tenant, user_id=session.user_id)
-        .filter(sharing.user_memory_reader_filter(tenant=tenant, agent=reader))
-        .only(*COLUMNS)
+    readable = memories_of(tenant=tenant, user_id=session.user_id).filter(
+        sharing.user_memory_reader_filter(tenant=tenant, agent=reader)
     )
     vector = _query_vector(query)
+    columns: list[str] = list(COLUMNS)
     if vector is not None:
         # The cosine in the database: no vector is shipped to and parsed in this process.
         readable = readable.annotate(distance=CosineDistance("embedding", vector))
-    memories = list(readable.order_by("-valid_from")[:MAX_CANDIDATES])
+        columns.append("distance")
+    memories = [
+        ProfileMemory(**row) for row in readable.order_by("-valid_from").values(*columns)[:MAX_CANDIDATES]
+    ]
     if not memories:
         return None
     query_terms = set(tokenize(query))
@@ -185,9 +203,18 @@ def _packed(
         item = ContextItem("user_profile", "user_profile", "user_profile", [_block(chosen, reader)])
         item.reason = f"included: {len(chosen)} of {len(entries)} current memories of the user"
     item.score = max(e.score for e in entries)
+    listed = []
+    dropped = 0
+    for entry, cost in zip(entries, line_tokens, strict=True):
+        if not entry.included:
+            dropped += 1
+            if dropped > LISTED_LEFT_OUT:
+                continue
+        listed.append(entry.manifest(cost))
     item.extra = {
         "allowance_tokens": allowance,
-        "memories": [e.manifest(cost) for e, cost in zip(entries, line_tokens, strict=True)],
+        "memories": listed,
+        "memories_not_listed": max(0, dropped - LISTED_LEFT_OUT),
     }
     return item
 

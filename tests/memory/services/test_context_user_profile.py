@@ -79,10 +79,11 @@ def test_the_share_holds_and_constraints_and_relevant_memories_go_first(tenant_a
     assert entry["allowance_tokens"] == allowance == 250
     assert 0 < built.budget["components"]["user_profile"] <= allowance
     memories = entry["memories"]
-    assert len(memories) == 42
     chosen = [m for m in memories if m["included"]]
     left_out = [m for m in memories if not m["included"]]
-    assert chosen and left_out
+    # Every chosen memory is listed, and the best 20 of those left out; the rest are counted.
+    assert chosen and len(left_out) == 20
+    assert len(chosen) + len(left_out) + entry["memories_not_listed"] == 42
     # The relevant memory and the constraint beat trivia; every one left out says why.
     assert [m["id"] for m in chosen[:2]] == [dog.public_id, diet.public_id]
     assert all("over the user_profile share" in m["reason"] for m in left_out)
