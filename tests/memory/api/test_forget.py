@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ctxapp import client as ctx
-from memory.models import Event, Message, Session, UserMemory
+from memory.models import ContentGeneration, Event, Message, Session, UserMemory
 from memory.services import message_indexing
 from memory.services.tenancy import api_key_create
 from memory.services.user_memory.store import memory_record
@@ -176,3 +176,13 @@ def test_the_async_client_redacts_and_forgets(live_server: Any, tenant_a: Any) -
 
     redacted, forgotten = asyncio.run(scenario())
     assert redacted["counts"]["messages"] == 1 and forgotten["counts"]["messages"] == 1
+
+
+def test_a_same_model_reembedding_moves_the_content_generation(api_a, tenant_a):
+    append(api_a, session(api_a), "a message to embed")
+    message_indexing.memory_index_drain()
+    before = (
+        ContentGeneration.objects.filter(tenant=tenant_a).values_list("generation", flat=True).first() or 0
+    )
+    message_indexing.messages_reembed(tenant=tenant_a)
+    assert ContentGeneration.objects.get(tenant=tenant_a).generation == before + 1
