@@ -47,6 +47,8 @@ OPERATIONS: list[tuple[str, tuple[Any, ...], dict[str, Any], Any]] = [
     ("checkpoint_create", ("bot",), {}, ctx.CheckpointOut),
     ("checkpoint_get", ("bot", 3), {}, ctx.CheckpointOut),
     ("checkpoints_list", ("bot",), {}, ctx.CheckpointPage),
+    ("users_forget", ("u1",), {}, ctx.ForgetReceiptOut),
+    ("message_redact", ("S1", 3), {}, ctx.RedactReceiptOut),
 ]
 
 

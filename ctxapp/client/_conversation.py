@@ -24,11 +24,13 @@ from ctxapp.client.types import (
     DigestPage,
     EventOut,
     EventPage,
+    ForgetReceiptOut,
     MemoryScope,
     MemorySearchOut,
     MessageOut,
     MessagePage,
     Page,
+    RedactReceiptOut,
     SessionOut,
     TaskOut,
 )
@@ -109,6 +111,24 @@ class ConversationOps:
     @operation
     def session_delete(session_id: str, *, idempotency_key: str | None = None) -> Request[None]:
         return Request("DELETE", f"/sessions/{session_id}", idempotency_key=idempotency_key)
+
+    @operation
+    def users_forget(user_id: str, *, idempotency_key: str | None = None) -> Request[ForgetReceiptOut]:
+        """Erase everything of the user in the tenant (admin key); again → zero counts."""
+        return Request("DELETE", f"/users/{user_id}", idempotency_key=idempotency_key)
+
+    @operation
+    def message_redact(
+        session_id: str, seq: int, *, replacement: str | None = None, idempotency_key: str | None = None
+    ) -> Request[RedactReceiptOut]:
+        """Replace message `seq`'s content (default `[redacted]`) everywhere it was copied."""
+        body = drop_none({"replacement": replacement})
+        return Request(
+            "POST",
+            f"/sessions/{session_id}/messages/{seq}/redact",
+            json=body,
+            idempotency_key=idempotency_key,
+        )
 
     @operation
     def agent_delete(agent: str, *, idempotency_key: str | None = None) -> Request[None]:

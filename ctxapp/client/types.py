@@ -261,3 +261,14 @@ class CheckpointPage(TypedDict):
     items: list[CheckpointOut]
     next: str | None
     next_cursor: str | None  # deprecated alias of next
+
+
+class ForgetReceiptOut(TypedDict):
+    user_id: str
+    counts: dict[str, int]  # rows erased per kind; all zero when the user was already forgotten
+
+
+class RedactReceiptOut(TypedDict):
+    session: str
+    seq: int
+    counts: dict[str, int]  # what changed per kind

@@ -54,7 +54,7 @@ class UserForgetApi(TenantApiView):
 
     @extend_schema(
         request=None,
-        responses=ForgetReceiptSerializer,
+        responses={200: ForgetReceiptSerializer},
         summary="Forget a user: erase everything of theirs in the tenant (admin scope)",
         description="Messages and their embeddings, embedding-cache entries, summaries, digests, "
         "tracked facts, user memories, the user's experiences and tasks, and every process's "

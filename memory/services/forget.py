@@ -38,7 +38,6 @@ from memory.models import (
     BudgetSample,
     Checkpoint,
     CognitiveState,
-    ContentGeneration,
     EmbeddingCache,
     Event,
     Experience,
@@ -59,6 +58,7 @@ from memory.models import (
     UserMemory,
 )
 from memory.services import recorder, tokens
+from memory.services.content_generation import content_generation_bump
 from memory.services.embedding import text_hash
 from memory.services.message_indexing import (
     embedding_text,
@@ -67,7 +67,7 @@ from memory.services.message_indexing import (
 )
 from memory.services.session_digest import session_digest_queue
 
-__all__ = ["ForgetReceipt", "RedactReceipt", "content_generation_bump", "forget_user", "message_redact"]
+__all__ = ["ForgetReceipt", "RedactReceipt", "forget_user", "message_redact"]
 
 FORGOTTEN_EVENT = "user.forgotten"
 REDACTED_EVENT = "message.redacted"
@@ -91,22 +91,6 @@ class RedactReceipt:
     session: str
     seq: int
     counts: dict[str, int] = field(default_factory=dict)
-
-
-def content_generation_bump(*, tenant: Tenant | None) -> None:
-    """Tell every process that content of `tenant` (None: of every tenant) changed in place.
-
-    Call inside the transaction of the change: the new generation is visible exactly when it is.
-    """
-    table = ContentGeneration._meta.db_table
-    tenant_filter = "" if tenant is None else "WHERE id = %s"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (tenant_id, generation) "
-            f"SELECT id, 1 FROM {Tenant._meta.db_table} {tenant_filter} "
-            f"ON CONFLICT (tenant_id) DO UPDATE SET generation = {table}.generation + 1",
-            [] if tenant is None else [tenant.pk],
-        )
 
 
 # --- forget a user ------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from memory.models import (
     Tenant,
 )
 from memory.services import jobs
+from memory.services.content_generation import content_generation_bump
 from memory.services.embedding import (
     EmbedderError,
     EmbedderUnavailable,
@@ -343,7 +344,10 @@ def messages_reembed(
     if only_failed:
         queryset = queryset.filter(embedding_status=MessageEmbeddingStatus.FAILED)
     queryset.update(embedding_status=MessageEmbeddingStatus.PENDING, embedding_attempts=0, embedding_error="")
-    return memory_index_drain(time_budget=float("inf"), batch_size=batch_size)
+    result = memory_index_drain(time_budget=float("inf"), batch_size=batch_size)
+    # The same model leaves every search corpus's version as it was: tell the other processes.
+    content_generation_bump(tenant=tenant)
+    return result
 
 
 def memory_index_status(*, tenant: Tenant) -> dict[str, int]:

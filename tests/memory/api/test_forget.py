@@ -3,13 +3,17 @@ real PostgreSQL, the real embedding model. Scopes, another tenant, bound keys, i
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
-from memory.models import Event, Message, Session, UserMemory
+from ctxapp import client as ctx
+from memory.models import ContentGeneration, Event, Message, Session, UserMemory
 from memory.services import message_indexing
+from memory.services.tenancy import api_key_create
 from memory.services.user_memory.store import memory_record
+from tests.helpers import in_process_transport
 
 pytestmark = pytest.mark.django_db
 
@@ -139,3 +143,46 @@ def test_redact_bad_input(api_a, tenant_a, api_b, make_client):
     )
     assert read.status_code == 403
     assert Message.objects.get(session__public_id=sid, seq=1).content == "one"
+
+
+def test_the_sync_client_redacts_and_forgets(tenant_a, make_client):
+    admin = make_client(tenant_a, ["admin"])
+    with (
+        in_process_transport() as transport,
+        ctx.Client("http://testserver", admin.secret, retries=0, transport=transport) as client,
+    ):
+        sid = client.session_create("bot", user_id="u5")["id"]
+        client.messages_append(sid, [{"role": "user", "content": "my pin is 1234"}])
+        redacted = client.message_redact(sid, 1, replacement="[pin removed]")
+        assert redacted["seq"] == 1 and redacted["counts"]["messages"] == 1
+        assert client.messages_list(sid)["items"][0]["content"] == "[pin removed]"
+        with pytest.raises(ctx.NotFound):
+            client.message_redact(sid, 2)
+        assert client.users_forget("u5")["counts"]["sessions"] == 1
+        assert set(client.users_forget("u5")["counts"].values()) == {0}
+        with pytest.raises(ctx.NotFound):
+            client.users_forget("nobody")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_async_client_redacts_and_forgets(live_server: Any, tenant_a: Any) -> None:
+    secret = api_key_create(tenant=tenant_a, name="admin", scopes=["admin"])[1]
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with ctx.AsyncClient(live_server.url, secret) as api:
+            session = await api.session_create("async-bot", user_id="u9")
+            await api.messages_append(session["id"], [{"role": "user", "content": "my pin is 1234"}])
+            return await api.message_redact(session["id"], 1), await api.users_forget("u9")
+
+    redacted, forgotten = asyncio.run(scenario())
+    assert redacted["counts"]["messages"] == 1 and forgotten["counts"]["messages"] == 1
+
+
+def test_a_same_model_reembedding_moves_the_content_generation(api_a, tenant_a):
+    append(api_a, session(api_a), "a message to embed")
+    message_indexing.memory_index_drain()
+    before = (
+        ContentGeneration.objects.filter(tenant=tenant_a).values_list("generation", flat=True).first() or 0
+    )
+    message_indexing.messages_reembed(tenant=tenant_a)
+    assert ContentGeneration.objects.get(tenant=tenant_a).generation == before + 1
