@@ -177,6 +177,10 @@ def _item_name(entry: dict[str, Any], *, kind: str, item_id: str, known: dict[st
         return f"fact {known.get(item_id, item_id)}"
     if kind == "memory":
         return f"experience: {known.get(item_id, item_id)}"
+    if kind == "user_profile":
+        memories = entry.get("memories") or []
+        taken = sum(1 for m in memories if m.get("included"))
+        return f"user profile: {taken} of {len(memories)} memories"
     if kind == "recall":
         source = str(entry.get("source") or "item").replace("_", " ")
         return f"recalled msg #{entry['seq']}" if entry.get("seq") is not None else f"recalled {source}"
@@ -213,6 +217,7 @@ def _manifest_row(entry: dict[str, Any], *, span: int, names: dict[str, str]) ->
         "offset": offset if entry.get("included", True) else None,
         "position": position * 100 if position is not None else None,
         "risky": bool(entry.get("risky")),
+        "memories": entry.get("memories") or [],  # user_profile: each memory considered, and why
     }
 
 

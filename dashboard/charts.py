@@ -28,6 +28,7 @@ PALETTE = [
     "#ff9da7",
     "#9c755f",
     "#8c8c8c",
+    "#499894",
 ]
 # Each budget component keeps one colour wherever it is drawn (legend, bar, manifest), whichever
 # components a build happens to use: the colour follows the name, never the position.
@@ -37,6 +38,7 @@ KIND_COMPONENT = {
     "system_part": "system",
     "pinned_fact": "pinned_facts",
     "memory": "memories",
+    "user_profile": "user_profile",
 }
 
 

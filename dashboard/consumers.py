@@ -99,6 +99,11 @@ class DashboardConsumer(AsyncWebsocketConsumer):
                 self.scope_kwargs["session"] = session
                 self.session_id = session.public_id
                 self.last_seq = session.message_seq
+            elif self.page == "user":
+                user_id = params.get("user", "")
+                if not selectors.user_known(tenant=tenant, user_id=user_id):
+                    return None
+                self.scope_kwargs["user_id"] = user_id
             elif self.page == "agent":
                 agent = agent_get(tenant=tenant, external_id=params.get("agent", ""))
                 self.scope_kwargs["agent"] = agent

@@ -107,6 +107,18 @@ def _agent_events(
     }
 
 
+# --- user -----------------------------------------------------------------------------------
+
+
+def _user_memories(*, tenant: Tenant, user_id: str, **_: Any) -> dict[str, Any]:
+    return {"user_id": user_id, "memories": selectors.user_memories(tenant=tenant, user_id=user_id)}
+
+
+def _user_sessions(*, tenant: Tenant, user_id: str, **_: Any) -> dict[str, Any]:
+    sessions, count = selectors.user_sessions(tenant=tenant, user_id=user_id)
+    return {"user_id": user_id, "sessions": sessions, "session_count": count}
+
+
 # --- experiences and jobs -------------------------------------------------------------------
 
 
@@ -157,6 +169,8 @@ PANELS: dict[str, Panel] = {
     ),
     "agent-events": Panel(P + "_agent_events.html", _agent_events, ("*",)),
     "agent-traces": Panel(P + "_agent_traces.html", traces.agent_traces, ("otel.",)),
+    "user-memories": Panel(P + "_user_memories.html", _user_memories, ("user_memory.", "user.")),
+    "user-sessions": Panel(P + "_user_sessions.html", _user_sessions, ("session.", "user.")),
     "experiences-recent": Panel(
         P + "_experiences_recent.html", _experiences_recent, ("experience.", "memory.")
     ),
@@ -181,6 +195,7 @@ PAGE_PANELS: dict[str, list[str]] = {
         "session-traces",
     ],
     "agent": ["agent-checkpoints", "agent-cognitive", "agent-recovered", "agent-events", "agent-traces"],
+    "user": ["user-memories", "user-sessions"],
     "experiences": ["experiences-recent"],
     "jobs": ["jobs-queues", "jobs-failed", "jobs-results"],
 }

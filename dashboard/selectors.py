@@ -17,7 +17,17 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from dashboard.timeline import shorten
-from memory.models import Agent, Event, Experience, Message, Session, SessionStatus, Tenant, TrackedFact
+from memory.models import (
+    Agent,
+    Event,
+    Experience,
+    Message,
+    Session,
+    SessionStatus,
+    Tenant,
+    TrackedFact,
+    UserMemory,
+)
 from memory.services.recorder import stream_key
 
 MESSAGE_PAGE_SIZE = 50
@@ -223,3 +233,73 @@ def experience_problems(*, tenant: Tenant, experience_ids: list[str]) -> dict[st
         "public_id", "problem"
     )
     return {public_id: shorten(problem, 60) for public_id, problem in rows}
+
+
+# --- user -----------------------------------------------------------------------------------
+
+USER_SESSIONS = 50
+USER_MEMORY_ROWS = 2000  # versions shown on a user page (current values always come first)
+
+
+@dataclass
+class SubjectHistory:
+    """One subject of a user's memories: its current value (None once deleted) and every version,
+    newest first."""
+
+    subject: str
+    current: UserMemory | None
+    versions: list[UserMemory]
+
+    @property
+    def past(self) -> list[UserMemory]:
+        return [v for v in self.versions if v.valid_to is not None]
+
+
+@dataclass
+class UserMemories:
+    subjects: list[SubjectHistory]  # subjects with a current value first, then those without
+    truncated: bool  # more versions than USER_MEMORY_ROWS
+
+
+# What the page shows of a memory (not its vector or its text-search column).
+MEMORY_COLUMNS = (
+    "public_id", "user_id", "subject", "memory_type", "text", "sources", "confidence", "origin", "agent",
+    "valid_from", "valid_to", "superseded_by",
+)  # fmt: skip
+
+
+def user_known(*, tenant: Tenant, user_id: str) -> bool:
+    """Whether the tenant has a session or a memory (current or past) of the user id."""
+    if not user_id:
+        return False
+    return (
+        Session.objects.filter(tenant=tenant, user_id=user_id).exists()
+        or UserMemory.objects.filter(tenant=tenant, user_id=user_id).exists()
+    )
+
+
+def user_memories(*, tenant: Tenant, user_id: str) -> UserMemories:
+    """The user's memories by subject, each with its current value and every version, newest
+    first (current values are read first, so a long history never hides one). One query."""
+    rows = list(
+        UserMemory.objects.filter(tenant=tenant, user_id=user_id)
+        .only(*MEMORY_COLUMNS)
+        .order_by(F("valid_to").desc(nulls_first=True), "-valid_from", "-id")[: USER_MEMORY_ROWS + 1]
+    )
+    by_subject: dict[str, SubjectHistory] = {}
+    for row in rows[:USER_MEMORY_ROWS]:
+        history = by_subject.setdefault(row.subject, SubjectHistory(row.subject, None, []))
+        history.versions.append(row)
+        if row.valid_to is None:
+            history.current = row
+    for history in by_subject.values():
+        history.versions.sort(key=lambda v: (v.valid_from, v.pk), reverse=True)
+    subjects = sorted(by_subject.values(), key=lambda h: (h.current is None, h.subject))
+    return UserMemories(subjects, len(rows) > USER_MEMORY_ROWS)
+
+
+def user_sessions(*, tenant: Tenant, user_id: str) -> tuple[list[Session], int]:
+    """The user's newest sessions (at most USER_SESSIONS) and how many there are."""
+    queryset = Session.objects.filter(tenant=tenant, user_id=user_id)
+    sessions = list(queryset.select_related("agent").order_by("-created_at")[:USER_SESSIONS])
+    return sessions, (len(sessions) if len(sessions) < USER_SESSIONS else queryset.count())

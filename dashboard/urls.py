@@ -13,6 +13,9 @@ urlpatterns = [
     path("sessions/", views.sessions_list, name="sessions"),
     path("sessions/<str:session_id>/", views.session_detail, name="session"),
     path("sessions/<str:session_id>/messages", views.session_messages, name="session-messages"),
+    # A user id is the tenant's own string, slashes included.
+    path("users/<path:user_id>/forget", views.user_forget, name="user-forget"),
+    path("users/<path:user_id>/", views.user_detail, name="user"),
     path("agents/", views.agents_list, name="agents"),
     path("agents/<str:external_id>/", views.agent_detail, name="agent"),
     path("agents/<str:external_id>/events", views.agent_events, name="agent-events"),

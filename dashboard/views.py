@@ -6,6 +6,7 @@ of another tenant answers 404 exactly like a missing one.
 
 from __future__ import annotations
 
+from dataclasses import asdict, is_dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -22,6 +23,7 @@ from dashboard.access import TenantRequest
 from memory.exceptions import DomainError, NotFound
 from memory.models import Agent, Session
 from memory.selectors.sessions import agent_get, session_get
+from memory.services.forget import forget_user
 from memory.services.memory_search import SearchScope
 from memory.services.memory_search import memory_search as search
 
@@ -121,6 +123,58 @@ def session_messages(request: TenantRequest, session_id: str) -> HttpResponse:
     page = selectors.messages_page(tenant=request.tenant, session=session, before=before)
     return render(
         request, "dashboard/partials/_message_page.html", {"session": session, "messages_page": page}
+    )
+
+
+def _user_or_404(request: TenantRequest, user_id: str) -> None:
+    if not selectors.user_known(tenant=request.tenant, user_id=user_id):
+        raise Http404("No such user.")
+
+
+@access.tenant_view
+def user_detail(request: TenantRequest, user_id: str) -> HttpResponse:
+    """What the tenant holds about one user: current memories, their history, the user's sessions,
+    and the forget button (admins)."""
+    _user_or_404(request, user_id)
+    role = access.role_for_user(user=request.user, tenant=request.tenant)
+    return _page(
+        request,
+        "dashboard/user.html",
+        "user",
+        {"tenant": request.tenant, "user_id": user_id},
+        {
+            "user_id": user_id,
+            "can_forget": role == "admin",
+            "ws_query": urlencode({"page": "user", "user": user_id}),
+        },
+    )
+
+
+def _receipt_counts(receipt: Any) -> dict[str, Any]:
+    """The per-kind counts of a forget receipt, whatever container it comes in."""
+    if is_dataclass(receipt) and not isinstance(receipt, type):
+        receipt = asdict(receipt)
+    if isinstance(receipt, dict):
+        counts = receipt.get("counts", receipt)
+        return dict(counts) if isinstance(counts, dict) else {}
+    return dict(getattr(receipt, "counts", {}) or {})
+
+
+@access.tenant_view
+@require_POST
+def user_forget(request: TenantRequest, user_id: str) -> HttpResponse:
+    """Erase the user (memory.services.forget.forget_user) once the admin has typed the user id."""
+    _user_or_404(request, user_id)
+    if access.role_for_user(user=request.user, tenant=request.tenant) != "admin":
+        return HttpResponse("Only admins can forget a user.", status=403)
+    if request.POST.get("confirm", "") != user_id:
+        flash.error(request, f"Nothing was erased: type the user id {user_id!r} exactly to confirm.")
+        return redirect("dashboard:user", user_id=user_id)
+    receipt = forget_user(tenant=request.tenant, user_id=user_id)
+    return render(
+        request,
+        "dashboard/user_forgotten.html",
+        {**_chrome(request, "user"), "user_id": user_id, "counts": _receipt_counts(receipt)},
     )
 
 

@@ -115,6 +115,7 @@ def shoot(base: str, username: str, password: str, api_key: str, out: Path) -> l
         sessions = ctx.sessions_list(agent="ops-copilot", limit=100)["items"]
     # The incident session is the first ops-copilot session (the long one, before the crash).
     incident = min(sessions, key=lambda s: s["created_at"]) if sessions else None
+    user_id = next((s["user_id"] for s in sessions if s.get("user_id")), "")
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     errors: list[str] = []
@@ -151,6 +152,11 @@ def shoot(base: str, username: str, password: str, api_key: str, out: Path) -> l
         if incident is not None:
             visit(f"/sessions/{incident['id']}/")
             snap("session")
+        if user_id:
+            visit(f"/users/{user_id}/")
+            for summary in page.locator("[data-testid=history] summary").all()[:2]:
+                summary.click()  # show a subject's earlier values
+            snap("user")
         visit("/agents/ops-copilot/")
         radios = page.locator(".timeline input[name=a]")
         if radios.count() >= 2:

@@ -96,6 +96,8 @@ class EffectivePolicySerializer(serializers.Serializer):
     middle_end = serializers.FloatField()
     mode = serializers.CharField()
     summary_max_tokens = serializers.IntegerField()
+    user_profile_share = serializers.FloatField(help_text="Share of the budget the user's memories may use.")
+    user_profile_max_tokens = serializers.IntegerField(help_text="Cap on the user's memories, in tokens.")
     max_input_tokens = serializers.IntegerField(allow_null=True)
     mode_parts = ModePartsField()
     default_model = serializers.CharField()
@@ -140,11 +142,25 @@ class PromptMessageSerializer(InOrder):
     name = serializers.CharField(required=False)
 
 
+class ProfileMemorySerializer(InOrder):
+    id = serializers.CharField(help_text="The user memory's id.")
+    subject = serializers.CharField()
+    type = serializers.CharField()
+    score = serializers.FloatField(help_text="0.5 relevance + 0.3 type priority + 0.2 confidence.")
+    relevance = serializers.FloatField(help_text="0..1 to the input: shared words or meaning.")
+    confidence = serializers.FloatField()
+    agent = serializers.CharField(help_text="The agent whose session it came from ('' for none).")
+    tokens = serializers.IntegerField(help_text="Its line in the block.")
+    included = serializers.BooleanField()
+    reason = serializers.CharField(help_text="Why it was chosen or left out.")
+
+
 class ManifestItemSerializer(InOrder):
     kind = serializers.ChoiceField(
         choices=[
             "system_part",
             "tools",
+            "user_profile",
             "pinned_fact",
             "memory",
             "recall",
@@ -188,6 +204,17 @@ class ManifestItemSerializer(InOrder):
     )
     risky = serializers.BooleanField(
         required=False, help_text="Critical items: starts in the policy's middle band."
+    )
+    allowance_tokens = serializers.IntegerField(
+        required=False, help_text="user_profile: the tokens its share of the budget allows."
+    )
+    memories = ProfileMemorySerializer(
+        many=True,
+        required=False,
+        help_text="user_profile: the memories chosen and the best 20 left out, best first, each with why.",
+    )
+    memories_not_listed = serializers.IntegerField(
+        required=False, help_text="user_profile: further memories left out (ranked below those listed)."
     )
 
 

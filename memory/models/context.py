@@ -136,6 +136,17 @@ class ContextPolicy(TenantPolicyBase):
         validators=[MinValueValidator(50), MaxValueValidator(100_000)],
         help_text="Longest rolling summary (tokens).",
     )
+    user_profile_share = models.FloatField(
+        default=0.10,
+        validators=[MinValueValidator(0.0), MaxValueValidator(0.5)],
+        help_text="Share of the budget (input limit - reserve) the session user's memories may use; "
+        "0 leaves them out.",
+    )
+    user_profile_max_tokens = models.PositiveIntegerField(
+        default=1000,
+        validators=[MaxValueValidator(100_000)],
+        help_text="Most tokens of the user's memories, whatever the share gives.",
+    )
     default_model = models.CharField(
         max_length=200,
         blank=True,

@@ -25,6 +25,7 @@ from memory.services.model_profiles import ResolvedModel
 COMPONENTS = (
     "system",
     "tools",
+    "user_profile",
     "pinned_facts",
     "memories",
     "recall",
@@ -34,7 +35,16 @@ COMPONENTS = (
     "input",
     "overhead",
 )
-PLACEMENT_ORDER = ("system_part", "pinned_fact", "memory", "summary", "history", "open_questions", "input")
+PLACEMENT_ORDER = (
+    "system_part",
+    "user_profile",
+    "pinned_fact",
+    "memory",
+    "summary",
+    "history",
+    "open_questions",
+    "input",
+)
 
 
 @dataclass(frozen=True)
@@ -153,7 +163,7 @@ def _by_score(items: list[ContextItem]) -> list[ContextItem]:
 
 def drop_order(candidates: Candidates) -> list[tuple[list[ContextItem], str]]:
     """Units in the order they give way: oldest history (whole groups), weakest recalled items,
-    weakest memories, open questions, the summary, less important facts."""
+    weakest memories, open questions, the summary, the user profile, less important facts."""
     considered = [i for i in candidates.items if i.included]
     order: list[tuple[list[ContextItem], str]] = [
         (unit, "over budget: oldest history dropped first") for unit in candidates.history_units
@@ -169,6 +179,9 @@ def drop_order(candidates: Candidates) -> list[tuple[list[ContextItem], str]]:
     if candidates.questions is not None:
         order.append(([candidates.questions], "over budget"))
     order += [([i], "over budget") for i in considered if i.kind == "summary"]
+    order += [
+        ([i], "over budget: the user's memories dropped") for i in considered if i.kind == "user_profile"
+    ]
     order += [
         ([i], "over budget: less important fact dropped")
         for i in _by_score([i for i in considered if i.kind == "pinned_fact" and not i.required])

@@ -1,5 +1,5 @@
 """Collect step of the context pipeline: every candidate item for the next prompt, in manifest
-order — system parts, tools, pinned facts, memories, the summary (or the previous session's
+order — system parts, tools, the user profile, pinned facts, memories, the summary (or the previous session's
 digest), the history window, recalled items, open questions and the new input. Read-only."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from memory.services.context_items import (
     carried_over_message,
 )
 from memory.services.context_policy import EffectivePolicy
+from memory.services.context_profile import profile_memory_ids, user_profile_item
 from memory.services.context_recall import RecallRequest, context_recall, recall_policy_effective
 from memory.services.session_digest import context_digest_for_session
 
@@ -38,12 +39,21 @@ def candidates_collect(
     """All candidates for the build, none counted yet. Read-only."""
     items = _system_part_items(policy, request.system_parts)
     tools_item = _tools_item(policy, request.tools, counter)
-    facts = decay.facts_for_context(tenant=tenant, session=session)
-    items += [_fact_item(fact) for fact in facts]
-
     summary = Summary.objects.filter(session=session, is_current=True).first()
     covered = summary.covers_up_to_seq if summary else 0
     window = _window_read(session=session, covered=covered, policy=policy, next_input=request.next_input)
+    profile = user_profile_item(
+        tenant=tenant,
+        session=session,
+        policy=policy,
+        counter=counter,
+        budget_tokens=budget_tokens,
+        query=window.query,
+    )
+    if profile is not None:
+        items.append(profile)
+    facts = decay.facts_for_context(tenant=tenant, session=session)
+    items += [_fact_item(fact) for fact in facts]
     recall_policy = recall_policy_effective(tenant=tenant, overrides=request.recall)
     # Experiences are carried over too: `recall.enabled = false` leaves them out with the rest.
     if recall_policy.enabled:
@@ -62,7 +72,8 @@ def candidates_collect(
         policy=recall_policy,
         query=window.query,
         window_seqs=history.seqs,
-        exclude_ids={i.id for i in items if i.kind in ("pinned_fact", "memory", "summary")},
+        exclude_ids={i.id for i in items if i.kind in ("pinned_fact", "memory", "summary")}
+        | profile_memory_ids(profile),
         budget_tokens=budget_tokens,
     )
     items += _recall_step(tenant=tenant, request=recall, counter=counter)

@@ -32,7 +32,8 @@ class BuildRequest:
 class ContextItem:
     """One candidate for the prompt; its manifest entry says whether and why it was included."""
 
-    # system_part | tools | pinned_fact | memory | recall | summary | history | open_questions | input
+    # system_part | tools | user_profile | pinned_fact | memory | recall | summary | history |
+    # open_questions | input
     kind: str
     component: str
     id: str
@@ -67,6 +68,12 @@ class ContextItem:
         if self.offset is not None:
             entry["offset"] = self.offset
         entry.update(self.extra)
+        if not self.included and "memories" in self.extra:
+            # The user profile's memories go with their block: none is in a prompt that left it out.
+            entry["memories"] = [
+                {**m, "included": False, "reason": self.reason} if m["included"] else m
+                for m in self.extra["memories"]
+            ]
         return entry
 
 

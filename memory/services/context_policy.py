@@ -33,6 +33,8 @@ OVERRIDABLE = (
     "middle_end",
     "mode",
     "summary_max_tokens",
+    "user_profile_share",
+    "user_profile_max_tokens",
 )
 FIELD_KINDS: dict[type[models.Field], type] = {
     models.PositiveIntegerField: int,
@@ -75,6 +77,8 @@ class EffectivePolicy:
     middle_end: float
     mode: str
     summary_max_tokens: int
+    user_profile_share: float
+    user_profile_max_tokens: int
     max_input_tokens: int | None
     mode_parts: dict[str, Any]
     default_model: str

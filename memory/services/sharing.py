@@ -89,6 +89,15 @@ def experience_reader_filter(*, tenant: Tenant, agent: str) -> Q:
     return condition
 
 
+def user_memory_reader_filter(*, tenant: Tenant, agent: str) -> Q:
+    """The user memories (UserMemory rows) a build of `agent` may carry: those taken from `agent`'s
+    sessions or recorded by a key bound to it, plus (share_user_memories) every other writer's.
+    As for experiences, a row with an empty `agent` is not `agent`'s."""
+    if sharing_policy_get(tenant=tenant).share_user_memories:
+        return Q()
+    return Q(agent=agent) if agent else Q(pk__in=[])
+
+
 def digest_reader_filter(*, tenant: Tenant, session: Session) -> Q:
     """The session digests a build of `session` may be offered: its own agent's, or (share_digests)
     those of every agent."""

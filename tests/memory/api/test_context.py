@@ -51,6 +51,7 @@ def test_build_returns_messages_manifest_budget_and_records_the_sample(api_a, te
     assert set(body["budget"]["components"]) == {
         "system",
         "tools",
+        "user_profile",
         "pinned_facts",
         "memories",
         "recall",

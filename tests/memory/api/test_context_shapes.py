@@ -15,6 +15,7 @@ from memory.api.context_shapes import ManifestItemSerializer
 from memory.models import BudgetSample
 from memory.services import decay, message_indexing
 from memory.services.sessions import MessageInput, messages_append, session_create
+from memory.services.user_memory.store import memory_record
 
 BUILD = "/api/v1/sessions/{session_id}/context"
 # The caller's own JSON, echoed as given: free-form by design.
@@ -81,8 +82,9 @@ def _untyped_objects(schema: dict[str, Any], node: dict[str, Any], value: Any, w
 
 @pytest.fixture
 def built(api_a: Any, tenant_a: Any) -> tuple[Any, dict[str, Any]]:
-    """A real build that carries every kind of part: system parts, tools, a pinned fact, history
-    with a tool-call group, a recalled message of an earlier session, open questions, the input."""
+    """A real build that carries every kind of part: system parts, tools, the user's profile, a
+    pinned fact, history with a tool-call group, a recalled message of an earlier session, open
+    questions, the input."""
     earlier = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u1")
     messages_append(
         tenant=tenant_a,
@@ -103,6 +105,10 @@ def built(api_a: Any, tenant_a: Any) -> tuple[Any, dict[str, Any]]:
     decay.fact_register(
         tenant=tenant_a, session=session, key="region", fact_type="constraint", content="Only eu-west-1"
     )
+    memory_record(
+        tenant=tenant_a, user_id="u1", subject="style.answers", text="Prefers short answers.",
+        memory_type="preference", agent="bot",
+    )  # fmt: skip
     message_indexing.memory_index_drain()
     response = api_a.post(
         f"/api/v1/sessions/{session.public_id}/context",
@@ -123,7 +129,9 @@ def built(api_a: Any, tenant_a: Any) -> tuple[Any, dict[str, Any]]:
 def test_every_object_of_a_real_build_is_described_by_the_schema(schema, built) -> None:
     _, body = built
     kinds = {item["kind"] for item in body["manifest"]["items"]}
-    assert {"system_part", "tools", "pinned_fact", "history", "recall", "open_questions", "input"} <= kinds
+    assert {
+        "system_part", "tools", "user_profile", "pinned_fact", "history", "recall", "open_questions", "input"
+    } <= kinds  # fmt: skip
     assert _untyped_objects(schema, _build_response_schema(schema), body, "$") == []
 
 
