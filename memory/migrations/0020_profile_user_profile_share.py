@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('memory', '0016_user_memory'),
+        ("memory", "0019_extract_state"),
     ]
 
     operations = [
