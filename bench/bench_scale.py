@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_memory import COLUMNS, DATA, pct, small_tenant
+from bench_memory import COLUMNS, DATA, backend_cpu_ms, pct, small_tenant
 from bench_retrieval_quality import setup_django
 
 PER_SESSION = 100
@@ -330,13 +330,19 @@ def main() -> None:
     if args.build_only:
         return
 
-    def timed(fn: Callable[[str], object], items: list[str]) -> list[float]:
+    cpu: dict[str, tuple[float, float]] = {}  # name → CPU ms per call: this process, its backend
+
+    def timed(fn: Callable[[str], object], items: list[str], name: str = "") -> list[float]:
         out = []
+        started = (time.process_time(), backend_cpu_ms())
         for q in items:
             embedding._query_cache.clear()
             t0 = time.perf_counter()
             fn(q)
             out.append((time.perf_counter() - t0) * 1000)
+        if name:
+            mine, backend = time.process_time() - started[0], backend_cpu_ms() - started[1]
+            cpu[name] = (mine * 1000 / len(items), backend / len(items))
         return out
 
     rss_start = rss_mb()
@@ -352,7 +358,7 @@ def main() -> None:
     memory_search(tenant=big, query=questions[0], scope=user_scope)
     memory_search(tenant=big, query=questions[0], scope=session_scope)
     user_search = timed(
-        lambda q: memory_search(tenant=big, query=q, scope=user_scope, kinds=["message"]), questions
+        lambda q: memory_search(tenant=big, query=q, scope=user_scope, kinds=["message"]), questions, "user"
     )
     session_search = timed(
         lambda q: memory_search(tenant=big, query=q, scope=session_scope, kinds=["message"]), questions
@@ -360,7 +366,8 @@ def main() -> None:
     # Warm the buffers as a running server has them (other texts than the timed questions).
     warm = [text for _, text in turns[::5]][: max(50, len(questions))]
     warm_up = timed(lambda q: memory_search(tenant=big, query=q, kinds=["message"]), warm)
-    tenant_search = timed(lambda q: memory_search(tenant=big, query=q, kinds=["message"]), questions)
+    whole = lambda q: memory_search(tenant=big, query=q, kinds=["message"])  # noqa: E731
+    tenant_search = timed(whole, questions, "tenant")
     for q in questions[:3]:
         context_build(tenant=big, session=target, next_input=q)
     big_build = timed(lambda q: context_build(tenant=big, session=target, next_input=q), questions)
@@ -370,7 +377,12 @@ def main() -> None:
     # Appends: alone, then while a second process runs whole-tenant searches back to back.
     appender = session_create(tenant=big, agent_external_id="bot", user_id=target.user_id)
     append_times(big, appender, 20)
+    started = (time.process_time(), backend_cpu_ms())
     alone = append_times(big, appender, args.appends)
+    append_cpu = (
+        (time.process_time() - started[0]) * 1000 / args.appends,
+        (backend_cpu_ms() - started[1]) / args.appends,
+    )
     connections.close_all()  # the child opens its own connection (a forked one is shared)
     context = multiprocessing.get_context("fork")
     stop, count = context.Event(), context.Value("i", 0)
@@ -395,10 +407,14 @@ def main() -> None:
     print(row("memory_search, scope one user (1,000 messages)", user_search))
     print(row(f"warm-up: whole tenant, {len(warm)} turn texts as queries", warm_up))
     print(row(f"memory_search, whole tenant ({n} messages)", tenant_search))
+    for name, (mine, backend) in cpu.items():
+        print(f"  CPU per search, scope {name}: this process {mine:.1f} ms (query embedding included), "
+              f"its PostgreSQL backend {backend:.1f} ms")  # fmt: skip
     print(row("context_build + recall, tenant of 100 messages", small_build))
     print(row("context_build + recall, a user's session in the big tenant", big_build))
     print(f"ratio of build p50s: {statistics.median(big_build) / statistics.median(small_build):.2f}")
     print(row("messages_append (one message), alone", alone))
+    print(f"  CPU per append: this process {append_cpu[0]:.1f} ms, PostgreSQL backend {append_cpu[1]:.1f} ms")
     print(row("messages_append, while another process searches", during))
     print(f"  searches in the other process meanwhile: {searched / searching_for:.1f}/s")
     ef = args.ef_search or experience_search.HNSW_EF_SEARCH
