@@ -116,7 +116,9 @@ def base_vectors(texts: list[str], cache_dir: Path) -> Any:
     return vectors
 
 
-def build_tenant(tenant, sessions, texts: list[str], base, model: str) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def build_tenant(
+    tenant: Any, sessions: list[Any], texts: list[str], base: Any, model: str
+) -> dict[str, float]:
     """COPY the messages (indexes dropped), then build the indexes; seconds per step."""
     import numpy as np
     from django.db import connection
@@ -193,7 +195,7 @@ def sizes() -> dict[str, int]:
         return dict(cursor.fetchall())
 
 
-def hnsw_recall(tenant, base, queries: int = 20) -> float:  # type: ignore[no-untyped-def]
+def hnsw_recall(tenant: Any, base: Any, queries: int = 20) -> float:
     """Recall@10 of the HNSW scan (ef_search and iterative scan as searches set them) vs exact."""
     import numpy as np
     from django.db import connection, transaction
@@ -237,7 +239,7 @@ def search_loop(tenant_pk: int, texts: list[str], stop: Any, count: Any) -> None
             count.value += 1
 
 
-def append_times(tenant, session, n: int) -> list[float]:  # type: ignore[no-untyped-def]
+def append_times(tenant: Any, session: Any, n: int) -> list[float]:
     """ms per messages_append of one message to `session`."""
     from memory.services.messages import MessageInput, messages_append
 
@@ -377,11 +379,11 @@ def main() -> None:
     # Appends: alone, then while a second process runs whole-tenant searches back to back.
     appender = session_create(tenant=big, agent_external_id="bot", user_id=target.user_id)
     append_times(big, appender, 20)
-    started = (time.process_time(), backend_cpu_ms())
+    cpu_started = (time.process_time(), backend_cpu_ms())
     alone = append_times(big, appender, args.appends)
     append_cpu = (
-        (time.process_time() - started[0]) * 1000 / args.appends,
-        (backend_cpu_ms() - started[1]) / args.appends,
+        (time.process_time() - cpu_started[0]) * 1000 / args.appends,
+        (backend_cpu_ms() - cpu_started[1]) / args.appends,
     )
     connections.close_all()  # the child opens its own connection (a forked one is shared)
     context = multiprocessing.get_context("fork")
