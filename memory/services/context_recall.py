@@ -2,25 +2,35 @@
 
 `context_recall` searches (memory_search) the session's own older messages, the same user's
 earlier sessions with the same agent (or the agent's, when the session has no user), their
-summaries and tracked facts, and the tenant's (and user's) experiences; it leaves out what the
-prompt already carries (window messages, the current summary, pinned facts, retrieved
-memories), keeps hits scoring at least `min_score` (relative to the pool) or with a cosine of at least
-`min_similarity` (absolute), at most `top_k` of them, within
-`budget_share` of the token budget. The context builder places them at the start or the end.
+summaries and tracked facts, the user's memories, and the tenant's (and user's) experiences; it
+leaves out what the prompt already carries (window messages, the current summary, pinned facts,
+retrieved memories). How much it brings is decided by the scores and the budget, not a fixed
+count: hits scoring at least `min_score` (relative to the pool) or with a cosine of at least
+`min_similarity` (absolute), and within RELATIVE_GAP of the best hit, best first, as long as
+they fit `budget_share` of the token budget (at most `top_k`). A recalled user memory brings the
+turns it was taken from (its `sources`) right after it: the evidence the memory stands for. The
+context builder places them at the start or the end.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from django.db.models import Q
+
 from memory.exceptions import InvalidInput
-from memory.models import Session, Tenant
+from memory.models import Message, Session, Tenant, UserMemory
 from memory.services import memory_search, sharing
 from memory.services.message_indexing import memory_policy_get
 
 POSITIONS = ("start", "end")
+SEARCH_LIMIT = 40  # hits a build's recall search asks for (the budget and the scores then cut)
+# A hit whose relevance (without the length prior) is this far under the best hit's is left out:
+# the scores' own drop decides how much to bring (docs/memory.md, "Recall across sessions").
+RELATIVE_GAP = 0.9
+SOURCE_TURNS_MAX = 3  # turns a recalled user memory brings at most
 # name → (type, minimum, maximum) of the request's `recall` object
 RECALL_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
     "enabled": (bool, None, None),
@@ -46,7 +56,7 @@ class RecallPolicy:
 
 @dataclass
 class RecalledItem:
-    kind: str  # message | summary | fact | experience
+    kind: str  # message | summary | fact | experience | user_memory
     id: str
     text: str  # what goes into the prompt
     score: float
@@ -111,7 +121,15 @@ def _prompt_text(hit: memory_search.SearchHit) -> str:
         return f"Recalled summary of an earlier session: {hit.text}"
     if hit.kind == "fact":
         return f"Recalled fact — {hit.text}"
+    if hit.kind == "user_memory":
+        return f"Recalled memory about the user: {hit.text}"
     return f"Recalled past experience: {hit.text}"
+
+
+def _turn_text(message: Message) -> str:
+    when = message.occurred_at.strftime("%-d %B %Y") if message.occurred_at else "earlier"
+    who = f"{message.name}: " if message.name else ""
+    return f"Recalled from an earlier conversation ({when}) — {who}{message.content}"
 
 
 def _why(hit: memory_search.SearchHit, current_session: str) -> str:
@@ -122,6 +140,7 @@ def _why(hit: memory_search.SearchHit, current_session: str) -> str:
         "summary": "a summary of an earlier session",
         "fact": "a tracked fact",
         "experience": "an experience",
+        "user_memory": "a memory about the user",
     }[hit.kind]
     signals = ", ".join(f"{name} {value:+.2f}" for name, value in hit.contributions.items() if value)
     return f"recalled: {where} relevant to the query ({signals or 'score'})"
@@ -143,12 +162,13 @@ class RecallRequest:
 def context_recall(
     *, tenant: Tenant, request: RecallRequest, count_tokens: Callable[[str], int]
 ) -> list[RecalledItem]:
-    """The items to recall into the next prompt, best first. Read-only.
+    """The items to recall into the next prompt, best first (a user memory's source turns right
+    after it). Read-only.
 
     Returns [] when recall is off, the query is empty, or nothing clears `min_score`. Never
     raises for an unavailable embedder (words still answer).
     """
-    session, policy, exclude_ids = request.session, request.policy, request.exclude_ids
+    session, policy = request.session, request.policy
     query = (policy.query or request.query or "").strip()
     if not policy.enabled or policy.top_k <= 0 or not query or policy.budget_share <= 0:
         return []
@@ -161,46 +181,151 @@ def context_recall(
             sessions="all",
             reader_agent=session.agent.external_id,
         ),
-        limit=min(memory_search.MAX_LIMIT, policy.top_k + len(exclude_ids) + 10),
+        limit=SEARCH_LIMIT,
         exclude_messages={(session.public_id, seq) for seq in request.window_seqs},
     )
-    allowance = int(request.budget_tokens * policy.budget_share)
-    used = 0
-    items: list[RecalledItem] = []
-    origins = sharing.recall_provenance(tenant=tenant, session=session, hits=result.results)
-    for hit in result.results:
-        if len(items) >= policy.top_k:
+    hits = [hit for hit in result.results if _relevant(hit, policy)]
+    if not hits:
+        return []
+    best = max(_relevance(hit) for hit in hits)
+    hits = [hit for hit in hits if _relevance(hit) >= best - RELATIVE_GAP]
+    origins = sharing.recall_provenance(
+        tenant=tenant, session=session, hits=[h for h in hits if h.kind != "user_memory"]
+    )
+    origins.update(_memory_provenance(tenant=tenant, session=session, hits=hits))
+    turns = _source_turns(tenant=tenant, hits=hits, origins=origins)
+    picker = _Picker(
+        allowance=int(request.budget_tokens * policy.budget_share),
+        top_k=policy.top_k,
+        count_tokens=count_tokens,
+        taken={(session.public_id, seq) for seq in request.window_seqs},
+    )
+    for hit in hits:
+        if picker.full():
             break
         origin = origins.get((hit.kind, hit.id))
         if origin is None:  # another agent's, of a kind the tenant does not share
             continue
-        # Relevance, without the length prior (ranking.py): a long but unrelated turn must not
-        # clear the threshold on its length alone.
-        relevance = hit.relevance - hit.contributions.get("length", 0.0)
-        relevant = relevance >= policy.min_score or (
-            hit.similarity is not None and hit.similarity >= policy.min_similarity
-        )
-        if not relevant:
+        if hit.kind != "message" and hit.id in request.exclude_ids:
             continue
-        if hit.kind != "message" and hit.id in exclude_ids:
+        if hit.kind == "message" and not picker.claim_turn(hit.session, hit.seq):
             continue
-        text = _prompt_text(hit)
-        cost = count_tokens(text) + 4
-        if used + cost > allowance:
+        item = RecalledItem(
+            kind=hit.kind, id=hit.id, text=_prompt_text(hit), score=hit.relevance,
+            reason=_why(hit, session.public_id), session=origin.session, seq=hit.seq,
+            occurred_at=hit.occurred_at.isoformat() if hit.occurred_at else None,
+            contributions=hit.contributions, agent=origin.agent,
+        )  # fmt: skip
+        if not picker.add(item):
             continue
-        used += cost
-        items.append(
-            RecalledItem(
-                kind=hit.kind,
-                id=hit.id,
-                text=text,
-                score=hit.relevance,
-                reason=_why(hit, session.public_id),
-                session=origin.session,
-                seq=hit.seq,
-                occurred_at=hit.occurred_at.isoformat() if hit.occurred_at else None,
-                contributions=hit.contributions,
-                agent=origin.agent,
-            )
-        )
-    return items
+        for message in turns.get(hit.id, []) if hit.kind == "user_memory" else []:
+            if picker.claim_turn(message.session.public_id, message.seq):
+                picker.add(_source_item(message, memory=hit, agent=origin.agent))
+    return picker.items
+
+
+def _relevance(hit: memory_search.SearchHit) -> float:
+    # Relevance, without the length prior (ranking.py): a long but unrelated turn must not
+    # clear the threshold on its length alone.
+    return hit.relevance - hit.contributions.get("length", 0.0)
+
+
+def _relevant(hit: memory_search.SearchHit, policy: RecallPolicy) -> bool:
+    return _relevance(hit) >= policy.min_score or (
+        hit.similarity is not None and hit.similarity >= policy.min_similarity
+    )
+
+
+@dataclass
+class _Picker:
+    """The recalled items so far, within the allowance and `top_k`, each turn once."""
+
+    allowance: int
+    top_k: int
+    count_tokens: Callable[[str], int]
+    taken: set[tuple[str | None, int | None]]
+    used: int = 0
+    items: list[RecalledItem] = field(default_factory=list)
+
+    def full(self) -> bool:
+        return len(self.items) >= self.top_k
+
+    def claim_turn(self, session: str | None, seq: int | None) -> bool:
+        if (session, seq) in self.taken:
+            return False
+        self.taken.add((session, seq))
+        return True
+
+    def add(self, item: RecalledItem) -> bool:
+        cost = self.count_tokens(item.text) + 4
+        if self.full() or self.used + cost > self.allowance:
+            return False
+        self.used += cost
+        self.items.append(item)
+        return True
+
+
+def _memory_provenance(
+    *, tenant: Tenant, session: Session, hits: list[memory_search.SearchHit]
+) -> dict[tuple[str, str], sharing.Provenance | None]:
+    """Where each user memory hit came from, or None when the tenant's sharing policy keeps
+    another agent's (or an unbound key's) memories out of this session's builds."""
+    wanted = [h.id for h in hits if h.kind == "user_memory"]
+    if not wanted:
+        return {}
+    own = session.agent.external_id
+    shared = sharing.sharing_policy_get(tenant=tenant).share_user_memories
+    rows = UserMemory.objects.filter(tenant=tenant, public_id__in=wanted).values(
+        "public_id", "agent", "sources"
+    )
+    out: dict[tuple[str, str], sharing.Provenance | None] = {}
+    for row in rows:
+        sources = [s for s in row["sources"] or [] if isinstance(s, dict)]
+        first = str(sources[0].get("session") or "") if sources else ""
+        allowed = (row["agent"] == own and bool(own)) or shared
+        where = sharing.Provenance(agent=row["agent"], session=first or None)
+        out[("user_memory", row["public_id"])] = where if allowed else None
+    return out
+
+
+def _source_turns(
+    *,
+    tenant: Tenant,
+    hits: list[memory_search.SearchHit],
+    origins: dict[tuple[str, str], sharing.Provenance | None],
+) -> dict[str, list[Message]]:
+    """memory id → the turns (of the tenant) its `sources` name, in source order; one query."""
+    wanted: dict[tuple[str, int], list[str]] = {}
+    for hit in hits:
+        if hit.kind != "user_memory" or origins.get((hit.kind, hit.id)) is None:
+            continue
+        for source in (hit.sources or [])[:SOURCE_TURNS_MAX]:
+            seq = source.get("seq")
+            if isinstance(seq, int) and source.get("session"):
+                wanted.setdefault((str(source["session"]), seq), []).append(hit.id)
+    if not wanted:
+        return {}
+    condition = Q()
+    for session_id, seq in wanted:
+        condition |= Q(session__public_id=session_id, seq=seq)
+    rows = Message.objects.filter(tenant=tenant).filter(condition).select_related("session")
+    out: dict[str, list[Message]] = {}
+    for message in rows.order_by("session_id", "seq"):
+        for memory_id in wanted.get((message.session.public_id, message.seq), []):
+            out.setdefault(memory_id, []).append(message)
+    return out
+
+
+def _source_item(message: Message, *, memory: memory_search.SearchHit, agent: str) -> RecalledItem:
+    return RecalledItem(
+        kind="message",
+        id=memory_search.message_id(message.session.public_id, message.seq),
+        text=_turn_text(message),
+        score=memory.relevance,
+        reason=f"recalled: the turn the user memory {memory.id} was taken from",
+        session=message.session.public_id,
+        seq=message.seq,
+        occurred_at=message.occurred_at.isoformat() if message.occurred_at else None,
+        contributions=memory.contributions,
+        agent=agent,
+    )
