@@ -6,16 +6,19 @@ summaries and tracked facts, the user's memories, and the tenant's (and user's) 
 leaves out what the prompt already carries (window messages, the current summary, pinned facts,
 retrieved memories). How much it brings is decided by the scores and the budget, not a fixed
 count: hits scoring at least `min_score` (relative to the pool) or with a cosine of at least
-`min_similarity` (absolute), and within RELATIVE_GAP of the best hit, best first, as long as
-they fit `budget_share` of the token budget (at most `top_k`). A recalled user memory brings the
-turns it was taken from (its `sources`) right after it: the evidence the memory stands for. The
-context builder places them at the start or the end.
+`min_similarity` (absolute), and within `relative_gap` of the best hit, best first, as long as
+they fit `budget_share` of the token budget (at most `top_k` turns and records). A recalled user
+memory brings the turns it was taken from (its `sources`): the evidence it stands for. The turns
+recalled from one session go into the prompt as one excerpt (one item, `seqs` lists its turns,
+in conversation order), so that each further turn of a session costs its words, not another
+carried-over block. The context builder places them at the start or the end.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Q
@@ -29,7 +32,7 @@ POSITIONS = ("start", "end")
 SEARCH_LIMIT = 40  # hits a build's recall search asks for (the budget and the scores then cut)
 # A hit whose relevance (without the length prior) is this far under the best hit's is left out:
 # the scores' own drop decides how much to bring (docs/memory.md, "Recall across sessions").
-RELATIVE_GAP = 0.9
+RELATIVE_GAP_DEFAULT = 0.9
 SOURCE_TURNS_MAX = 3  # turns a recalled user memory brings at most
 # name → (type, minimum, maximum) of the request's `recall` object
 RECALL_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
@@ -40,6 +43,7 @@ RECALL_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
     "position": (str, None, None),
     "budget_share": (float, 0.0, 1.0),
     "query": (str, None, None),
+    "relative_gap": (float, 0.0, 10.0),
 }
 
 
@@ -52,6 +56,7 @@ class RecallPolicy:
     position: str
     budget_share: float
     query: str = ""  # an explicit search query (default: the next input)
+    relative_gap: float = RELATIVE_GAP_DEFAULT  # how far under the best hit a recalled one may score
 
 
 @dataclass
@@ -66,6 +71,7 @@ class RecalledItem:
     occurred_at: str | None
     contributions: dict[str, float]
     agent: str = ""  # the agent whose session or record it came from (sharing.py)
+    seqs: list[int] = field(default_factory=list)  # a message excerpt: every turn it quotes
 
 
 def recall_policy_effective(*, tenant: Tenant, overrides: Any = None) -> RecallPolicy:
@@ -188,7 +194,7 @@ def context_recall(
     if not hits:
         return []
     best = max(_relevance(hit) for hit in hits)
-    hits = [hit for hit in hits if _relevance(hit) >= best - RELATIVE_GAP]
+    hits = [hit for hit in hits if _relevance(hit) >= best - policy.relative_gap]
     origins = sharing.recall_provenance(
         tenant=tenant, session=session, hits=[h for h in hits if h.kind != "user_memory"]
     )
@@ -208,7 +214,8 @@ def context_recall(
             continue
         if hit.kind != "message" and hit.id in request.exclude_ids:
             continue
-        if hit.kind == "message" and not picker.claim_turn(hit.session, hit.seq):
+        if hit.kind == "message":
+            picker.add_turn(_Turn.of_hit(hit), hit=hit, origin=origin, current=session.public_id)
             continue
         item = RecalledItem(
             kind=hit.kind, id=hit.id, text=_prompt_text(hit), score=hit.relevance,
@@ -219,9 +226,47 @@ def context_recall(
         if not picker.add(item):
             continue
         for message in turns.get(hit.id, []) if hit.kind == "user_memory" else []:
-            if picker.claim_turn(message.session.public_id, message.seq):
-                picker.add(_source_item(message, memory=hit, agent=origin.agent))
+            picker.add_turn(_Turn.of_message(message), hit=hit, origin=origin, current=session.public_id)
     return picker.items
+
+
+@dataclass(frozen=True)
+class _Turn:
+    session: str
+    seq: int
+    line: str  # `speaker: text`
+    occurred_at: datetime | None
+
+    @classmethod
+    def of_hit(cls, hit: memory_search.SearchHit) -> _Turn:
+        assert hit.session is not None and hit.seq is not None
+        who = f"{hit.speaker}: " if hit.speaker else ""
+        return cls(session=hit.session, seq=hit.seq, line=f"{who}{hit.text}", occurred_at=hit.occurred_at)
+
+    @classmethod
+    def of_message(cls, message: Message) -> _Turn:
+        who = f"{message.name}: " if message.name else ""
+        return cls(
+            session=message.session.public_id,
+            seq=message.seq,
+            line=f"{who}{message.content}",
+            occurred_at=message.occurred_at,
+        )
+
+
+def _excerpt_text(turns: list[_Turn]) -> str:
+    """One session's recalled turns as one excerpt, in conversation order: a header with the
+    session's date, then one line per turn (an ellipsis where turns were skipped)."""
+    ordered = sorted(turns, key=lambda t: t.seq)
+    when = ordered[0].occurred_at.strftime("%-d %B %Y") if ordered[0].occurred_at else "earlier"
+    if len(ordered) == 1:
+        return f"Recalled from an earlier conversation ({when}) — {ordered[0].line}"
+    lines = [f"Recalled from an earlier conversation ({when}):"]
+    for previous, turn in zip([None, *ordered], ordered, strict=False):
+        if previous is not None and turn.seq - previous.seq > 1:
+            lines.append("…")
+        lines.append(turn.line)
+    return "\n".join(lines)
 
 
 def _relevance(hit: memory_search.SearchHit) -> float:
@@ -238,31 +283,62 @@ def _relevant(hit: memory_search.SearchHit, policy: RecallPolicy) -> bool:
 
 @dataclass
 class _Picker:
-    """The recalled items so far, within the allowance and `top_k`, each turn once."""
+    """The recalled items so far, within the allowance and `top_k` turns or records, each turn
+    once. The turns of one session share one item (one excerpt, one carried-over block), so a
+    second turn of a session costs its line, not another block."""
 
     allowance: int
     top_k: int
     count_tokens: Callable[[str], int]
-    taken: set[tuple[str | None, int | None]]
+    taken: set[tuple[str, int]]
     used: int = 0
+    picked: int = 0
     items: list[RecalledItem] = field(default_factory=list)
+    excerpts: dict[str, tuple[RecalledItem, list[_Turn]]] = field(default_factory=dict)
 
     def full(self) -> bool:
-        return len(self.items) >= self.top_k
-
-    def claim_turn(self, session: str | None, seq: int | None) -> bool:
-        if (session, seq) in self.taken:
-            return False
-        self.taken.add((session, seq))
-        return True
+        return self.picked >= self.top_k
 
     def add(self, item: RecalledItem) -> bool:
-        cost = self.count_tokens(item.text) + 4
+        cost = self.count_tokens(item.text)
         if self.full() or self.used + cost > self.allowance:
             return False
         self.used += cost
+        self.picked += 1
         self.items.append(item)
         return True
+
+    def add_turn(
+        self, turn: _Turn, *, hit: memory_search.SearchHit, origin: sharing.Provenance, current: str
+    ) -> None:
+        if (turn.session, turn.seq) in self.taken or self.full():
+            return
+        excerpt = self.excerpts.get(turn.session)
+        if excerpt is None:
+            item = RecalledItem(
+                kind="message", id=memory_search.message_id(turn.session, turn.seq),
+                text=_excerpt_text([turn]), score=hit.relevance,
+                reason=_why(hit, current) if hit.kind == "message"
+                else f"recalled: the turn the user memory {hit.id} was taken from",
+                session=turn.session, seq=turn.seq,
+                occurred_at=turn.occurred_at.isoformat() if turn.occurred_at else None,
+                contributions=hit.contributions, agent=origin.agent, seqs=[turn.seq],
+            )  # fmt: skip
+            if self.add(item):
+                self.taken.add((turn.session, turn.seq))
+                self.excerpts[turn.session] = (item, [turn])
+            return
+        item, turns = excerpt
+        text = _excerpt_text([*turns, turn])
+        cost = self.count_tokens(text) - self.count_tokens(item.text)
+        if self.used + cost > self.allowance:
+            return
+        self.used += cost
+        self.picked += 1
+        self.taken.add((turn.session, turn.seq))
+        turns.append(turn)
+        item.text = text
+        item.seqs = sorted(t.seq for t in turns)
 
 
 def _memory_provenance(
@@ -314,18 +390,3 @@ def _source_turns(
         for memory_id in wanted.get((message.session.public_id, message.seq), []):
             out.setdefault(memory_id, []).append(message)
     return out
-
-
-def _source_item(message: Message, *, memory: memory_search.SearchHit, agent: str) -> RecalledItem:
-    return RecalledItem(
-        kind="message",
-        id=memory_search.message_id(message.session.public_id, message.seq),
-        text=_turn_text(message),
-        score=memory.relevance,
-        reason=f"recalled: the turn the user memory {memory.id} was taken from",
-        session=message.session.public_id,
-        seq=message.seq,
-        occurred_at=message.occurred_at.isoformat() if message.occurred_at else None,
-        contributions=memory.contributions,
-        agent=agent,
-    )

@@ -220,7 +220,8 @@ def test_recall_brings_a_user_memory_with_the_turns_it_was_taken_from(api_a, use
     recalled = [item for item in body["manifest"]["items"] if item["kind"] == "recall"]
     memory = next(item for item in recalled if item["source"] == "user_memory")
     assert "Lake Como" in str(body["messages"]), body["messages"]
-    turns = {(item["session"], item["seq"]) for item in recalled if item["source"] == "message"}
-    assert {(user_memory, 4), (user_memory, 6)} <= turns, recalled
-    assert len(turns) == len([item for item in recalled if item["source"] == "message"])  # each turn once
+    excerpts = [item for item in recalled if item["source"] == "message"]
+    turns = [(item["session"], seq) for item in excerpts for seq in item["seqs"]]
+    assert {(user_memory, 4), (user_memory, 6)} <= set(turns), recalled
+    assert len(turns) == len(set(turns)) and len(excerpts) == 1  # each turn once, one block per session
     assert memory["score"] >= min(item["score"] for item in recalled)
