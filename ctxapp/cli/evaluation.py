@@ -369,7 +369,7 @@ def _ingest(
     for _, when, turns in conv.sessions:
         session = api.session_create(scope_id, user_id=scope_id)
         created.append(session["id"])
-        messages = [_message(turn, when) for turn in turns]
+        messages = [message_of(turn, when) for turn in turns]
         for start in range(0, len(messages), 1000):
             chunk = messages[start : start + 1000]
             out = api.messages_append(session["id"], chunk)
@@ -383,7 +383,7 @@ def _ingest(
     return scope
 
 
-def _message(turn: dict[str, Any], when: datetime | None) -> dict[str, Any]:
+def message_of(turn: dict[str, Any], when: datetime | None) -> dict[str, Any]:
     role = turn.get("role") if turn.get("role") in ("user", "assistant") else "user"
     message: dict[str, Any] = {
         "role": role,
