@@ -17,14 +17,21 @@ pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 SAMPLE = Path(__file__).parent / "data" / "recall_sample.locomo.json"
 
 
+def eval_figures(
+    server: Any, tenant: Any, capsys: pytest.CaptureFixture[str], path: Path, *extra: str
+) -> Any:
+    """`ctxapp eval recall PATH --json …` against the live server: its figures (the last stdout line)."""
+    secret = api_key_create(tenant=tenant, name="eval")[1]
+    code = main(["eval", "recall", str(path), "--url", server.url, "--api-key", secret, "--json", *extra])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out.strip().splitlines()[-1]), captured.err
+
+
 def test_the_harness_ingests_indexes_asks_and_reports_recall(
     live_server: Any, celery_worker: Any, tenant_a: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    secret = api_key_create(tenant=tenant_a, name="eval")[1]
-    code = main(["eval", "recall", str(SAMPLE), "--url", live_server.url, "--api-key", secret, "--json"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    figures = json.loads(captured.out.strip().splitlines()[-1])
+    figures, err = eval_figures(live_server, tenant_a, capsys, SAMPLE)
     assert {"questions", "R@1", "R@5", "R@10", "by_category", "ingest_s", "query_p50_ms", "query_p95_ms",
             "bm25"} <= set(figures)  # fmt: skip
     assert figures["questions"] == 10 and figures["questions_with_evidence"] == 9
@@ -36,7 +43,7 @@ def test_the_harness_ingests_indexes_asks_and_reports_recall(
     assert figures["evidence_in_prompt"] >= 85.0 and figures["kinds"] == ["message"]
     assert 0 < figures["recalled_tokens_median"] <= 1000 and figures["recalled_items_median"] >= 1
     assert "loo" not in figures
-    assert "questions" in captured.err  # the progress bar, on stderr
+    assert "questions" in err  # the progress bar, on stderr
     # One ctxapp session per conversation session, each its own agent/user; speaker names and
     # session dates stored; everything embedded.
     sessions = Session.objects.filter(tenant=tenant_a)
@@ -72,12 +79,9 @@ def test_a_bad_file_is_a_clear_error(tmp_path: Path, capsys: Any) -> None:
 def test_leave_one_conversation_out_and_other_kinds(
     live_server: Any, celery_worker: Any, tenant_a: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    secret = api_key_create(tenant=tenant_a, name="eval")[1]
-    args = ["eval", "recall", str(SAMPLE), "--url", live_server.url, "--api-key", secret, "--json"]
-    code = main([*args, "--loo", "--kinds", "message,user_memory"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    figures = json.loads(captured.out.strip().splitlines()[-1])
+    figures, _ = eval_figures(
+        live_server, tenant_a, capsys, SAMPLE, "--loo", "--kinds", "message,user_memory"
+    )
     assert figures["kinds"] == ["message", "user_memory"]
     loo = figures["loo"]
     # Each conversation is scored with the settings chosen on the other one.
@@ -119,11 +123,7 @@ def test_quality_floor_evidence_in_the_prompt_of_a_new_session(
 ) -> None:
     # The tenant's defaults, through the API, on the repository's dev set. Measured 2026-12-02:
     # R@5 71.5, R@10 80.7; evidence in the prompt 83.3 % at a median 988 recalled tokens.
-    secret = api_key_create(tenant=tenant_a, name="eval")[1]
-    code = main(["eval", "recall", str(DEV_SET), "--url", live_server.url, "--api-key", secret, "--json"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    figures = json.loads(captured.out.strip().splitlines()[-1])
+    figures, _ = eval_figures(live_server, tenant_a, capsys, DEV_SET)
     assert figures["R@5"] >= 70.5 and figures["R@10"] >= 79.5, figures
     assert figures["evidence_in_prompt"] >= 82.0, figures
     assert figures["evidence_in_prompt"] >= figures["R@10"], figures  # the prompt carries more than a top 10
