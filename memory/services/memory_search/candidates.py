@@ -327,12 +327,13 @@ def _experience_candidates(q: _KindQuery) -> list[ranking.Candidate]:
 
 def _user_memory_candidates(q: _KindQuery) -> list[ranking.Candidate]:
     """The memories of the scope's users (current ones, or those current at `as_of`)."""
-    # A user's scope covers that user's memories even before any session of theirs; a scope
-    # narrowed to an agent or a session covers only the users of its sessions.
+    # A user's scope covers that user's memories even before any session of theirs; narrowed to
+    # an agent or a session, only while it holds sessions of that user (their pks are filtered by
+    # it); any other scope covers the users of its sessions.
     user_id = q.scope.user_id
-    only_user = user_id is not None and not q.scope.agent and not q.scope.session
-    users = [user_id] if user_id is not None and only_user else None
-    if not only_user:
+    if user_id is not None and (not (q.scope.agent or q.scope.session) or q.session_pks):
+        users: list[str] | None = [user_id]
+    else:
         users = scope_user_ids(tenant=q.tenant, session_pks=q.session_pks)
     return user_memory_candidates(
         tenant=q.tenant, user_ids=users, query=q.query, vector=q.vector, as_of=q.as_of,

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from django.db.models import Q
+from django.db.models import FloatField, Q, Value
 from pgvector.django import CosineDistance
 
 from memory.models import Session, Tenant, UserMemory
@@ -67,26 +67,26 @@ def user_memory_candidates(
         base = base.filter(valid_from__gte=time_from)
     if time_to is not None:
         base = base.filter(valid_from__lte=time_to)
-    columns = ("pk", "public_id", "subject", "text", "sources", "valid_from")
-    found: dict[int, dict[str, Any]] = {}
-    if ranking.tokenize(query):
-        lexical = base.filter(search_vector=AnyLexemeQuery(query)).order_by("-valid_from")
-        found.update((row["pk"], row) for row in lexical.values(*columns)[:USER_MEMORY_POOL])
-    stored: dict[int, float] = {}
+    columns = ("pk", "public_id", "subject", "text", "sources", "valid_from", "distance")
+    # One statement (a UNION of the three pools): a search pays one round trip for this kind.
     if vector is not None:
         configure_hnsw()
-        nearest = (
-            base.filter(embedding__isnull=False)
-            .annotate(distance=CosineDistance("embedding", vector.tolist()))
-            .order_by("distance")
-            .values(*columns, "distance")[:USER_MEMORY_POOL]
-        )
-        for row in nearest:
-            stored[row["pk"]] = 1.0 - float(row.pop("distance"))
-            found.setdefault(row["pk"], row)
-        pending = base.filter(embedding__isnull=True).order_by("-valid_from").values(*columns)
-        found.update((row["pk"], row) for row in pending[:USER_MEMORY_POOL] if row["pk"] not in found)
-    rows = list(found.values())
+        base = base.annotate(distance=CosineDistance("embedding", vector.tolist()))
+    else:
+        base = base.annotate(distance=Value(None, output_field=FloatField()))
+    pools = []
+    if ranking.tokenize(query):
+        lexical = base.filter(search_vector=AnyLexemeQuery(query)).order_by("-valid_from")
+        pools.append(lexical.values(*columns)[:USER_MEMORY_POOL])
+    if vector is not None:
+        nearest = base.filter(embedding__isnull=False).order_by("distance")
+        pending = base.filter(embedding__isnull=True).order_by("-valid_from")
+        pools += [nearest.values(*columns)[:USER_MEMORY_POOL], pending.values(*columns)[:USER_MEMORY_POOL]]
+    if not pools:
+        return []
+    found = {row["pk"]: row for row in pools[0].union(*pools[1:])}
+    rows = sorted(found.values(), key=lambda row: row["pk"])
+    stored = {row["pk"]: 1.0 - float(row["distance"]) for row in rows if row["distance"] is not None}
     missing = [row["text"] for row in rows if row["pk"] not in stored]
     cached = dict(zip(missing, cosines_cached(vector, missing), strict=True))
     return [
