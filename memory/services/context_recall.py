@@ -199,7 +199,7 @@ def context_recall(
         tenant=tenant, session=session, hits=[h for h in hits if h.kind != "user_memory"]
     )
     origins.update(_memory_provenance(tenant=tenant, session=session, hits=hits))
-    turns = _source_turns(tenant=tenant, hits=hits, origins=origins)
+    turns = _source_turns(tenant=tenant, session=session, hits=hits, origins=origins)
     picker = _Picker(
         allowance=int(request.budget_tokens * policy.budget_share),
         top_k=policy.top_k,
@@ -367,10 +367,12 @@ def _memory_provenance(
 def _source_turns(
     *,
     tenant: Tenant,
+    session: Session,
     hits: list[memory_search.SearchHit],
     origins: dict[tuple[str, str], sharing.Provenance | None],
 ) -> dict[str, list[Message]]:
-    """memory id → the turns (of the tenant) its `sources` name, in source order; one query."""
+    """memory id → the turns its `sources` name that this session's builds may read (of its own
+    agent's sessions, or any agent's when the tenant shares messages), in order; one query."""
     wanted: dict[tuple[str, int], list[str]] = {}
     for hit in hits:
         if hit.kind != "user_memory" or origins.get((hit.kind, hit.id)) is None:
@@ -385,6 +387,8 @@ def _source_turns(
     for session_id, seq in wanted:
         condition |= Q(session__public_id=session_id, seq=seq)
     rows = Message.objects.filter(tenant=tenant).filter(condition).select_related("session")
+    if not sharing.sharing_policy_get(tenant=tenant).share_messages:
+        rows = rows.filter(session__agent_id=session.agent_id)
     out: dict[str, list[Message]] = {}
     for message in rows.order_by("session_id", "seq"):
         for memory_id in wanted.get((message.session.public_id, message.seq), []):

@@ -225,3 +225,14 @@ def test_recall_brings_a_user_memory_with_the_turns_it_was_taken_from(api_a, use
     assert {(user_memory, 4), (user_memory, 6)} <= set(turns), recalled
     assert len(turns) == len(set(turns)) and len(excerpts) == 1  # each turn once, one block per session
     assert memory["score"] >= min(item["score"] for item in recalled)
+
+
+def test_a_shared_memory_does_not_bring_turns_of_another_agents_session(api_a, user_memory, tenant_a):
+    from memory.services.sharing import sharing_policy_update
+
+    sharing_policy_update(tenant=tenant_a, changes={"share_user_memories": True})
+    other = post(api_a, "/api/v1/sessions", {"agent": "helper", "user_id": "maya"})["id"]
+    body = post(api_a, f"/api/v1/sessions/{other}/context", {"input": "Where is Lina's wedding?"}, status=200)
+    recalled = [item for item in body["manifest"]["items"] if item["kind"] == "recall"]
+    assert [item for item in recalled if item["source"] == "user_memory"], recalled  # shared
+    assert not [item for item in recalled if item["session"] == user_memory and item["source"] == "message"]
