@@ -198,6 +198,7 @@ def test_only_the_current_value_unless_as_of(api_a, user_memory):
     texts = [hit["text"] for hit in search(api_a, body)]
     assert "Maya moved to Lisbon." in texts and "Maya lives in Porto." not in texts, texts
     old = UserMemory.objects.get(text="Maya lives in Porto.")
+    assert old.valid_to is not None  # superseded by the move
     at = old.valid_from + (old.valid_to - old.valid_from) / 2
     texts = [hit["text"] for hit in search(api_a, {**body, "as_of": at.isoformat()})]
     assert "Maya lives in Porto." in texts and "Maya moved to Lisbon." not in texts, texts
