@@ -84,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     recall.add_argument("--api-key", default=os.environ.get("CTXAPP_API_KEY"))
     recall.add_argument("--json", action="store_true", help="last stdout line: one JSON object of figures")
     recall.add_argument("--cleanup", action="store_true", help="delete the sessions it created")
+    recall.add_argument(
+        "--kinds", default=None, help="memory search kinds, comma-separated (default: message)"
+    )
+    recall.add_argument(
+        "--loo", action="store_true",
+        help="also choose settings by leave-one-conversation-out and report the held-out figures",
+    )  # fmt: skip
     recall.set_defaults(func=cmd_eval_recall)
     mcp = sub.add_parser(
         "mcp",

@@ -14,12 +14,28 @@ ctxapp session per conversation session, and appends its turns in one batch each
 speaker as the message `name` (indexed) and `occurred_at` from `session_N_date_time`. It then
 waits until the tenant has no message pending embedding (polling GET /memory/index), and asks
 every question through POST /memory/search (kinds: message; scope: that user, all sessions;
-limit 10). It reports turn recall R@1/5/10 — the fraction of a question's evidence turns among
-the top k, averaged over the questions that have evidence — overall and by category, the
-ingest time, query p50/p95 (client-side, HTTP included), and plain BM25 over the same turns
-(over `speaker: text`, computed locally with ranking.tokenize) for comparison. With --json the
-last stdout line is one JSON object; --cleanup deletes the sessions it created (and with them
-their messages).
+limit 10; `--kinds` widens it: a user memory hit stands for the turns it was taken from). It
+reports turn recall R@1/5/10 — the fraction of a question's evidence turns among the top k,
+averaged over the questions that have evidence — overall and by category, the ingest time, query
+p50/p95 (client-side, HTTP included), and plain BM25 over the same turns (over `speaker: text`,
+computed locally with ranking.tokenize) for comparison.
+
+It also opens a NEW session of the same user and agent per conversation and builds a context for
+every question in it (POST /sessions/{id}/context, the question as input, the tenant's policy):
+`evidence_in_prompt` is the fraction of a question's evidence turns the prompt carries (recalled
+turns, and the source turns a recalled user memory brings), with the median recalled tokens and
+items per build.
+
+`--loo` chooses settings by leave-one-conversation-out: each conversation is scored with the
+ranking plan (LOO_PLANS) and the recall cut (LOO_RECALL) that did best on the OTHER
+conversations, and the held-out figures are reported beside the in-sample ones (the server's
+defaults). With --json the last stdout line is one JSON object; --cleanup deletes the sessions
+it created (and with them their messages).
+
+Besides the LoCoMo format the harness reads the dev sets' own format ({conversations: [{id,
+speakers, sessions: [{id, date, turns: [{id, speaker, text}]}], questions: [{question,
+evidence: [turn id], category}]}]}, tests/data/dev/conversations_dev.json and
+user_assistant_dev.json): a turn's id is its evidence id there.
 """
 
 from __future__ import annotations
@@ -33,7 +49,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from tqdm import tqdm
 
@@ -42,6 +58,26 @@ from memory.services import ranking
 
 KS = (1, 5, 10)
 SEARCH_LIMIT = 10
+DEFAULT_KINDS = ("message",)
+# The settings `--loo` chooses among: ranking plans (POST /memory/search `plan`) and recall cuts
+# (POST /sessions/{id}/context `recall`). The first of each is the server's default.
+LOO_PLANS: tuple[dict[str, Any], ...] = (
+    {},
+    {"session_weight": 0.1},
+    {"prf_docs": 3},
+    {"neighbour_weight": 0.6},
+)
+LOO_RECALL: tuple[dict[str, Any], ...] = (
+    {},
+    {"top_k": 8},
+    {"top_k": 10},
+    {"top_k": 12},
+    {"top_k": 15},
+    {"top_k": 20},
+    {"top_k": 15, "relative_gap": 0.6},
+    {"top_k": 20, "relative_gap": 0.5},
+)
+RECALLED_TOKENS_TARGET = 1000  # a recall cut is chosen only if its median recalled tokens stay under this
 INDEX_TIMEOUT_SECONDS = 1800.0
 _SESSION_KEY = re.compile(r"^session_(\d+)$")
 _DIA_ID = re.compile(r"D(\d+):(\d+)", re.IGNORECASE)
@@ -70,9 +106,14 @@ class Report:
     turns: int = 0
     sessions: int = 0
     conversations: int = 0
+    kinds: tuple[str, ...] = DEFAULT_KINDS
+    evidence_in_prompt: float = 0.0
+    recalled_tokens: list[int] = field(default_factory=list)
+    recalled_items: list[int] = field(default_factory=list)
+    loo: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "questions": self.questions,
             "questions_with_evidence": self.with_evidence,
             "conversations": self.conversations,
@@ -84,7 +125,22 @@ class Report:
             "query_p50_ms": round(percentile(self.query_ms, 50), 1),
             "query_p95_ms": round(percentile(self.query_ms, 95), 1),
             "bm25": {f"R@{k}": round(self.bm25.get(k, 0.0), 1) for k in (5, 10)},
+            "kinds": list(self.kinds),
+            "evidence_in_prompt": round(self.evidence_in_prompt, 1),
+            "recalled_tokens_median": _median(self.recalled_tokens),
+            "recalled_items_median": _median(self.recalled_items),
         }
+        if self.loo is not None:
+            out["loo"] = self.loo
+        return out
+
+
+def _median(values: list[int]) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return float(ordered[middle]) if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -139,12 +195,14 @@ def turn_text(turn: dict[str, Any]) -> str:
 
 
 def load(path: str) -> list[Conversation]:
-    """Read a LoCoMo-format file. Raises HarnessError naming what is wrong."""
+    """Read a LoCoMo-format file, or the dev sets' own format. Raises HarnessError naming what is wrong."""
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except (OSError, ValueError) as exc:
         raise HarnessError(f"cannot read {path}: {exc}") from exc
+    if isinstance(data, dict) and isinstance(data.get("conversations"), list):
+        return _load_dev_format(path, data["conversations"])
     if not isinstance(data, list):
         raise HarnessError(f"{path}: expected a JSON list of samples")
     conversations = []
@@ -169,6 +227,28 @@ def load(path: str) -> list[Conversation]:
     return conversations
 
 
+def _load_dev_format(path: str, items: list[Any]) -> list[Conversation]:
+    """{conversations: [{id, sessions: [{date, turns: [{id, speaker, text}]}], questions}]}: a
+    turn's `id` is what evidence names."""
+    conversations = []
+    for index, conv in enumerate(items):
+        if not isinstance(conv, dict) or not isinstance(conv.get("sessions"), list):
+            raise HarnessError(f"{path}: conversation {index} has no 'sessions' list")
+        sessions = []
+        for number, session in enumerate(conv["sessions"], start=1):
+            if not isinstance(session, dict) or not isinstance(session.get("turns"), list):
+                raise HarnessError(f"{path}: conversation {index}, session {number} has no 'turns' list")
+            turns = [
+                {**turn, "dia_id": turn.get("id")} for turn in session["turns"] if isinstance(turn, dict)
+            ]
+            sessions.append((number, parse_date(session.get("date")), turns))
+        questions = [q for q in conv.get("questions") or [] if isinstance(q, dict) and q.get("question")]
+        conversations.append(
+            Conversation(sample_id=str(conv.get("id", index)), sessions=sessions, questions=questions)
+        )
+    return conversations
+
+
 def _bm25_ranking(query: str, texts: list[str]) -> list[int]:
     tokens = [ranking.tokenize(t) for t in texts]
     df: dict[str, int] = defaultdict(int)
@@ -182,8 +262,9 @@ def _bm25_ranking(query: str, texts: list[str]) -> list[int]:
     return sorted(range(len(texts)), key=lambda i: (-scores[i], i))
 
 
-def _recall_at(found: list[str], evidence: set[str], k: int) -> float:
-    return len(evidence & set(found[:k])) / len(evidence)
+def _recall_at(found: list[set[str]], evidence: set[str], k: int) -> float:
+    """The fraction of `evidence` among the turns of the first k hits (each hit: its turns)."""
+    return len(evidence & set().union(*found[:k])) / len(evidence)
 
 
 def _wait_for_index(api: Client, *, timeout: float, progress: Any) -> None:
@@ -213,9 +294,16 @@ class _Scope:
 
 
 @dataclass
-class _Tally:
-    per_question: list[tuple[str, dict[int, float]]] = field(default_factory=list)
-    bm25_hits: dict[int, list[float]] = field(default_factory=lambda: {k: [] for k in (5, 10)})
+class _Asked:
+    """One question with evidence, under every setting asked: turn recall per plan (index into
+    the plans) and, per recall cut, (fraction of its evidence in the prompt, recalled tokens,
+    recalled items)."""
+
+    conversation: int
+    category: str
+    recall: list[dict[int, float]]
+    prompt: list[tuple[float, int, int]]
+    bm25: dict[int, float]
 
 
 def run_recall(
@@ -227,14 +315,18 @@ def run_recall(
     progress: bool = True,
     index_timeout: float = INDEX_TIMEOUT_SECONDS,
     err: TextIO | None = None,
+    kinds: tuple[str, ...] = DEFAULT_KINDS,
+    loo: bool = False,
 ) -> Report:
     """Ingest, wait for indexing, ask every question; return the figures. Raises HarnessError."""
     conversations = load(path)
     run = uuid.uuid4().hex[:8]
-    report = Report(conversations=len(conversations))
+    report = Report(conversations=len(conversations), kinds=kinds)
     err = err or sys.stderr
     created: list[str] = []
-    tally = _Tally()
+    asked: list[_Asked] = []
+    plans = LOO_PLANS if loo else LOO_PLANS[:1]
+    recalls = LOO_RECALL if loo else LOO_RECALL[:1]
     with Client(url, api_key) as api:
         try:
             total_turns = sum(len(turns) for c in conversations for _, _, turns in c.sessions)
@@ -252,12 +344,20 @@ def run_recall(
             with tqdm(
                 total=total_questions, desc="questions", unit="q", file=err, disable=not progress
             ) as bar:
-                for scope in scopes:
-                    _ask(api, scope, report=report, tally=tally, bar=bar)
+                for number, scope in enumerate(scopes):
+                    # A new session of the same user: what a context build there puts in the prompt.
+                    probe = api.session_create(scope.scope_id, user_id=scope.scope_id)["id"]
+                    created.append(probe)
+                    asker = _Asker(
+                        api=api, scope=scope, probe=probe, kinds=kinds, plans=plans, recalls=recalls
+                    )
+                    asked += asker.ask_all(number, report=report, bar=bar)
         finally:
             if cleanup:
                 _delete_sessions(api, created, err=err)
-    _summarise(report, tally)
+    _summarise(report, asked)
+    if loo:
+        report.loo = _leave_one_out(asked, conversations=len(conversations))
     return report
 
 
@@ -269,7 +369,7 @@ def _ingest(
     for _, when, turns in conv.sessions:
         session = api.session_create(scope_id, user_id=scope_id)
         created.append(session["id"])
-        messages = [_message(turn, when) for turn in turns]
+        messages = [message_of(turn, when) for turn in turns]
         for start in range(0, len(messages), 1000):
             chunk = messages[start : start + 1000]
             out = api.messages_append(session["id"], chunk)
@@ -283,9 +383,10 @@ def _ingest(
     return scope
 
 
-def _message(turn: dict[str, Any], when: datetime | None) -> dict[str, Any]:
+def message_of(turn: dict[str, Any], when: datetime | None) -> dict[str, Any]:
+    role = turn.get("role") if turn.get("role") in ("user", "assistant") else "user"
     message: dict[str, Any] = {
-        "role": "user",
+        "role": role,
         "name": str(turn.get("speaker") or "")[:200],
         "content": turn_text(turn),
     }
@@ -294,36 +395,83 @@ def _message(turn: dict[str, Any], when: datetime | None) -> dict[str, Any]:
     return message
 
 
-def _ask(api: Client, scope: _Scope, *, report: Report, tally: _Tally, bar: Any) -> None:
-    """Every question of the conversation through POST /memory/search, and the BM25 baseline."""
-    texts = [text for _, text in scope.turns_text]
-    for question in scope.conversation.questions:
-        report.questions += 1
-        query = str(question["question"])
-        t0 = time.perf_counter()
-        found = api.memory_search(
-            query,
-            scope={"user_id": scope.scope_id, "agent": scope.scope_id, "sessions": "all"},
-            kinds=["message"],
-            limit=SEARCH_LIMIT,
-        )
-        report.query_ms.append((time.perf_counter() - t0) * 1000)
-        bar.update(1)
-        evidence = evidence_ids(question)
-        if not evidence:
-            continue
-        report.with_evidence += 1
-        ranked = [
-            scope.dia_of.get((str(hit["session"]), int(hit["seq"] or 0)), "")
-            for hit in found["results"]
-            if hit["kind"] == "message"
+@dataclass
+class _Asker:
+    """Asks one conversation's questions: memory search under each plan, a context build in the
+    probe session under each recall cut, and the BM25 baseline."""
+
+    api: Client
+    scope: _Scope
+    probe: str
+    kinds: tuple[str, ...]
+    plans: tuple[dict[str, Any], ...]
+    recalls: tuple[dict[str, Any], ...]
+
+    def ask_all(self, number: int, *, report: Report, bar: Any) -> list[_Asked]:
+        texts = [text for _, text in self.scope.turns_text]
+        out = []
+        for question in self.scope.conversation.questions:
+            report.questions += 1
+            query = str(question["question"])
+            recall = []
+            for index, plan in enumerate(self.plans):
+                t0 = time.perf_counter()
+                found = self.api.memory_search(
+                    query,
+                    scope={"user_id": self.scope.scope_id, "agent": self.scope.scope_id, "sessions": "all"},
+                    kinds=list(self.kinds),
+                    limit=SEARCH_LIMIT,
+                    plan=plan or None,
+                )
+                if index == 0:
+                    report.query_ms.append((time.perf_counter() - t0) * 1000)
+                recall.append(cast(list[dict[str, Any]], found["results"]))
+            evidence = evidence_ids(question)
+            if not evidence:
+                bar.update(1)
+                continue
+            report.with_evidence += 1
+            bm25_found = [self.scope.turns_text[i][0] for i in _bm25_ranking(query, texts)[:10]]
+            out.append(
+                _Asked(
+                    conversation=number,
+                    category=str(question.get("category", "")),
+                    recall=[
+                        {k: _recall_at(self._turns_of(hits), evidence, k) for k in KS} for hits in recall
+                    ],
+                    prompt=[self._prompt(query, evidence, cut) for cut in self.recalls],
+                    bm25={k: _recall_at([{dia} for dia in bm25_found], evidence, k) for k in (5, 10)},
+                )
+            )
+            bar.update(1)
+        return out
+
+    def _turns_of(self, hits: list[dict[str, Any]]) -> list[set[str]]:
+        """Each hit's turns as evidence names them: a message its own, a user memory those it was
+        taken from, any other kind none (it still takes its place in the top k)."""
+        out: list[set[str]] = []
+        for hit in hits:
+            if hit["kind"] == "message":
+                pairs = [(str(hit["session"]), int(hit["seq"] or 0))]
+            else:
+                pairs = [(str(s.get("session")), int(s.get("seq") or 0)) for s in hit.get("sources") or []]
+            out.append({self.scope.dia_of[pair] for pair in pairs if pair in self.scope.dia_of})
+        return out
+
+    def _prompt(self, query: str, evidence: set[str], cut: dict[str, Any]) -> tuple[float, int, int]:
+        built = self.api.context_build(self.probe, query, recall=cut or None)
+        recalled = [
+            item for item in built["manifest"]["items"] if item["kind"] == "recall" and item["included"]
         ]
-        tally.per_question.append(
-            (str(question.get("category", "")), {k: _recall_at(ranked, evidence, k) for k in KS})
-        )
-        bm25_found = [scope.turns_text[i][0] for i in _bm25_ranking(query, texts)[:10]]
-        for k in (5, 10):
-            tally.bm25_hits[k].append(_recall_at(bm25_found, evidence, k))
+        # A message excerpt lists every turn it quotes in `seqs`.
+        turns = {
+            self.scope.dia_of.get((str(item.get("session")), int(seq)), "")
+            for item in recalled
+            if item.get("source") == "message"
+            for seq in item.get("seqs") or [item.get("seq") or 0]
+        }
+        tokens = sum(int(item.get("tokens") or 0) for item in recalled)
+        return len(evidence & turns) / len(evidence), tokens, len(recalled)
 
 
 def _delete_sessions(api: Client, session_ids: list[str], *, err: TextIO) -> None:
@@ -334,24 +482,76 @@ def _delete_sessions(api: Client, session_ids: list[str], *, err: TextIO) -> Non
             print(f"ctxapp eval: could not delete {session_id}: {exc}", file=err)
 
 
-def _summarise(report: Report, tally: _Tally) -> None:
-    """Turn recall averaged over the questions with evidence, overall and by category."""
-    per_question = tally.per_question
-    if per_question:
+def _summarise(report: Report, asked: list[_Asked]) -> None:
+    """Turn recall and evidence in the prompt (the first setting of each: the server's defaults),
+    averaged over the questions with evidence, overall and by category."""
+    if asked:
         for k in KS:
-            report.recall[k] = 100 * sum(r[k] for _, r in per_question) / len(per_question)
+            report.recall[k] = 100 * sum(a.recall[0][k] for a in asked) / len(asked)
         for k in (5, 10):
-            report.bm25[k] = 100 * sum(tally.bm25_hits[k]) / len(tally.bm25_hits[k])
-    categories: dict[str, list[dict[int, float]]] = defaultdict(list)
-    for category, recalls in per_question:
-        categories[category].append(recalls)
+            report.bm25[k] = 100 * sum(a.bm25[k] for a in asked) / len(asked)
+        report.evidence_in_prompt = 100 * sum(a.prompt[0][0] for a in asked) / len(asked)
+        report.recalled_tokens = [a.prompt[0][1] for a in asked]
+        report.recalled_items = [a.prompt[0][2] for a in asked]
+    categories: dict[str, list[_Asked]] = defaultdict(list)
+    for item in asked:
+        categories[item.category].append(item)
     report.by_category = {
         category: {
             "questions": len(items),
-            **{f"R@{k}": round(100 * sum(r[k] for r in items) / len(items), 1) for k in KS},
+            **{f"R@{k}": round(100 * sum(a.recall[0][k] for a in items) / len(items), 1) for k in KS},
+            "evidence_in_prompt": round(100 * sum(a.prompt[0][0] for a in items) / len(items), 1),
         }
         for category, items in sorted(categories.items())
     }
+
+
+def _leave_one_out(asked: list[_Asked], *, conversations: int) -> dict[str, Any]:
+    """Each conversation scored with the plan and the recall cut chosen on the others: the plan
+    with the best mean of R@5 and R@10, the cut with the most evidence in the prompt among those
+    whose median recalled tokens stay ≤ RECALLED_TOKENS_TARGET (the default cut if none does)."""
+    held: list[tuple[dict[int, float], tuple[float, int, int]]] = []
+    chosen: list[dict[str, Any]] = []
+    plans, cuts = len(asked[0].recall) if asked else 1, len(asked[0].prompt) if asked else 1
+    for number in range(conversations):
+        train = [a for a in asked if a.conversation != number]
+        test = [a for a in asked if a.conversation == number]
+        if not test or not train:
+            continue
+        plan = max(range(plans), key=lambda p: (sum(a.recall[p][5] + a.recall[p][10] for a in train), -p))
+        fitting = [
+            c for c in range(cuts) if _median([a.prompt[c][1] for a in train]) <= RECALLED_TOKENS_TARGET
+        ]
+        cut = max(fitting or [0], key=lambda c: (sum(a.prompt[c][0] for a in train), -c))
+        chosen.append({"conversation": number, "plan": LOO_PLANS[plan], "recall": LOO_RECALL[cut]})
+        held += [(a.recall[plan], a.prompt[cut]) for a in test]
+    if not held:
+        return {}
+    settings = {
+        "plans": [
+            {"plan": LOO_PLANS[p], **{f"R@{k}": _mean_pct([a.recall[p][k] for a in asked]) for k in (5, 10)}}
+            for p in range(plans)
+        ],
+        "recall": [
+            {
+                "recall": LOO_RECALL[c],
+                "evidence_in_prompt": _mean_pct([a.prompt[c][0] for a in asked]),
+                "recalled_tokens_median": _median([a.prompt[c][1] for a in asked]),
+            }
+            for c in range(cuts)
+        ],
+    }
+    return {
+        **{f"R@{k}": round(100 * sum(r[k] for r, _ in held) / len(held), 1) for k in KS},
+        "evidence_in_prompt": round(100 * sum(p[0] for _, p in held) / len(held), 1),
+        "recalled_tokens_median": _median([p[1] for _, p in held]),
+        "chosen": chosen,
+        "in_sample": settings,
+    }
+
+
+def _mean_pct(values: list[float]) -> float:
+    return round(100 * sum(values) / len(values), 1) if values else 0.0
 
 
 def format_report(report: Report) -> str:
@@ -361,20 +561,45 @@ def format_report(report: Report) -> str:
         f"questions {data['questions']} ({data['questions_with_evidence']} with evidence)",
         f"memory search  R@1 {data['R@1']:5.1f}   R@5 {data['R@5']:5.1f}   R@10 {data['R@10']:5.1f}",
         f"plain BM25                R@5 {data['bm25']['R@5']:5.1f}   R@10 {data['bm25']['R@10']:5.1f}",
+        f"evidence in the prompt of a new session {data['evidence_in_prompt']:5.1f} %, "
+        f"median {data['recalled_tokens_median']:.0f} recalled tokens "
+        f"({data['recalled_items_median']:.0f} items)",
         f"ingest {data['ingest_s']:.1f} s (appends + embedding drained); "
         f"query p50 {data['query_p50_ms']:.1f} ms, p95 {data['query_p95_ms']:.1f} ms (HTTP, client side)",
-        "by category:",
     ]
+    if data.get("loo"):
+        loo = data["loo"]
+        lines.append(
+            f"leave-one-conversation-out  R@1 {loo['R@1']:5.1f}   R@5 {loo['R@5']:5.1f}   "
+            f"R@10 {loo['R@10']:5.1f}"
+            f"   evidence in the prompt {loo['evidence_in_prompt']:5.1f} % "
+            f"(median {loo['recalled_tokens_median']:.0f} tokens)"
+        )
+    lines.append("by category:")
     for category, row in data["by_category"].items():
         lines.append(
             f"  {category:>12}  n={row['questions']:<4} R@1 {row['R@1']:5.1f}  R@5 {row['R@5']:5.1f}  "
-            f"R@10 {row['R@10']:5.1f}"
+            f"R@10 {row['R@10']:5.1f}  in prompt {row['evidence_in_prompt']:5.1f}"
         )
     return "\n".join(lines)
 
 
+def parse_kinds(text: str | None) -> tuple[str, ...]:
+    """`--kinds message,user_memory` → the kinds (default: messages only)."""
+    kinds = tuple(dict.fromkeys(k.strip() for k in (text or "").split(",") if k.strip()))
+    return kinds or DEFAULT_KINDS
+
+
 def main_recall(
-    *, file: str, url: str, api_key: str | None, as_json: bool, cleanup: bool, out: TextIO | None = None
+    *,
+    file: str,
+    url: str,
+    api_key: str | None,
+    as_json: bool,
+    cleanup: bool,
+    out: TextIO | None = None,
+    kinds: str | None = None,
+    loo: bool = False,
 ) -> int:
     """The `ctxapp eval recall` command. Returns the exit code."""
     out = out or sys.stdout
@@ -382,7 +607,9 @@ def main_recall(
         print("ctxapp eval: pass --api-key (or set CTXAPP_API_KEY)", file=sys.stderr)
         return 2
     try:
-        report = run_recall(file, url=url, api_key=api_key, cleanup=cleanup)
+        report = run_recall(
+            file, url=url, api_key=api_key, cleanup=cleanup, kinds=parse_kinds(kinds), loo=loo
+        )
     except (HarnessError, CtxappError) as exc:
         print(f"ctxapp eval: {exc}", file=sys.stderr)
         return 1

@@ -28,8 +28,9 @@ def cmd_eval_recall(args: argparse.Namespace) -> int:
     from ctxapp.cli import evaluation  # lazy: startup-cost
 
     return evaluation.main_recall(
-        file=args.file, url=args.url, api_key=args.api_key, as_json=args.json, cleanup=args.cleanup
-    )
+        file=args.file, url=args.url, api_key=args.api_key, as_json=args.json, cleanup=args.cleanup,
+        kinds=args.kinds, loo=args.loo,
+    )  # fmt: skip
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:

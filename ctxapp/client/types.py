@@ -59,7 +59,7 @@ class MemoryNeighbour(TypedDict):
 
 
 class MemoryHit(TypedDict, total=False):
-    kind: str  # message | summary | fact | experience
+    kind: str  # message | summary | fact | experience | user_memory
     id: str  # messages: "<session id>:<seq>"
     session: str | None
     seq: int | None
@@ -70,6 +70,7 @@ class MemoryHit(TypedDict, total=False):
     similarity: float | None  # raw cosine to the query (None: no vector)
     contributions: dict[str, float]  # dense, lexical, neighbour, session, recency, length
     neighbours: list[MemoryNeighbour]  # only when asked
+    sources: list[dict[str, Any]]  # user memories only: the turns ({session, seq}) it was taken from
 
 
 class MemorySearchOut(TypedDict):

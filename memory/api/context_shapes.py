@@ -186,7 +186,8 @@ class ManifestItemSerializer(InOrder):
     covers_up_to_seq = serializers.IntegerField(required=False, help_text="summary")
     source = serializers.CharField(  # type: ignore[assignment]
         required=False,
-        help_text="recall: message | summary | fact | experience; a previous session's digest: its origin.",
+        help_text="recall: message | summary | fact | experience | user_memory; a previous session's digest: "
+        "its origin.",
     )
     source_id = serializers.CharField(required=False, help_text="recall: the recalled item's id.")
     session = serializers.CharField(
@@ -194,6 +195,10 @@ class ManifestItemSerializer(InOrder):
     )
     agent = serializers.CharField(required=False, help_text="a previous session's digest")
     seq = serializers.IntegerField(required=False, allow_null=True, help_text="history, recall")
+    seqs = serializers.ListField(
+        child=serializers.IntegerField(), required=False,
+        help_text="recall: every turn a message excerpt quotes, in conversation order.",
+    )  # fmt: skip
     role = serializers.CharField(required=False, help_text="history")
     occurred_at = serializers.CharField(required=False, allow_null=True, help_text="recall")
     contributions = serializers.DictField(

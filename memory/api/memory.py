@@ -80,11 +80,17 @@ class HitSerializer(serializers.Serializer):
     neighbours = NeighbourSerializer(
         many=True, required=False, help_text="Only when asked (`neighbours` > 0)."
     )
+    sources = serializers.ListField(
+        child=serializers.DictField(), required=False,
+        help_text="User memories only: the turns ({session, seq}) the memory was taken from.",
+    )  # fmt: skip
 
     def to_representation(self, instance: memory_search.SearchHit) -> dict[str, Any]:
         data = super().to_representation(instance)
         if instance.neighbours is None:
             del data["neighbours"]  # not asked for
+        if instance.sources is None:
+            del data["sources"]  # not a user memory
         return data
 
 
@@ -132,7 +138,7 @@ class MemorySearchApi(TenantApiView):
         scope = ScopeSerializer(required=False)
         kinds = serializers.ListField(
             child=serializers.CharField(), required=False, allow_empty=False,
-            help_text="Any of message, summary, fact, experience (default: all).",
+            help_text="Any of message, summary, fact, experience, user_memory (default: all).",
         )  # fmt: skip
         limit = serializers.IntegerField(
             required=False, default=10, min_value=1, max_value=memory_search.MAX_LIMIT
@@ -150,6 +156,10 @@ class MemorySearchApi(TenantApiView):
             help_text="Relevance floor: an item sharing no word with the query needs this cosine "
             "to it to be listed (default: the tenant's memory policy, 0.15).",
         )  # fmt: skip
+        as_of = serializers.DateTimeField(
+            required=False,
+            help_text="User memories as they were at this moment (default: the current ones).",
+        )
 
     @extend_schema(
         request=InputSerializer,
@@ -190,6 +200,7 @@ class MemorySearchApi(TenantApiView):
             plan=memory_search.plan_parse(data["plan"]) if "plan" in data else None,
             neighbours=data["neighbours"],
             min_similarity=data.get("min_similarity"),
+            as_of=data.get("as_of"),
         )
         return Response(search_result_out(result))
 

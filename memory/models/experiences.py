@@ -259,8 +259,9 @@ class ExperiencePolicy(TenantPolicyBase):
     context_min_similarity = models.FloatField(
         default=0.3, help_text="Experiences less similar than this to the input never enter a context."
     )
+    # 0: on retrieval_dev, feedback lowered held-out ranking at every weight tried (bench/bench_feedback.py).
     helpful_weight = models.FloatField(
-        default=0.1, help_text="Context ranking: weight of the helpful/unhelpful feedback balance (-1..1)."
+        default=0.0, help_text="Context ranking: weight of the helpful/unhelpful feedback balance (-1..1)."
     )
 
     class Meta:

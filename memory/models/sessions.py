@@ -300,7 +300,11 @@ class MemoryPolicy(TenantPolicyBase):
     recall_enabled = models.BooleanField(
         default=True, help_text="Context builds recall relevant items from outside the window."
     )
-    recall_top_k = models.PositiveIntegerField(default=5, help_text="Most items a context build recalls.")
+    recall_top_k = models.PositiveIntegerField(
+        default=12,
+        help_text="Most turns and records a context build recalls; the scores' drop and the budget "
+        "usually cut sooner.",
+    )
     recall_min_score = models.FloatField(
         default=0.3,
         help_text="Fused ranking score (z-score units of the candidate pool) an item needs to be recalled…",

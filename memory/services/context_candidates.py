@@ -362,7 +362,8 @@ def _recall_step(
     recalled = context_recall(
         tenant=tenant,
         request=request,
-        count_tokens=lambda text: counter.message_tokens({"role": "system", "content": text}),
+        # What an item costs is the block it goes into the prompt as (the carried-over note and tags).
+        count_tokens=lambda text: counter.message_tokens(carried_over_message(text, source="message")),
     )
     return [
         ContextItem(
@@ -378,6 +379,7 @@ def _recall_step(
                 "agent": item.agent,
                 "session": item.session,
                 "seq": item.seq,
+                "seqs": item.seqs,
                 "occurred_at": item.occurred_at,
                 "contributions": item.contributions,
             },

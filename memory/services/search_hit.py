@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from memory.models import Experience, Message
 
 
 @dataclass
 class SearchHit:
-    kind: str  # message | summary | fact | experience
+    kind: str  # message | summary | fact | experience | user_memory
     id: str  # a message: `<session id>:<seq>`; the others: their public id
     text: str
     score: float  # its place in the list it was answered in
@@ -31,6 +32,8 @@ class SearchHit:
     seq: int | None = None
     speaker: str = ""
     neighbours: list[Message] | None = None  # the turns around it (when asked)
+    # user memories: the turns ({session, seq}) the memory was taken from
+    sources: list[dict[str, Any]] | None = None
     # experiences search: the row, and its normalised full-text rank among the candidates
     experience: Experience | None = None
     text_score: float = 0.0

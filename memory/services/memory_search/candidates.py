@@ -32,6 +32,7 @@ from memory.services.memory_search.sql import (
     terms_or_query,
     vector_literal,
 )
+from memory.services.memory_search.user_memories import scope_user_ids, user_memory_candidates
 
 VectorSource = Callable[[], np.ndarray | None]  # the query's embedding, when it is needed
 
@@ -231,6 +232,7 @@ class _KindQuery:
     config: str
     time_from: datetime | None
     time_to: datetime | None
+    as_of: datetime | None = None
 
     def in_time(self, queryset: Any, field_name: str) -> Any:
         if self.time_from is not None:
@@ -323,6 +325,22 @@ def _experience_candidates(q: _KindQuery) -> list[ranking.Candidate]:
     return _row_candidates("experience", rows, texts=[r.text for r in rows], vector=q.vector)
 
 
+def _user_memory_candidates(q: _KindQuery) -> list[ranking.Candidate]:
+    """The memories of the scope's users (current ones, or those current at `as_of`)."""
+    # A user's scope covers that user's memories even before any session of theirs; narrowed to
+    # an agent or a session, only while it holds sessions of that user (their pks are filtered by
+    # it); any other scope covers the users of its sessions.
+    user_id = q.scope.user_id
+    if user_id is not None and (not (q.scope.agent or q.scope.session) or q.session_pks):
+        users: list[str] | None = [user_id]
+    else:
+        users = scope_user_ids(tenant=q.tenant, session_pks=q.session_pks)
+    return user_memory_candidates(
+        tenant=q.tenant, user_ids=users, query=q.query, vector=q.vector, as_of=q.as_of,
+        time_from=q.time_from, time_to=q.time_to,
+    )  # fmt: skip
+
+
 def other_candidates(
     *,
     tenant: Tenant,
@@ -334,17 +352,19 @@ def other_candidates(
     config: str,
     time_from: datetime | None,
     time_to: datetime | None,
+    as_of: datetime | None = None,
 ) -> list[ranking.Candidate]:
-    """Summaries, facts and experiences of the scope among `kinds`, in that order."""
+    """Summaries, facts, experiences and user memories of the scope among `kinds`, in that order."""
     q = _KindQuery(
         tenant=tenant, session_pks=session_pks, scope=scope, query=query, vector=vector, config=config,
-        time_from=time_from, time_to=time_to,
+        time_from=time_from, time_to=time_to, as_of=as_of,
     )  # fmt: skip
     candidates: list[ranking.Candidate] = []
     for kind, step in (
         ("summary", _summary_candidates),
         ("fact", _fact_candidates),
         ("experience", _experience_candidates),
+        ("user_memory", _user_memory_candidates),
     ):
         if kind in kinds:
             candidates += step(q)

@@ -9,6 +9,7 @@ from django.db.models import Q
 from memory.models import Message, Tenant
 from memory.services import ranking
 from memory.services.memory_search.sql import MessageCandidate
+from memory.services.memory_search.user_memories import UserMemoryCandidate
 from memory.services.search_hit import SearchHit
 
 __all__ = ["SearchHit", "SearchResult", "hit_from_ranked", "message_id", "neighbours_attach"]
@@ -41,6 +42,7 @@ def hit_from_ranked(item: ranking.Ranked, *, score: float) -> SearchHit:
     return SearchHit(
         kind=kind, id=ident, session=None, seq=None, occurred_at=c.occurred_at, text=c.text,
         score=score, contributions=item.contributions, similarity=c.dense, relevance=item.score,
+        sources=list(c.sources) if isinstance(c, UserMemoryCandidate) else None,
     )  # fmt: skip
 
 

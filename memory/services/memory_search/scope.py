@@ -10,7 +10,7 @@ from memory.models import Session, Tenant
 from memory.selectors.sessions import agent_get, session_get
 from memory.services import ranking
 
-KINDS = ("message", "summary", "fact", "experience")
+KINDS = ("message", "summary", "fact", "experience", "user_memory")
 SESSIONS_CHOICES = ("current", "all")
 MAX_LIMIT = 100
 MAX_NEIGHBOURS = 5

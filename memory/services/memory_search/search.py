@@ -37,6 +37,7 @@ def memory_search(
     neighbours: int = 0,
     exclude_messages: set[tuple[str, int]] | None = None,
     min_similarity: float | None = None,
+    as_of: datetime | None = None,
 ) -> SearchResult:
     """Search the scope's conversational memory for `query`; best first, at most `limit` hits.
 
@@ -46,7 +47,8 @@ def memory_search(
     `exclude_messages` ((session id, seq) pairs) are left out of the results (context recall:
     what the window already holds). The relevance floor (`relevance_floor.passes_floor`) leaves out
     every item that shares no word with the query and whose cosine to it is below
-    `min_similarity` (default: the tenant's MemoryPolicy.search_min_similarity).
+    `min_similarity` (default: the tenant's MemoryPolicy.search_min_similarity). User memories
+    are the current ones, or with `as_of` those that were current at that moment.
     """
     scope = scope or SearchScope()
     query = (query or "").strip()
@@ -70,7 +72,7 @@ def memory_search(
         )
     candidates += other_candidates(
         tenant=tenant, kinds=kind_set, session_pks=session_pks, scope=scope, query=query,
-        vector=vector.get(), config=config, time_from=time_from, time_to=time_to,
+        vector=vector.get(), config=config, time_from=time_from, time_to=time_to, as_of=as_of,
     )  # fmt: skip
     warnings = vector.warnings()
     # One pool, one plan, whatever the kinds: a message and an experience alike in meaning and

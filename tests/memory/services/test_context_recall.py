@@ -53,7 +53,7 @@ def test_an_earlier_sessions_message_is_recalled_for_a_question_about_it(tenant_
     assert built.messages[0]["content"] == "You are helpful."
     assert "Biscuit" in built.messages[1]["content"] and "Caroline" in built.messages[1]["content"]
     assert built.budget["components"]["recall"] > 0
-    assert built.recall_policy.top_k == 5
+    assert built.recall_policy.top_k == 12
 
 
 def test_another_users_sessions_are_never_recalled(tenant_a, months_ago):
@@ -143,3 +143,50 @@ def test_the_api_takes_an_explicit_query(api_a, tenant_a, months_ago):
     ).json()
     recalled = [i for i in body["manifest"]["items"] if i["kind"] == "recall"]
     assert recalled[0]["session"] == months_ago.public_id and recalled[0]["score"] is not None
+
+
+def test_turns_of_one_session_share_one_excerpt_in_conversation_order(tenant_a):
+    old = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u3")
+    say(
+        tenant_a, old,
+        "My sister Lina is getting married in June.",
+        "The printer at work jammed again.",
+        "Lina's wedding is at a vineyard near Lake Como.",
+    )  # fmt: skip
+    now = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u3")
+    message_indexing.memory_index_drain()
+    built = context_build(
+        tenant=tenant_a, session=now, next_input="Where and when is Lina's wedding?", recall={"top_k": 10}
+    )
+    recalled = [i for i in recall_items(built) if i["source"] == "message"]
+    assert len(recalled) == 1, recalled  # one block for the session, not one per turn
+    excerpt = recalled[0]
+    assert {1, 3} <= set(excerpt["seqs"]) and excerpt["seqs"] == sorted(excerpt["seqs"]), excerpt
+    text = next(m["content"] for m in built.messages if "Lake Como" in m["content"])
+    assert text.index("married in June") < text.index("Lake Como")  # conversation order
+    assert excerpt["tokens"] == built.budget["components"]["recall"]  # the block's real cost
+
+
+def test_the_scores_drop_decides_how_much_is_recalled(tenant_a):
+    old = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u4")
+    say(
+        tenant_a, old,
+        "I adopted a golden retriever puppy named Biscuit.",
+        "Biscuit the dog loves the park by the river.",
+        "My dog sleeps on the sofa.",
+    )  # fmt: skip
+    now = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u4")
+    message_indexing.memory_index_drain()
+    cut = {"top_k": 10, "min_score": -10.0, "min_similarity": -1.0}
+    question = "What was the name of my dog again?"
+    wide = context_build(
+        tenant=tenant_a, session=now, next_input=question, recall={**cut, "relative_gap": 10.0}
+    )
+    narrow = context_build(
+        tenant=tenant_a, session=now, next_input=question, recall={**cut, "relative_gap": 0.0}
+    )
+    wide_seqs = set().union(*[set(i["seqs"]) for i in recall_items(wide)])
+    narrow_seqs = set().union(*[set(i["seqs"]) for i in recall_items(narrow)])
+    assert wide_seqs == {1, 2, 3}, recall_items(wide)  # every turn about the dog
+    assert len(narrow_seqs) == 1 and narrow_seqs < wide_seqs, recall_items(narrow)  # only the best
+    assert narrow.budget["components"]["recall"] < wide.budget["components"]["recall"]

@@ -324,9 +324,9 @@ def test_quality_floor_locomo_turn_recall_with_the_default_plan(offline):
     scopes, questions = offline.load_locomo(embedder, dev_data() / "conversations_dev.locomo.json")
     assert len(questions) == 200
     measured = offline.evaluate(scopes, questions, DEFAULT_PLAN)
-    # Measured 71.5 / 80.7 (docs/experiences.md); floors a few points below guard regressions.
-    assert measured["R@5"] >= 67.0, measured
-    assert measured["R@10"] >= 77.0, measured
+    # Measured 71.5 / 80.7 (docs/memory.md, "Recall across sessions"); floors just below.
+    assert measured["R@5"] >= 70.5, measured
+    assert measured["R@10"] >= 79.5, measured
 
 
 @pytest.mark.quality

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.models import Experience
+from memory.models import Experience, ExperiencePolicy
 from memory.services.experience_search import (
     experiences_for_context,
     experiences_mark_used,
@@ -94,7 +94,24 @@ def test_user_scope_ranks_higher_and_stays_with_its_user(tenant_a, session):
     assert next(m for m in memories if m.experience_id == own.public_id).scope_priority == 1.0
 
 
-def test_helpful_feedback_lifts_an_experience(tenant_a, session):
+def test_feedback_is_off_by_default(tenant_a, session):
+    # bench/bench_feedback.py: a query-independent vote lowered held-out ranking at every weight.
+    experience = make(tenant_a, DB_SLOW_2, confidence=0.5)
+    embed(tenant_a)
+
+    def score() -> float:
+        found = experiences_for_context(
+            tenant=tenant_a, session=session, query="slow postgres orders query", limit=5, max_chars=2000
+        )
+        return next(m.score for m in found if m.experience_id == experience.public_id)
+
+    before = score()
+    experience_feedback(tenant=tenant_a, experience=experience, helpful=True)
+    assert score() == pytest.approx(before, abs=1e-6)
+
+
+def test_helpful_feedback_lifts_an_experience_when_the_tenant_weighs_it(tenant_a, session):
+    ExperiencePolicy.objects.update_or_create(tenant=tenant_a, defaults={"helpful_weight": 0.1})
     first, second = make(tenant_a, DB_SLOW_2, confidence=0.5), make(tenant_a, DB_SLOW, confidence=0.5)
     embed(tenant_a)
     query = "slow postgres orders query"
