@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("memory", "0016_user_memory"),
+        ("memory", "0020_profile_user_profile_share"),
     ]
 
     operations = [
