@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ctxapp.cli.evaluation import _message, evidence_ids, load, turn_text
+from ctxapp.cli.evaluation import evidence_ids, load, message_of, turn_text
 
 
 def test_evidence_in_every_form_locomo_uses_names_the_same_turns() -> None:
@@ -49,6 +49,6 @@ def test_an_image_turn_is_stored_with_its_caption(tmp_path: Path) -> None:
     [conversation] = load(str(path))
     [(number, when, turns)] = conversation.sessions
     assert (number, when.isoformat() if when else None) == (1, "2023-05-08T13:56:00+00:00")
-    message = _message(turns[0], when)
+    message = message_of(turns[0], when)
     assert "a painting of a sunset over a lake" in message["content"]
     assert message["name"] == "Caroline"

@@ -217,6 +217,11 @@ class Demo:
             metadata={"incident": f"INC-{self.run_id}", "resumed_from": sid},
         )
         self.checkpoint(AGENT, "resumed after crash", step=len(INCIDENT_TURNS) + 1)
+        with self.step("user memories"):
+            # What an operator records about the user; the resumed turns' "I prefer …" is
+            # extracted on its own, and the second value of `oncall.role` supersedes the first.
+            for subject, text, kind in SCRIPT["user_memories"]:
+                ctx.user_memory_create("oncall-ana", subject, text, type=kind)
         self.conversation(resumed["id"], RESUME_TURNS, {"input": "Continue.", "budget": DEMO_WINDOW})
 
     def second_incident(self) -> None:
