@@ -212,6 +212,12 @@ def context_recall(
         origin = origins.get((hit.kind, hit.id))
         if origin is None:  # another agent's, of a kind the tenant does not share
             continue
+        if hit.kind == "user_memory" and hit.id in request.exclude_ids:
+            # Already in the prompt (the user profile block): not twice, but the turns it was
+            # taken from are still the evidence it stands for.
+            for message in turns.get(hit.id, []):
+                picker.add_turn(_Turn.of_message(message), hit=hit, origin=origin, current=session.public_id)
+            continue
         if hit.kind != "message" and hit.id in request.exclude_ids:
             continue
         if hit.kind == "message":
