@@ -49,7 +49,7 @@ from bench_memory import DATA  # noqa: E402
 
 def sentences(count: int, offset: int) -> list[tuple[str, str]]:
     """`count` (problem, solution) pairs of distinct LoCoMo turns, from turn `offset` on."""
-    from ctxapp.cli.evaluation import load
+    from ctxapp.cli.evaluation_data import load
 
     turns: list[str] = []
     for conv in load(os.environ.get("BENCH_DRAINS_DATA", str(DATA))):

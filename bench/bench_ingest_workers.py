@@ -80,7 +80,7 @@ def fake_remote_embedder(latency: float) -> str:
 
 
 def turns(data: str) -> list[str]:
-    from ctxapp.cli.evaluation import load
+    from ctxapp.cli.evaluation_data import load
 
     found: list[str] = []
     for conv in load(data):

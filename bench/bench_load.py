@@ -246,24 +246,8 @@ def seed(target_base: str, secret: str) -> Target:
     return Target(target_base, secret, sessions, appends, texts)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--ops", default="append,search,context")
-    parser.add_argument("--fractions", default="0.25,0.5,0.75", help="of each operation's capacity")
-    parser.add_argument("--duration", type=float, default=15.0, help="seconds per measurement (default 15)")
-    parser.add_argument(
-        "--clients", type=int, default=8, help="closed-loop clients for the capacity (default 8)"
-    )
-    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes (default 2)")
-    parser.add_argument("--schedule", choices=["poisson", "uniform"], default="poisson")
-    parser.add_argument("--url", help="a running ctxapp web (then --key and --session are needed)")
-    parser.add_argument("--key")
-    parser.add_argument("--session", action="append", default=[], help="a session for appends and builds")
-    args = parser.parse_args()
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-
+def _target(args: argparse.Namespace) -> tuple[Target, subprocess.Popen[bytes] | None]:
+    """What to load: a running server (`--url`), or a fresh one started and seeded here."""
     server = None
     if args.url:
         if not (args.key and args.session):
@@ -284,6 +268,65 @@ def main() -> int:
         port = free_port()
         server = start_server(port, args.workers, "ctxapp.settings")
         target = seed(f"http://127.0.0.1:{port}", secret)
+    return target, server
+
+
+def _measure(
+    name: str,
+    target: Target,
+    args: argparse.Namespace,
+    server: subprocess.Popen[bytes] | None,
+    pg: int | None,
+    cores: int,
+) -> None:
+    """One operation: its closed-loop capacity, then each fraction of it at a fixed arrival rate."""
+    rps, closed = asyncio.run(closed_loop(name, target, args.clients, args.duration))
+    _, single = asyncio.run(closed_loop(name, target, 1, min(args.duration, 8)))
+    load = os.getloadavg()[0]
+    print(f"{name:<8} {'capacity':>10} {rps:>9.1f} {len(closed):>6} {0:>4} {statistics.median(closed):>8.1f} "
+          f"{percentile(closed, 0.99):>8.1f} {'':>14}  {load:.1f}   ({rps / cores:.1f}/s per core; "
+          f"one client: p50 {statistics.median(single):.1f} ms, {1000 / statistics.median(single):.0f}/s)", flush=True)  # fmt: skip
+    for fraction in (float(x) for x in args.fractions.split(",")):
+        watched = [p for p in (server.pid if server else None, pg) if p]
+        cpu_before = [cpu_seconds([server.pid]) if server else 0.0, cpu_seconds([pg]) if pg else 0.0]
+        client_before = time.process_time()
+        r = asyncio.run(
+            open_loop(name, target, fraction * rps, args.duration, args.schedule, seed=int(fraction * 100))
+        )
+        load = os.getloadavg()[0]
+        label = f"{fraction:.0%} {r.rate:.1f}/s"
+        print(f"{name:<8} {label:>10} {len(r.latencies) / r.elapsed:>9.1f} {r.sent:>6} {r.errors:>4} "
+              f"{statistics.median(r.latencies):>8.1f} {percentile(r.latencies, 0.99):>8.1f} {r.late_ms:>14.1f}  {load:.1f}", flush=True)  # fmt: skip
+        if fraction >= 0.75 and watched and r.latencies:
+            web = (cpu_seconds([server.pid]) - cpu_before[0]) * 1000 / r.sent if server else float("nan")
+            db = (cpu_seconds([pg]) - cpu_before[1]) * 1000 / r.sent if pg else float("nan")
+            mine = (time.process_time() - client_before) * 1000 / r.sent
+            mean = statistics.mean(r.latencies)
+            print(f"         where the time goes at {fraction:.0%} (per request): mean latency {mean:.1f} ms = "
+                  f"web CPU {web:.1f} + PostgreSQL CPU {db:.1f} + client CPU {mine:.1f} + waiting "
+                  f"{mean - web - db - mine:.1f}; busy {r.rate * (web + db + mine) / 10 / cores:.0f} % of "
+                  f"{cores} cores; service time alone (one client) p50 {statistics.median(single):.1f} ms", flush=True)  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ops", default="append,search,context")
+    parser.add_argument("--fractions", default="0.25,0.5,0.75", help="of each operation's capacity")
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds per measurement (default 15)")
+    parser.add_argument(
+        "--clients", type=int, default=8, help="closed-loop clients for the capacity (default 8)"
+    )
+    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes (default 2)")
+    parser.add_argument("--schedule", choices=["poisson", "uniform"], default="poisson")
+    parser.add_argument("--url", help="a running ctxapp web (then --key and --session are needed)")
+    parser.add_argument("--key")
+    parser.add_argument("--session", action="append", default=[], help="a session for appends and builds")
+    args = parser.parse_args()
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+
+    target, server = _target(args)
     cores = os.cpu_count() or 1
     print(f"{args.workers} web worker(s), {cores} cores, {args.duration:.0f} s per measurement, "
           f"{args.clients} closed-loop clients for the capacity, {args.schedule} arrivals", flush=True)  # fmt: skip
@@ -293,38 +336,7 @@ def main() -> int:
             f"\n{'op':<8} {'rate':>10} {'achieved':>9} {'n':>6} {'err':>4} {'p50 ms':>8} {'p99 ms':>8} {'client lag p99':>14}  load"
         )
         for name in args.ops.split(","):
-            rps, closed = asyncio.run(closed_loop(name, target, args.clients, args.duration))
-            _, single = asyncio.run(closed_loop(name, target, 1, min(args.duration, 8)))
-            load = os.getloadavg()[0]
-            print(f"{name:<8} {'capacity':>10} {rps:>9.1f} {len(closed):>6} {0:>4} {statistics.median(closed):>8.1f} "
-                  f"{percentile(closed, 0.99):>8.1f} {'':>14}  {load:.1f}   ({rps / cores:.1f}/s per core; "
-                  f"one client: p50 {statistics.median(single):.1f} ms, {1000 / statistics.median(single):.0f}/s)", flush=True)  # fmt: skip
-            for fraction in (float(x) for x in args.fractions.split(",")):
-                watched = [p for p in (server.pid if server else None, pg) if p]
-                cpu_before = [cpu_seconds([server.pid]) if server else 0.0, cpu_seconds([pg]) if pg else 0.0]
-                client_before = time.process_time()
-                r = asyncio.run(
-                    open_loop(
-                        name, target, fraction * rps, args.duration, args.schedule, seed=int(fraction * 100)
-                    )
-                )
-                load = os.getloadavg()[0]
-                label = f"{fraction:.0%} {r.rate:.1f}/s"
-                print(f"{name:<8} {label:>10} {len(r.latencies) / r.elapsed:>9.1f} {r.sent:>6} {r.errors:>4} "
-                      f"{statistics.median(r.latencies):>8.1f} {percentile(r.latencies, 0.99):>8.1f} {r.late_ms:>14.1f}  {load:.1f}", flush=True)  # fmt: skip
-                if fraction >= 0.75 and watched and r.latencies:
-                    web = (
-                        (cpu_seconds([server.pid]) - cpu_before[0]) * 1000 / r.sent
-                        if server
-                        else float("nan")
-                    )
-                    db = (cpu_seconds([pg]) - cpu_before[1]) * 1000 / r.sent if pg else float("nan")
-                    mine = (time.process_time() - client_before) * 1000 / r.sent
-                    mean = statistics.mean(r.latencies)
-                    print(f"         where the time goes at {fraction:.0%} (per request): mean latency {mean:.1f} ms = "
-                          f"web CPU {web:.1f} + PostgreSQL CPU {db:.1f} + client CPU {mine:.1f} + waiting "
-                          f"{mean - web - db - mine:.1f}; busy {r.rate * (web + db + mine) / 10 / cores:.0f} % of "
-                          f"{cores} cores; service time alone (one client) p50 {statistics.median(single):.1f} ms", flush=True)  # fmt: skip
+            _measure(name, target, args, server, pg, cores)
     finally:
         if server is not None:
             os.killpg(server.pid, signal.SIGTERM)

@@ -32,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     setup_django()
-    from ctxapp.cli.evaluation import load
+    from ctxapp.cli.evaluation_data import load
     from memory.models import Tenant
     from memory.services import embedding, message_indexing
     from memory.services.sessions import MessageInput, messages_append, session_create

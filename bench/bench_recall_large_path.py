@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     setup_django()
 
-    from ctxapp.cli.evaluation import load
+    from ctxapp.cli.evaluation_data import load
     from memory.models import Message, Tenant
     from memory.services import message_indexing
     from memory.services.memory_search import SearchScope, candidates, corpus, memory_search

@@ -3,6 +3,7 @@ itself must not pick the address that auth-failure throttles count against."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import httpx
@@ -18,6 +19,16 @@ from tests.dashboard.live_server import uvicorn_server
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def server_env(**overrides: str) -> dict[str, str]:
+    """The test server's environment, with a cache of its own: the rate limits' counters for
+    127.0.0.1 start at zero, whatever earlier tests of the run counted against that address."""
+    return {
+        **worker_env(),
+        "CTXAPP_QUEUE_PREFIX": f"{settings.QUEUE_PREFIX}-addr-{uuid.uuid4().hex[:8]}",
+        **overrides,
+    }
+
+
 def _ctxapp_web(port: int) -> list[str]:
     """The command line `ctxapp web` runs (its proxy-header handling is what is under test)."""
     return web_argv(settings.CTXAPP, "127.0.0.1", port)
@@ -26,7 +37,7 @@ def _ctxapp_web(port: int) -> list[str]:
 def test_forwarded_header_is_not_believed_without_proxies(transactional_db: None) -> None:
     tenant = Tenant.objects.create(name="Alice's team", slug="alice")
     _, good_key = api_key_create(tenant=tenant, name="good")
-    env = {**worker_env(), "CTXAPP_THROTTLE_AUTH_FAILURE_RATE": "3/min", "CTXAPP_NUM_PROXIES": "0"}
+    env = server_env(CTXAPP_THROTTLE_AUTH_FAILURE_RATE="3/min", CTXAPP_NUM_PROXIES="0")
 
     with uvicorn_server(env, argv=_ctxapp_web) as base:
         statuses = []
@@ -62,7 +73,7 @@ def test_forwarded_header_does_not_escape_a_login_lockout(transactional_db: None
     from django.contrib.auth import get_user_model
 
     get_user_model().objects.create_user(username="carol", password="right-password", is_staff=True)
-    env = {**worker_env(), "CTXAPP_NUM_PROXIES": "0", "CTXAPP_LOGIN_FAILURE_LIMIT": "3"}
+    env = server_env(CTXAPP_NUM_PROXIES="0", CTXAPP_LOGIN_FAILURE_LIMIT="3")
 
     with uvicorn_server(env, argv=_ctxapp_web) as base, httpx.Client() as client:
         wrong = [_login_status(client, base, "wrong", f"9.9.8.{n}") for n in range(4)]
@@ -100,7 +111,7 @@ def test_with_n_proxies_only_the_nth_entry_from_the_right_counts(
 def test_behind_one_proxy_a_client_chosen_prefix_does_not_escape_the_lockout(transactional_db: None) -> None:
     tenant = Tenant.objects.create(name="Bob's team", slug="bob")
     _, good_key = api_key_create(tenant=tenant, name="good")
-    env = {**worker_env(), "CTXAPP_THROTTLE_AUTH_FAILURE_RATE": "3/min", "CTXAPP_NUM_PROXIES": "1"}
+    env = server_env(CTXAPP_THROTTLE_AUTH_FAILURE_RATE="3/min", CTXAPP_NUM_PROXIES="1")
 
     with uvicorn_server(env, argv=_ctxapp_web) as base:
         # The proxy appends the address it saw (203.0.113.5); the client rotates what it prepends.

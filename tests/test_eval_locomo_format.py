@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ctxapp.cli.evaluation import evidence_ids, load, message_of, turn_text
+from ctxapp.cli.evaluation import message_of
+from ctxapp.cli.evaluation_data import evidence_ids, load, turn_text
 
 
 def test_evidence_in_every_form_locomo_uses_names_the_same_turns() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ctxapp.cli import evaluation, main
+from ctxapp.cli import evaluation, evaluation_data, evaluation_loo, main
 from memory.models import Agent, Message, Session
 from memory.services.tenancy import api_key_create
 
@@ -88,8 +88,8 @@ def test_leave_one_conversation_out_and_other_kinds(
     assert [c["conversation"] for c in loo["chosen"]] == [0, 1]
     assert {"R@1", "R@5", "R@10", "evidence_in_prompt", "recalled_tokens_median"} <= set(loo)
     assert loo["R@10"] >= 85.0 and loo["evidence_in_prompt"] >= 70.0
-    assert len(loo["in_sample"]["plans"]) == len(evaluation.LOO_PLANS)
-    assert len(loo["in_sample"]["recall"]) == len(evaluation.LOO_RECALL)
+    assert len(loo["in_sample"]["plans"]) == len(evaluation_loo.LOO_PLANS)
+    assert len(loo["in_sample"]["recall"]) == len(evaluation_loo.LOO_RECALL)
     assert loo["in_sample"]["plans"][0]["R@10"] == figures["R@10"]  # the first setting: the defaults
 
 
@@ -103,15 +103,15 @@ def test_the_dev_sets_own_format_is_read(tmp_path: Path) -> None:
         ]}],
         "questions": [{"question": "Where does Ana live?", "evidence": ["c1s1t1"], "category": "update"}],
     }]}))  # fmt: skip
-    [conversation] = evaluation.load(str(dev))
+    [conversation] = evaluation_data.load(str(dev))
     [(number, when, turns)] = conversation.sessions
     assert conversation.sample_id == "c1" and number == 1 and when is not None and when.year == 2025
-    assert [evaluation.dia_key(t["dia_id"]) for t in turns] == ["c1s1t1", "c1s1t2"]
-    assert evaluation.evidence_ids(conversation.questions[0]) == {"c1s1t1"}
+    assert [evaluation_data.dia_key(t["dia_id"]) for t in turns] == ["c1s1t1", "c1s1t2"]
+    assert evaluation_data.evidence_ids(conversation.questions[0]) == {"c1s1t1"}
     assert [evaluation.message_of(t, when)["role"] for t in turns] == ["user", "assistant"]
     dev.write_text(json.dumps({"conversations": [{"id": "c1", "sessions": [{"turns": "no"}]}]}))
-    with pytest.raises(evaluation.HarnessError, match="has no 'turns' list"):
-        evaluation.load(str(dev))
+    with pytest.raises(evaluation_data.HarnessError, match="has no 'turns' list"):
+        evaluation_data.load(str(dev))
 
 
 DEV_SET = Path(__file__).parent / "data" / "dev" / "conversations_dev.locomo.json"

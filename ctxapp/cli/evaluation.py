@@ -42,56 +42,31 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
 import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TextIO, cast
 
 from tqdm import tqdm
 
+from ctxapp.cli.evaluation_data import (
+    Conversation,
+    HarnessError,
+    dia_key,
+    evidence_ids,
+    load,
+    turn_text,
+)
+from ctxapp.cli.evaluation_loo import KS, LOO_PLANS, LOO_RECALL, Asked, leave_one_out, median
 from ctxapp.client import Client, CtxappError
 from memory.services import ranking
 
-KS = (1, 5, 10)
 SEARCH_LIMIT = 10
 DEFAULT_KINDS = ("message",)
-# The settings `--loo` chooses among: ranking plans (POST /memory/search `plan`) and recall cuts
-# (POST /sessions/{id}/context `recall`). The first of each is the server's default.
-LOO_PLANS: tuple[dict[str, Any], ...] = (
-    {},
-    {"session_weight": 0.1},
-    {"prf_docs": 3},
-    {"neighbour_weight": 0.6},
-)
-LOO_RECALL: tuple[dict[str, Any], ...] = (
-    {},
-    {"top_k": 8},
-    {"top_k": 10},
-    {"top_k": 12},
-    {"top_k": 15},
-    {"top_k": 20},
-    {"top_k": 15, "relative_gap": 0.6},
-    {"top_k": 20, "relative_gap": 0.5},
-)
-RECALLED_TOKENS_TARGET = 1000  # a recall cut is chosen only if its median recalled tokens stay under this
 INDEX_TIMEOUT_SECONDS = 1800.0
-_SESSION_KEY = re.compile(r"^session_(\d+)$")
-_DIA_ID = re.compile(r"D(\d+):(\d+)", re.IGNORECASE)
-
-
-class HarnessError(Exception):
-    """The input file or the server is not usable (a message for the command line)."""
-
-
-@dataclass
-class Conversation:
-    sample_id: str
-    sessions: list[tuple[int, datetime | None, list[dict[str, Any]]]]  # (n, date, turns)
-    questions: list[dict[str, Any]]
 
 
 @dataclass
@@ -127,20 +102,12 @@ class Report:
             "bm25": {f"R@{k}": round(self.bm25.get(k, 0.0), 1) for k in (5, 10)},
             "kinds": list(self.kinds),
             "evidence_in_prompt": round(self.evidence_in_prompt, 1),
-            "recalled_tokens_median": _median(self.recalled_tokens),
-            "recalled_items_median": _median(self.recalled_items),
+            "recalled_tokens_median": median(self.recalled_tokens),
+            "recalled_items_median": median(self.recalled_items),
         }
         if self.loo is not None:
             out["loo"] = self.loo
         return out
-
-
-def _median(values: list[int]) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return float(ordered[middle]) if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -149,104 +116,6 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
     return ordered[index]
-
-
-def parse_date(text: str | None) -> datetime | None:
-    """LoCoMo's '1:56 pm on 8 May, 2023' (any case) → an aware UTC datetime; None if unparsable."""
-    if not text:
-        return None
-    cleaned = " ".join(text.strip().split())
-    for pattern in ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %B %Y", "%d %B, %Y", "%d %B %Y", "%Y-%m-%d"):
-        try:
-            return datetime.strptime(cleaned.title().replace(" On ", " on "), pattern).replace(tzinfo=UTC)
-        except ValueError:
-            continue
-    try:
-        parsed = datetime.fromisoformat(cleaned)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def dia_key(dia_id: Any) -> str:
-    """A turn's id as the evidence names it: 'D3:05' and 'd3:5' are 'D3:5'; other ids unchanged."""
-    text = str(dia_id or "").strip()
-    match = _DIA_ID.fullmatch(text)
-    return f"D{int(match[1])}:{int(match[2])}" if match else text
-
-
-def evidence_ids(question: dict[str, Any]) -> set[str]:
-    """The turns a question's evidence names, however LoCoMo wrote them (a list, or 'D1:2; D3:4')."""
-    found: set[str] = set()
-    for item in question.get("evidence") or []:
-        named = [dia_key(match[0]) for match in _DIA_ID.finditer(str(item))]
-        if named:
-            found.update(named)
-        elif item:
-            found.add(str(item))
-    return found
-
-
-def turn_text(turn: dict[str, Any]) -> str:
-    """The turn's words, with the caption of an image it shares (LoCoMo's `blip_caption`)."""
-    text = str(turn.get("text") or "")
-    caption = str(turn.get("blip_caption") or "").strip()
-    return f"{text} [shares a photo: {caption}]".strip() if caption else text
-
-
-def load(path: str) -> list[Conversation]:
-    """Read a LoCoMo-format file, or the dev sets' own format. Raises HarnessError naming what is wrong."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise HarnessError(f"cannot read {path}: {exc}") from exc
-    if isinstance(data, dict) and isinstance(data.get("conversations"), list):
-        return _load_dev_format(path, data["conversations"])
-    if not isinstance(data, list):
-        raise HarnessError(f"{path}: expected a JSON list of samples")
-    conversations = []
-    for index, sample in enumerate(data):
-        if not isinstance(sample, dict) or not isinstance(sample.get("conversation"), dict):
-            raise HarnessError(f"{path}: sample {index} has no 'conversation' object")
-        conv = sample["conversation"]
-        sessions = []
-        for key, turns in conv.items():
-            match = _SESSION_KEY.match(key)
-            if not match or not isinstance(turns, list):
-                continue
-            number = int(match.group(1))
-            sessions.append((number, parse_date(conv.get(f"session_{number}_date_time")), turns))
-        sessions.sort(key=lambda item: item[0])
-        questions = [q for q in sample.get("qa") or [] if isinstance(q, dict) and q.get("question")]
-        conversations.append(
-            Conversation(
-                sample_id=str(sample.get("sample_id", index)), sessions=sessions, questions=questions
-            )
-        )
-    return conversations
-
-
-def _load_dev_format(path: str, items: list[Any]) -> list[Conversation]:
-    """{conversations: [{id, sessions: [{date, turns: [{id, speaker, text}]}], questions}]}: a
-    turn's `id` is what evidence names."""
-    conversations = []
-    for index, conv in enumerate(items):
-        if not isinstance(conv, dict) or not isinstance(conv.get("sessions"), list):
-            raise HarnessError(f"{path}: conversation {index} has no 'sessions' list")
-        sessions = []
-        for number, session in enumerate(conv["sessions"], start=1):
-            if not isinstance(session, dict) or not isinstance(session.get("turns"), list):
-                raise HarnessError(f"{path}: conversation {index}, session {number} has no 'turns' list")
-            turns = [
-                {**turn, "dia_id": turn.get("id")} for turn in session["turns"] if isinstance(turn, dict)
-            ]
-            sessions.append((number, parse_date(session.get("date")), turns))
-        questions = [q for q in conv.get("questions") or [] if isinstance(q, dict) and q.get("question")]
-        conversations.append(
-            Conversation(sample_id=str(conv.get("id", index)), sessions=sessions, questions=questions)
-        )
-    return conversations
 
 
 def _bm25_ranking(query: str, texts: list[str]) -> list[int]:
@@ -293,19 +162,6 @@ class _Scope:
     turns_text: list[tuple[str, str]] = field(default_factory=list)
 
 
-@dataclass
-class _Asked:
-    """One question with evidence, under every setting asked: turn recall per plan (index into
-    the plans) and, per recall cut, (fraction of its evidence in the prompt, recalled tokens,
-    recalled items)."""
-
-    conversation: int
-    category: str
-    recall: list[dict[int, float]]
-    prompt: list[tuple[float, int, int]]
-    bm25: dict[int, float]
-
-
 def run_recall(
     path: str,
     *,
@@ -324,7 +180,7 @@ def run_recall(
     report = Report(conversations=len(conversations), kinds=kinds)
     err = err or sys.stderr
     created: list[str] = []
-    asked: list[_Asked] = []
+    asked: list[Asked] = []
     plans = LOO_PLANS if loo else LOO_PLANS[:1]
     recalls = LOO_RECALL if loo else LOO_RECALL[:1]
     with Client(url, api_key) as api:
@@ -357,7 +213,7 @@ def run_recall(
                 _delete_sessions(api, created, err=err)
     _summarise(report, asked)
     if loo:
-        report.loo = _leave_one_out(asked, conversations=len(conversations))
+        report.loo = leave_one_out(asked, conversations=len(conversations))
     return report
 
 
@@ -407,7 +263,7 @@ class _Asker:
     plans: tuple[dict[str, Any], ...]
     recalls: tuple[dict[str, Any], ...]
 
-    def ask_all(self, number: int, *, report: Report, bar: Any) -> list[_Asked]:
+    def ask_all(self, number: int, *, report: Report, bar: Any) -> list[Asked]:
         texts = [text for _, text in self.scope.turns_text]
         out = []
         for question in self.scope.conversation.questions:
@@ -433,7 +289,7 @@ class _Asker:
             report.with_evidence += 1
             bm25_found = [self.scope.turns_text[i][0] for i in _bm25_ranking(query, texts)[:10]]
             out.append(
-                _Asked(
+                Asked(
                     conversation=number,
                     category=str(question.get("category", "")),
                     recall=[
@@ -482,7 +338,7 @@ def _delete_sessions(api: Client, session_ids: list[str], *, err: TextIO) -> Non
             print(f"ctxapp eval: could not delete {session_id}: {exc}", file=err)
 
 
-def _summarise(report: Report, asked: list[_Asked]) -> None:
+def _summarise(report: Report, asked: list[Asked]) -> None:
     """Turn recall and evidence in the prompt (the first setting of each: the server's defaults),
     averaged over the questions with evidence, overall and by category."""
     if asked:
@@ -493,7 +349,7 @@ def _summarise(report: Report, asked: list[_Asked]) -> None:
         report.evidence_in_prompt = 100 * sum(a.prompt[0][0] for a in asked) / len(asked)
         report.recalled_tokens = [a.prompt[0][1] for a in asked]
         report.recalled_items = [a.prompt[0][2] for a in asked]
-    categories: dict[str, list[_Asked]] = defaultdict(list)
+    categories: dict[str, list[Asked]] = defaultdict(list)
     for item in asked:
         categories[item.category].append(item)
     report.by_category = {
@@ -504,54 +360,6 @@ def _summarise(report: Report, asked: list[_Asked]) -> None:
         }
         for category, items in sorted(categories.items())
     }
-
-
-def _leave_one_out(asked: list[_Asked], *, conversations: int) -> dict[str, Any]:
-    """Each conversation scored with the plan and the recall cut chosen on the others: the plan
-    with the best mean of R@5 and R@10, the cut with the most evidence in the prompt among those
-    whose median recalled tokens stay ≤ RECALLED_TOKENS_TARGET (the default cut if none does)."""
-    held: list[tuple[dict[int, float], tuple[float, int, int]]] = []
-    chosen: list[dict[str, Any]] = []
-    plans, cuts = len(asked[0].recall) if asked else 1, len(asked[0].prompt) if asked else 1
-    for number in range(conversations):
-        train = [a for a in asked if a.conversation != number]
-        test = [a for a in asked if a.conversation == number]
-        if not test or not train:
-            continue
-        plan = max(range(plans), key=lambda p: (sum(a.recall[p][5] + a.recall[p][10] for a in train), -p))
-        fitting = [
-            c for c in range(cuts) if _median([a.prompt[c][1] for a in train]) <= RECALLED_TOKENS_TARGET
-        ]
-        cut = max(fitting or [0], key=lambda c: (sum(a.prompt[c][0] for a in train), -c))
-        chosen.append({"conversation": number, "plan": LOO_PLANS[plan], "recall": LOO_RECALL[cut]})
-        held += [(a.recall[plan], a.prompt[cut]) for a in test]
-    if not held:
-        return {}
-    settings = {
-        "plans": [
-            {"plan": LOO_PLANS[p], **{f"R@{k}": _mean_pct([a.recall[p][k] for a in asked]) for k in (5, 10)}}
-            for p in range(plans)
-        ],
-        "recall": [
-            {
-                "recall": LOO_RECALL[c],
-                "evidence_in_prompt": _mean_pct([a.prompt[c][0] for a in asked]),
-                "recalled_tokens_median": _median([a.prompt[c][1] for a in asked]),
-            }
-            for c in range(cuts)
-        ],
-    }
-    return {
-        **{f"R@{k}": round(100 * sum(r[k] for r, _ in held) / len(held), 1) for k in KS},
-        "evidence_in_prompt": round(100 * sum(p[0] for _, p in held) / len(held), 1),
-        "recalled_tokens_median": _median([p[1] for _, p in held]),
-        "chosen": chosen,
-        "in_sample": settings,
-    }
-
-
-def _mean_pct(values: list[float]) -> float:
-    return round(100 * sum(values) / len(values), 1) if values else 0.0
 
 
 def format_report(report: Report) -> str:

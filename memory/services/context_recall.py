@@ -212,28 +212,40 @@ def context_recall(
         origin = origins.get((hit.kind, hit.id))
         if origin is None:  # another agent's, of a kind the tenant does not share
             continue
-        if hit.kind == "user_memory" and hit.id in request.exclude_ids:
-            # Already in the prompt (the user profile block): not twice, but the turns it was
-            # taken from are still the evidence it stands for.
-            for message in turns.get(hit.id, []):
-                picker.add_turn(_Turn.of_message(message), hit=hit, origin=origin, current=session.public_id)
-            continue
-        if hit.kind != "message" and hit.id in request.exclude_ids:
-            continue
-        if hit.kind == "message":
-            picker.add_turn(_Turn.of_hit(hit), hit=hit, origin=origin, current=session.public_id)
-            continue
-        item = RecalledItem(
-            kind=hit.kind, id=hit.id, text=_prompt_text(hit), score=hit.relevance,
-            reason=_why(hit, session.public_id), session=origin.session, seq=hit.seq,
-            occurred_at=hit.occurred_at.isoformat() if hit.occurred_at else None,
-            contributions=hit.contributions, agent=origin.agent,
-        )  # fmt: skip
-        if not picker.add(item):
-            continue
-        for message in turns.get(hit.id, []) if hit.kind == "user_memory" else []:
-            picker.add_turn(_Turn.of_message(message), hit=hit, origin=origin, current=session.public_id)
+        _pick(picker, hit, origin=origin, sources=turns.get(hit.id, []), request=request)
     return picker.items
+
+
+def _pick(
+    picker: _Picker,
+    hit: memory_search.SearchHit,
+    *,
+    origin: sharing.Provenance,
+    sources: list[Message],
+    request: RecallRequest,
+) -> None:
+    """Offer one hit to the picker: a message as a turn of its session's excerpt, any other kind
+    as an item, a user memory followed by the turns it was taken from."""
+    current = request.session.public_id
+    if hit.kind == "message":
+        picker.add_turn(_Turn.of_hit(hit), hit=hit, origin=origin, current=current)
+        return
+    if hit.id in request.exclude_ids:
+        # Already in the prompt (a user memory in the profile block, a pinned fact, …): not
+        # twice. A memory's source turns are still the evidence it stands for.
+        if hit.kind == "user_memory":
+            for message in sources:
+                picker.add_turn(_Turn.of_message(message), hit=hit, origin=origin, current=current)
+        return
+    item = RecalledItem(
+        kind=hit.kind, id=hit.id, text=_prompt_text(hit), score=hit.relevance,
+        reason=_why(hit, current), session=origin.session, seq=hit.seq,
+        occurred_at=hit.occurred_at.isoformat() if hit.occurred_at else None,
+        contributions=hit.contributions, agent=origin.agent,
+    )  # fmt: skip
+    if picker.add(item) and hit.kind == "user_memory":
+        for message in sources:
+            picker.add_turn(_Turn.of_message(message), hit=hit, origin=origin, current=current)
 
 
 @dataclass(frozen=True)

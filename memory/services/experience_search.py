@@ -27,10 +27,11 @@ from typing import Any
 
 import numpy as np
 from django.contrib.postgres.search import SearchQuery, SearchRank
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import F, Q, QuerySet, Subquery
 from pgvector.django import CosineDistance
 
+from ctxapp.db_router import read_alias
 from memory.exceptions import InvalidInput
 from memory.models import Experience, ExperiencePolicy, ExperienceScope, Tenant
 from memory.services import sharing
@@ -108,20 +109,30 @@ _hnsw_configured: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def configure_hnsw() -> None:
-    """Once per database connection: HNSW search settings for filtered top-k queries.
+    """HNSW search settings for filtered top-k queries, on every connection a search may read
+    (the primary, and the replica when this block reads from it).
 
-    Filters (tenant, scope, visibility) apply after the index scan; iterative scans keep walking
-    the graph until enough rows pass them (pgvector >= 0.8). Session-level, so later searches on
-    the connection skip these round trips (a rolled-back transaction may undo it: then pgvector's
-    defaults apply, correct but less thorough, until the connection is renewed).
+    Filters (tenant, scope, visibility) apply after the index scan: without iterative scans
+    (pgvector >= 0.8) a scan returns the ef_search nearest rows of the whole table, and a tenant
+    whose rows are not among them gets fewer results than it has, or none. Set once per
+    connection when it runs in autocommit (a session setting, nothing can undo it). Inside a
+    transaction, a session SET would be undone if that transaction rolls back, so there it is
+    `SET LOCAL`, one round trip per search, until the connection has been set outside one.
     """
-    connection.ensure_connection()
-    raw = connection.connection
-    if raw is None or raw in _hnsw_configured:
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(f"SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = {HNSW_EF_SEARCH}")
-    _hnsw_configured.add(raw)
+    for alias in dict.fromkeys((DEFAULT_DB_ALIAS, read_alias())):
+        db = connections[alias]
+        db.ensure_connection()
+        raw = db.connection
+        if raw is None or raw in _hnsw_configured:
+            continue
+        scope = "LOCAL " if db.in_atomic_block else ""
+        with db.cursor() as cursor:
+            cursor.execute(
+                f"SET {scope}hnsw.iterative_scan = relaxed_order; "
+                f"SET {scope}hnsw.ef_search = {HNSW_EF_SEARCH}"
+            )
+        if not db.in_atomic_block:
+            _hnsw_configured.add(raw)
 
 
 def experiences_visible(
