@@ -321,21 +321,35 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], Result]] = {
 }
 
 
-def add_parser(sub: Any) -> None:
-    ctx = sub.add_parser(
-        "ctx",
-        help="context operations on a running ctxapp (decay, compress, enhance, register, …)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def command_group(
+    sub: Any, name: str, *, help: str, doc: str | None, dest: str, run: Callable[[argparse.Namespace], int]
+) -> Callable[[str, str], argparse.ArgumentParser]:
+    """A `ctxapp NAME COMMAND` group of remote commands: returns the maker of one COMMAND's parser,
+    which takes the server's URL and key (`add_target_arguments`) and `--json`, and runs `run`."""
+    group = sub.add_parser(
+        name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    commands = ctx.add_subparsers(dest="ctx_command", required=True, metavar="COMMAND")
+    commands = group.add_subparsers(dest=dest, required=True, metavar="COMMAND")
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        parser = commands.add_parser(name, help=help, description=help)
+    def command(command_name: str, command_help: str) -> argparse.ArgumentParser:
+        parser = commands.add_parser(command_name, help=command_help, description=command_help)
         add_target_arguments(parser)
         parser.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
         parser.set_defaults(func=run)
         return parser
+
+    return command
+
+
+def add_parser(sub: Any) -> None:
+    command = command_group(
+        sub,
+        "ctx",
+        help="context operations on a running ctxapp (decay, compress, enhance, register, …)",
+        doc=__doc__,
+        dest="ctx_command",
+        run=run,
+    )
 
     command("decay", "the session's decayed facts, most urgent first").add_argument("session")
     compress = command("compress", "the session's history compressed by priority (nothing is changed)")
@@ -358,8 +372,9 @@ def add_parser(sub: Any) -> None:
     refresh.add_argument(
         "--append", action="store_true", help="also append the restatement to the session as a system message"
     )
-    command("sync", "promote the session's constraints, preferences and project config to long-term memory")
-    commands.choices["sync"].add_argument("session")
+    command(
+        "sync", "promote the session's constraints, preferences and project config to long-term memory"
+    ).add_argument("session")
     command("summarize", "queue the session's summarisation and show its latest summaries").add_argument(
         "session"
     )

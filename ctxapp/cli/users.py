@@ -66,21 +66,14 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], Result]] = {
 
 
 def add_parser(sub: Any) -> None:
-    users = sub.add_parser(
+    command = ctx_cli.command_group(
+        sub,
         "users",
         help="what a running ctxapp knows about each user (memories, history, forget)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        doc=__doc__,
+        dest="users_command",
+        run=run,
     )
-    commands = users.add_subparsers(dest="users_command", required=True, metavar="COMMAND")
-
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        parser = commands.add_parser(name, help=help, description=help)
-        ctx_cli.add_target_arguments(parser)
-        parser.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
-        parser.set_defaults(func=run)
-        return parser
-
     memories = command("memories", "the user's current memories, or those current at --as-of")
     memories.add_argument("user", help="the user id (the user_id of their sessions)")
     memories.add_argument("--as-of", default=None, help="an ISO 8601 moment, e.g. 2026-03-01T00:00:00Z")
