@@ -497,7 +497,14 @@ def main() -> int:
     parser.add_argument(
         "--only", default="", help="comma list of: appends,floor,checkpoints,growing,concurrency"
     )
+    parser.add_argument(
+        "--redis",
+        action="store_true",
+        help="Redis mode (channel layer, broker, cache): REDIS_URL, default redis://127.0.0.1:6379/0",
+    )
     args = parser.parse_args()
+    if args.redis:  # read by the settings at django.setup() in prepare(), and by the servers
+        os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
     sizes = SIZES["quick" if args.quick else "full" if args.full else "default"]
     only = set(filter(None, args.only.split(","))) or {
         "appends",
