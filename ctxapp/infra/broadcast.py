@@ -63,7 +63,7 @@ def tenant_group(tenant_id: int) -> str:
 def on_commit(tenant_id: int, item: dict[str, Any]) -> None:
     """Queue `item` for the tenant's dashboards; it is sent after the current transaction commits.
 
-    Outside a transaction it is sent at once. Never raises because of the channel layer.
+    Outside a transaction it is handed on at once. Never raises because of the channel layer.
     """
     live_updates.add((tenant_id, item))
 
