@@ -464,6 +464,7 @@ def _neighbour_part(candidates: list[Candidate], fused: np.ndarray, plan: Plan) 
             by_group.setdefault(c.group, []).append((c.position, i))
     scores = fused.tolist()
     radius, decay = plan.neighbour_radius, plan.neighbour_decay
+    weight = [decay ** (d - 1) for d in range(radius + 1)]  # by distance (0: the turn itself, unused)
     for members in by_group.values():
         members.sort()
         for j, (pos, i) in enumerate(members):
@@ -471,11 +472,11 @@ def _neighbour_part(candidates: list[Candidate], fused: np.ndarray, plan: Plan) 
             best = 0.0
             k = j - 1
             while k >= 0 and pos - members[k][0] <= radius:
-                best = max(best, scores[members[k][1]] * decay ** (pos - members[k][0] - 1))
+                best = max(best, scores[members[k][1]] * weight[pos - members[k][0]])
                 k -= 1
             k = j + 1
             while k < len(members) and members[k][0] - pos <= radius:
-                best = max(best, scores[members[k][1]] * decay ** (members[k][0] - pos - 1))
+                best = max(best, scores[members[k][1]] * weight[members[k][0] - pos])
                 k += 1
             part[i] = plan.neighbour_weight * best
     return part

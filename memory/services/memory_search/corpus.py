@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -210,38 +211,53 @@ def _corpus_cosines(corpus: ScopeCorpus, vector: np.ndarray) -> np.ndarray:
     return cosines
 
 
+def _lexical_top(
+    *, corpus: ScopeCorpus, query: str, terms: set[str], stats: ranking.CorpusStats, plan: ranking.Plan
+) -> list[int]:
+    """The best POOL_LEXICAL rows by BM25 (ties: row order), from the query terms' postings."""
+    postings = [corpus.postings[t] for t in terms if t in corpus.postings]
+    if not postings:
+        return []
+    matching = np.unique(np.concatenate([at for at, _ in postings]))  # ascending, as the rows
+
+    def tf_of(term: str) -> np.ndarray:
+        tf = np.zeros(len(matching), dtype=np.float64)
+        posting = corpus.postings.get(term)
+        if posting is not None:
+            tf[np.searchsorted(matching, posting[0])] = posting[1]
+        return tf
+
+    scores = ranking.bm25_from_counts(
+        weights=Counter(ranking.tokenize(query)), tf_of=tf_of, lengths=corpus.lengths[matching],
+        stats=stats, k1=plan.k1, b=plan.b,
+    )  # fmt: skip
+    return [int(matching[j]) for j in np.argsort(-scores, kind="stable")[: ranking.POOL_LEXICAL]]
+
+
 def exact_message_candidates(
-    *, corpus: ScopeCorpus, where: ScopeWhere, query: str, vector: np.ndarray | None, plan: ranking.Plan
+    *,
+    corpus: ScopeCorpus,
+    where: ScopeWhere,
+    query: str,
+    vector: Callable[[], np.ndarray | None],
+    plan: ranking.Plan,
 ) -> tuple[list[ranking.Candidate], ranking.CorpusStats]:
-    """Pool and statistics exactly as ranking.py's contract (and the offline bench) define them."""
+    """Pool and statistics exactly as ranking.py's contract (and the offline bench) define them.
+    `vector` gives the query's embedding: asked for once the lexical pool, which does not need
+    it, is chosen (it is being computed on a thread of its own meanwhile)."""
     terms = set(ranking.tokenize(query))
     stats = ranking.CorpusStats(
         n_docs=len(corpus.ids), avg_len=corpus.avg_len, df={t: corpus.df(t) for t in terms}
     )
+    lexical_top = _lexical_top(corpus=corpus, query=query, terms=terms, stats=stats, plan=plan)
     cosines: np.ndarray | None = None
     dense_top: list[int] = []
-    if vector is not None and corpus.embedded.any():
-        cosines = _corpus_cosines(corpus, vector)
+    query_vector = vector()
+    if query_vector is not None and corpus.embedded.any():
+        cosines = _corpus_cosines(corpus, query_vector)
         with_vector = np.flatnonzero(corpus.embedded)
         best = np.argsort(-cosines[with_vector], kind="stable")[: ranking.POOL_DENSE]
         dense_top = [int(i) for i in with_vector[best]]
-    lexical_top: list[int] = []
-    postings = [corpus.postings[t] for t in terms if t in corpus.postings]
-    if postings:
-        matching = np.unique(np.concatenate([at for at, _ in postings]))  # ascending, as the rows
-
-        def tf_of(term: str) -> np.ndarray:
-            tf = np.zeros(len(matching), dtype=np.float64)
-            posting = corpus.postings.get(term)
-            if posting is not None:
-                tf[np.searchsorted(matching, posting[0])] = posting[1]
-            return tf
-
-        scores = ranking.bm25_from_counts(
-            weights=Counter(ranking.tokenize(query)), tf_of=tf_of, lengths=corpus.lengths[matching],
-            stats=stats, k1=plan.k1, b=plan.b,
-        )  # fmt: skip
-        lexical_top = [int(matching[j]) for j in np.argsort(-scores, kind="stable")[: ranking.POOL_LEXICAL]]
     chosen = dict.fromkeys(dense_top + lexical_top)
     radius = plan.neighbour_radius if plan.neighbour_weight > 0 else 0
     seeds = dense_top[: ranking.POOL_NEIGHBOUR_SEEDS] + lexical_top[: ranking.POOL_NEIGHBOUR_SEEDS]
