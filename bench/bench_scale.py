@@ -377,7 +377,9 @@ def main() -> None:
     rss_after = rss_mb()
 
     # Appends: alone, then while a second process runs whole-tenant searches back to back.
-    appender = session_create(tenant=big, agent_external_id="bot", user_id=target.user_id)
+    # A user of its own: the appended messages (never embedded here, no worker runs) must not
+    # grow the searched user's scope from one --keep-database run to the next.
+    appender = session_create(tenant=big, agent_external_id="bot", user_id="appender")
     append_times(big, appender, 20)
     cpu_started = (time.process_time(), backend_cpu_ms())
     alone = append_times(big, appender, args.appends)
