@@ -353,7 +353,9 @@ def main() -> None:
         context_build(tenant=small, session=small_session, next_input=q)
     small_build = timed(lambda q: context_build(tenant=small, session=small_session, next_input=q), questions)
 
-    target = Session.objects.filter(tenant=big).order_by("-pk").first()
+    # The newest session as built (100 messages, all embedded), not an earlier run's appender.
+    built = Session.objects.filter(tenant=big, message_seq=PER_SESSION).exclude(user_id="appender")
+    target = built.order_by("-pk").first()
     assert target is not None
     user_scope = SearchScope(user_id=target.user_id)
     session_scope = SearchScope(session=target.public_id, sessions="current")
