@@ -353,7 +353,9 @@ def main() -> None:
         context_build(tenant=small, session=small_session, next_input=q)
     small_build = timed(lambda q: context_build(tenant=small, session=small_session, next_input=q), questions)
 
-    target = Session.objects.filter(tenant=big).order_by("-pk").first()
+    # The newest session as built (100 messages, all embedded), not an earlier run's appender.
+    built = Session.objects.filter(tenant=big, message_seq=PER_SESSION).exclude(user_id="appender")
+    target = built.order_by("-pk").first()
     assert target is not None
     user_scope = SearchScope(user_id=target.user_id)
     session_scope = SearchScope(session=target.public_id, sessions="current")
@@ -377,7 +379,9 @@ def main() -> None:
     rss_after = rss_mb()
 
     # Appends: alone, then while a second process runs whole-tenant searches back to back.
-    appender = session_create(tenant=big, agent_external_id="bot", user_id=target.user_id)
+    # A user of its own: the appended messages (never embedded here, no worker runs) must not
+    # grow the searched user's scope from one --keep-database run to the next.
+    appender = session_create(tenant=big, agent_external_id="bot", user_id="appender")
     append_times(big, appender, 20)
     cpu_started = (time.process_time(), backend_cpu_ms())
     alone = append_times(big, appender, args.appends)

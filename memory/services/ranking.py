@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import date, datetime
 from functools import lru_cache
@@ -311,18 +311,42 @@ def bm25_scores(
     """
     weights: Mapping[str, float] = terms if terms is not None else Counter(tokenize(query))
     docs = [_term_counts(t) for t in texts]  # shared, read-only
-    scores = np.zeros(len(texts), dtype=np.float64)
     if not weights or not docs:
+        return np.zeros(len(texts), dtype=np.float64)
+    lengths = np.array([len(_tokens(t)) for t in texts], dtype=np.float64)  # each doc's sum of counts
+    return bm25_from_counts(
+        weights=weights,
+        tf_of=lambda term: np.array([d.get(term, 0) for d in docs], dtype=np.float64),
+        lengths=lengths,
+        stats=stats,
+        k1=k1,
+        b=b,
+    )
+
+
+def bm25_from_counts(
+    *,
+    weights: Mapping[str, float],
+    tf_of: Callable[[str], np.ndarray],
+    lengths: np.ndarray,
+    stats: CorpusStats,
+    k1: float,
+    b: float,
+) -> np.ndarray:
+    """bm25_scores' arithmetic on counts already at hand: `tf_of(term)` is the term's count in
+    each document (float64), `lengths` each document's number of tokens. A cached scope's inverted
+    index (memory_search/corpus.py) gives them without reading every document's tokens."""
+    scores = np.zeros(len(lengths), dtype=np.float64)
+    if not weights or not len(lengths):
         return scores
     n_docs = max(stats.n_docs, 1)
-    lengths = np.array([len(_tokens(t)) for t in texts], dtype=np.float64)  # each doc's sum of counts
-    avg_len = stats.avg_len if stats.avg_len > 0 else max(1.0, float(lengths.sum()) / len(docs))
+    avg_len = stats.avg_len if stats.avg_len > 0 else max(1.0, float(lengths.sum()) / len(lengths))
     norm = k1 * (1.0 - b + b * lengths / avg_len)
     for term, weight in weights.items():
-        tf = np.array([d.get(term, 0) for d in docs], dtype=np.float64)
+        tf = tf_of(term)
         df = stats.df.get(term)
         if df is None:
-            n, df = len(docs), int(np.count_nonzero(tf))
+            n, df = len(lengths), int(np.count_nonzero(tf))
         else:
             n, df = max(n_docs, df), max(df, 0)
         idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
@@ -440,6 +464,7 @@ def _neighbour_part(candidates: list[Candidate], fused: np.ndarray, plan: Plan) 
             by_group.setdefault(c.group, []).append((c.position, i))
     scores = fused.tolist()
     radius, decay = plan.neighbour_radius, plan.neighbour_decay
+    weight = [decay ** (d - 1) for d in range(radius + 1)]  # by distance (0: the turn itself, unused)
     for members in by_group.values():
         members.sort()
         for j, (pos, i) in enumerate(members):
@@ -447,11 +472,11 @@ def _neighbour_part(candidates: list[Candidate], fused: np.ndarray, plan: Plan) 
             best = 0.0
             k = j - 1
             while k >= 0 and pos - members[k][0] <= radius:
-                best = max(best, scores[members[k][1]] * decay ** (pos - members[k][0] - 1))
+                best = max(best, scores[members[k][1]] * weight[pos - members[k][0]])
                 k -= 1
             k = j + 1
             while k < len(members) and members[k][0] - pos <= radius:
-                best = max(best, scores[members[k][1]] * decay ** (members[k][0] - pos - 1))
+                best = max(best, scores[members[k][1]] * weight[members[k][0] - pos])
                 k += 1
             part[i] = plan.neighbour_weight * best
     return part

@@ -380,7 +380,7 @@ def scope_message_candidates(
     corpus = scope_corpus(where)
     if corpus is not None:
         found, stats = exact_message_candidates(
-            corpus=corpus, where=where, query=query, vector=vector(), plan=plan
+            corpus=corpus, where=where, query=query, vector=vector, plan=plan
         )
         return list(found), stats
     terms = list(dict.fromkeys(ranking.tokenize(query)))

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -34,28 +35,75 @@ class ScopeCorpus:
     ids: list[int]
     rows: dict[int, tuple[str, int, str, str, datetime]]  # id → (session, seq, name, content, occurred_at)
     texts: list[str]  # ranking.index_text of each row
-    tokens: list[frozenset[str]]
-    df: Counter[str]
     avg_len: float
     by_position: dict[tuple[str, int], int]  # (session, seq) → index
     # Each row's embedding (float32, unit length as stored; zeros where `embedded` is False): the
     # dense pool and the candidates' cosines are exact dot products here, no SQL round trip.
     vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
     embedded: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # An inverted index, built once: term → (the rows holding it, ascending; its count in each).
+    # A search reads the postings of its own terms instead of visiting every row's tokens, and
+    # BM25 over the matching rows is array arithmetic (the same as ranking.bm25_scores).
+    postings: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))  # tokens per row
+    norms: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))  # each vector's norm
     nbytes: int = 0  # what the corpus holds in memory, estimated once (corpus_nbytes)
+
+    def df(self, term: str) -> int:
+        posting = self.postings.get(term)
+        return 0 if posting is None else len(posting[0])
+
+
+def corpus_build(
+    *,
+    ids: list[int],
+    rows: dict[int, tuple[str, int, str, str, datetime]],
+    texts: list[str],
+    by_position: dict[tuple[str, int], int],
+    vectors: np.ndarray,
+    embedded: np.ndarray,
+) -> ScopeCorpus:
+    """A corpus from its rows: the texts tokenised (ranking.tokenize), the postings, each row's
+    length and vector norm, and its size."""
+    counts: dict[str, tuple[list[int], list[int]]] = {}
+    lengths = np.zeros(len(texts), dtype=np.float64)
+    for i, text in enumerate(texts):
+        tokens = ranking.tokenize(text)
+        lengths[i] = len(tokens)
+        for term, tf in Counter(tokens).items():
+            posting = counts.get(term)
+            if posting is None:
+                counts[term] = ([i], [tf])
+            else:
+                posting[0].append(i)
+                posting[1].append(tf)
+    corpus = ScopeCorpus(
+        ids=ids, rows=rows, texts=texts, avg_len=float(lengths.sum()) / max(1, len(texts)),
+        by_position=by_position, vectors=vectors, embedded=embedded,
+        postings={
+            term: (np.array(at, dtype=np.int32), np.array(tf, dtype=np.float64))
+            for term, (at, tf) in counts.items()
+        },
+        lengths=lengths,
+        # As _corpus_cosines had computed them on every search: float32 norms, widened.
+        norms=np.linalg.norm(vectors, axis=1).astype(np.float64),
+    )  # fmt: skip
+    corpus.nbytes = corpus_nbytes(corpus)
+    return corpus
 
 
 def corpus_nbytes(corpus: ScopeCorpus) -> int:
-    """The corpus's memory footprint: its arrays plus its Python objects (strings, token sets,
-    row tuples, index entries), measured by sys.getsizeof; tokens shared with `df` counted once."""
-    size = corpus.vectors.nbytes + corpus.embedded.nbytes + sys.getsizeof(corpus.ids)
+    """The corpus's memory footprint: its arrays plus its Python objects (strings, row tuples,
+    index entries, postings), measured by sys.getsizeof."""
+    size = corpus.vectors.nbytes + corpus.embedded.nbytes + corpus.lengths.nbytes + corpus.norms.nbytes
+    size += sys.getsizeof(corpus.ids)
     for pk, row in corpus.rows.items():
         size += sys.getsizeof(pk) + sys.getsizeof(row) + sum(sys.getsizeof(part) for part in row)
     size += sum(sys.getsizeof(text) for text in corpus.texts)
-    size += sum(sys.getsizeof(toks) for toks in corpus.tokens)
-    size += sum(sys.getsizeof(term) + 2 * sys.getsizeof(0) for term in corpus.df)
-    # Each dict entry (rows, by_position, df) is ~100 B of table and key tuple beyond its parts.
-    return size + 100 * (len(corpus.rows) + len(corpus.by_position) + len(corpus.df))
+    for term, (at, tf) in corpus.postings.items():
+        size += sys.getsizeof(term) + sys.getsizeof(at) + sys.getsizeof(tf) + 64  # the pair's tuple
+    # Each dict entry (rows, by_position, postings) is ~100 B of table and key tuple beyond its parts.
+    return size + 100 * (len(corpus.rows) + len(corpus.by_position) + len(corpus.postings))
 
 
 def cache_bound_bytes() -> int:
@@ -99,7 +147,8 @@ def _scope_version(where: ScopeWhere) -> tuple[Any, ...]:
     (memory/services/forget.py), so every process sees a committed change at its next search."""
     count, max_id, embedded, model_lo, model_hi, generation = fetch_rows(
         f"SELECT count(*), coalesce(max(m.id), 0), count(m.embedding), "
-        f"coalesce(min(m.embedding_model), ''), coalesce(max(m.embedding_model), ''), "
+        f"coalesce(min(m.embedding_model COLLATE \"C\"), ''), "
+        f"coalesce(max(m.embedding_model COLLATE \"C\"), ''), "
         f"(SELECT coalesce(max(g.generation), 0) FROM {ContentGeneration._meta.db_table} g "
         f"WHERE g.tenant_id = %s) "
         f"FROM {Message._meta.db_table} m WHERE {where.where}",
@@ -122,25 +171,14 @@ def _corpus_load(where: ScopeWhere) -> ScopeCorpus:
         if r[6] is not None:
             vectors[i] = np.array(r[6][1:-1].split(","), dtype=np.float32)
             has_vector[i] = True
-    texts = [ranking.index_text(content=r[4], speaker=r[3] or None, occurred_at=r[5]) for r in rows]
-    token_lists = [ranking.tokenize(t) for t in texts]
-    tokens = [frozenset(t) for t in token_lists]
-    df: Counter[str] = Counter()
-    for toks in tokens:
-        df.update(toks)
-    corpus = ScopeCorpus(
+    return corpus_build(
         ids=[r[0] for r in rows],
         rows={r[0]: (r[1], int(r[2]), r[3], r[4], r[5]) for r in rows},
-        texts=texts,
-        tokens=tokens,
-        df=df,
-        avg_len=sum(len(t) for t in token_lists) / max(1, len(token_lists)),
+        texts=[ranking.index_text(content=r[4], speaker=r[3] or None, occurred_at=r[5]) for r in rows],
         by_position={(r[1], int(r[2])): i for i, r in enumerate(rows)},
         vectors=vectors,
         embedded=has_vector,
     )
-    corpus.nbytes = corpus_nbytes(corpus)
-    return corpus
 
 
 def scope_corpus(where: ScopeWhere) -> ScopeCorpus | None:
@@ -163,38 +201,63 @@ def scope_corpus(where: ScopeWhere) -> ScopeCorpus | None:
     return corpus
 
 
-def _corpuscosines_cached(corpus: ScopeCorpus, vector: np.ndarray) -> np.ndarray:
+def _corpus_cosines(corpus: ScopeCorpus, vector: np.ndarray) -> np.ndarray:
     """Cosine of every corpus row to the query, as pgvector's `1 - (a <=> b)`; NaN without a vector."""
     dots = corpus.vectors.astype(np.float64) @ vector.astype(np.float64)
-    norms = np.linalg.norm(corpus.vectors, axis=1).astype(np.float64) * float(np.linalg.norm(vector))
+    norms = corpus.norms * float(np.linalg.norm(vector))
     with np.errstate(invalid="ignore", divide="ignore"):
         cosines = dots / norms
     cosines[~corpus.embedded] = np.nan
     return cosines
 
 
+def _lexical_top(
+    *, corpus: ScopeCorpus, query: str, terms: set[str], stats: ranking.CorpusStats, plan: ranking.Plan
+) -> list[int]:
+    """The best POOL_LEXICAL rows by BM25 (ties: row order), from the query terms' postings."""
+    postings = [corpus.postings[t] for t in terms if t in corpus.postings]
+    if not postings:
+        return []
+    matching = np.unique(np.concatenate([at for at, _ in postings]))  # ascending, as the rows
+
+    def tf_of(term: str) -> np.ndarray:
+        tf = np.zeros(len(matching), dtype=np.float64)
+        posting = corpus.postings.get(term)
+        if posting is not None:
+            tf[np.searchsorted(matching, posting[0])] = posting[1]
+        return tf
+
+    scores = ranking.bm25_from_counts(
+        weights=Counter(ranking.tokenize(query)), tf_of=tf_of, lengths=corpus.lengths[matching],
+        stats=stats, k1=plan.k1, b=plan.b,
+    )  # fmt: skip
+    return [int(matching[j]) for j in np.argsort(-scores, kind="stable")[: ranking.POOL_LEXICAL]]
+
+
 def exact_message_candidates(
-    *, corpus: ScopeCorpus, where: ScopeWhere, query: str, vector: np.ndarray | None, plan: ranking.Plan
+    *,
+    corpus: ScopeCorpus,
+    where: ScopeWhere,
+    query: str,
+    vector: Callable[[], np.ndarray | None],
+    plan: ranking.Plan,
 ) -> tuple[list[ranking.Candidate], ranking.CorpusStats]:
-    """Pool and statistics exactly as ranking.py's contract (and the offline bench) define them."""
+    """Pool and statistics exactly as ranking.py's contract (and the offline bench) define them.
+    `vector` gives the query's embedding: asked for once the lexical pool, which does not need
+    it, is chosen (it is being computed on a thread of its own meanwhile)."""
     terms = set(ranking.tokenize(query))
     stats = ranking.CorpusStats(
-        n_docs=len(corpus.ids), avg_len=corpus.avg_len, df={t: corpus.df.get(t, 0) for t in terms}
+        n_docs=len(corpus.ids), avg_len=corpus.avg_len, df={t: corpus.df(t) for t in terms}
     )
+    lexical_top = _lexical_top(corpus=corpus, query=query, terms=terms, stats=stats, plan=plan)
     cosines: np.ndarray | None = None
     dense_top: list[int] = []
-    if vector is not None and corpus.embedded.any():
-        cosines = _corpuscosines_cached(corpus, vector)
+    query_vector = vector()
+    if query_vector is not None and corpus.embedded.any():
+        cosines = _corpus_cosines(corpus, query_vector)
         with_vector = np.flatnonzero(corpus.embedded)
         best = np.argsort(-cosines[with_vector], kind="stable")[: ranking.POOL_DENSE]
         dense_top = [int(i) for i in with_vector[best]]
-    matching = [i for i, toks in enumerate(corpus.tokens) if terms & toks]
-    lexical_top: list[int] = []
-    if matching:
-        scores = ranking.bm25_scores(
-            query=query, texts=[corpus.texts[i] for i in matching], stats=stats, k1=plan.k1, b=plan.b
-        )
-        lexical_top = [matching[j] for j in np.argsort(-scores, kind="stable")[: ranking.POOL_LEXICAL]]
     chosen = dict.fromkeys(dense_top + lexical_top)
     radius = plan.neighbour_radius if plan.neighbour_weight > 0 else 0
     seeds = dense_top[: ranking.POOL_NEIGHBOUR_SEEDS] + lexical_top[: ranking.POOL_NEIGHBOUR_SEEDS]

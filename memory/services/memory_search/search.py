@@ -54,8 +54,8 @@ def memory_search(
     query = (query or "").strip()
     chosen = search_validate(query=query, scope=scope, kinds=kinds, limit=limit, neighbours=neighbours)
     floor_check(min_similarity)
-    session_pks, _ = scope_sessions(tenant=tenant, scope=scope)
     vector = QueryVector(query)  # embedded on its own thread while the scope's SQL runs
+    session_pks, _ = scope_sessions(tenant=tenant, scope=scope)
     policy = memory_policy_get(tenant=tenant)
     config = policy.text_search_config or "english"
     floor = policy.search_min_similarity if min_similarity is None else min_similarity

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import tracemalloc
-from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -23,15 +22,13 @@ from memory.services.memory_search.corpus import (
     SCOPE_CORPUS_ROWS,
     ScopeCorpora,
     ScopeCorpus,
-    corpus_nbytes,
+    corpus_build,
 )
 
 
 def scope_of(rows: int) -> tuple[tuple[int, ...], ScopeCorpus]:
     ids = list(range(rows))
-    return (rows, rows, 0, "", ""), ScopeCorpus(
-        ids=ids, rows={}, texts=[], tokens=[], df=Counter(), avg_len=0.0, by_position={}
-    )
+    return (rows, rows, 0, "", ""), ScopeCorpus(ids=ids, rows={}, texts=[], avg_len=0.0, by_position={})
 
 
 def test_at_most_so_many_scopes_are_kept_least_recently_used_out() -> None:
@@ -96,23 +93,15 @@ def corpus_of(rows: int, *, seed: int) -> ScopeCorpus:
     """A corpus shaped as _corpus_load builds it: vectors, texts, token sets and their indexes."""
     rng = np.random.default_rng(seed)
     texts = [f"[2024-01-01] user: message {seed}-{i} on topic {i % 97} and more" for i in range(rows)]
-    tokens = [frozenset(text.split()) for text in texts]
-    df: Counter[str] = Counter()
-    for toks in tokens:
-        df.update(toks)
     occurred = datetime(2024, 1, 1, tzinfo=UTC)
-    built = ScopeCorpus(
+    built = corpus_build(
         ids=list(range(rows)),
         rows={i: (f"ses_{seed}", i, "user", texts[i][20:], occurred) for i in range(rows)},
         texts=texts,
-        tokens=tokens,
-        df=df,
-        avg_len=8.0,
         by_position={(f"ses_{seed}", i): i for i in range(rows)},
         vectors=rng.standard_normal((rows, EMBEDDING_DIMENSIONS)).astype(np.float32),
         embedded=np.ones(rows, dtype=bool),
     )
-    built.nbytes = corpus_nbytes(built)
     return built
 
 
