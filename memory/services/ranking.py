@@ -311,13 +311,10 @@ def bm25_scores(
     """
     weights: Mapping[str, float] = terms if terms is not None else Counter(tokenize(query))
     docs = [_term_counts(t) for t in texts]  # shared, read-only
-    if not weights or not docs:
-        return np.zeros(len(texts), dtype=np.float64)
-    lengths = np.array([len(_tokens(t)) for t in texts], dtype=np.float64)  # each doc's sum of counts
     return bm25_from_counts(
         weights=weights,
         tf_of=lambda term: np.array([d.get(term, 0) for d in docs], dtype=np.float64),
-        lengths=lengths,
+        lengths=np.array([len(_tokens(t)) for t in texts], dtype=np.float64),  # each doc's sum of counts
         stats=stats,
         k1=k1,
         b=b,
