@@ -1,6 +1,5 @@
 """ASGI entry point: HTTP through Django, websockets through Channels (dashboard live updates)."""
 
-import asyncio
 import os
 from typing import Any
 
@@ -13,7 +12,6 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from ctxapp.infra import broadcast  # noqa: E402
 from ctxapp.integrations import mcp_server, metrics  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 
@@ -28,10 +26,6 @@ router = ProtocolTypeRouter(
 
 
 async def application(scope: Any, receive: Any, send: Any) -> None:
-    # Live updates of committed writes are sent on this server loop, not in the request's thread.
-    loop = asyncio.get_running_loop()
-    if broadcast._server_loop is not loop:
-        broadcast.use_loop(loop)
     if scope["type"] == "http" and scope["path"] in MCP_PATHS:
         # The MCP streamable HTTP transport (bearer key, then the SDK's transport): not Django.
         await metrics.observe_asgi(

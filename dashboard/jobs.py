@@ -1,16 +1,14 @@
 """What "jobs" means on the dashboard, honestly.
 
-ctxapp's background work is Celery tasks on one broker (Redis, or Kombu's SQLAlchemy transport
-on the embedded PostgreSQL). Celery keeps no history without a result backend, and we run
-without one, so:
+ctxapp's background work is Celery tasks on one broker, Redis. Celery keeps no history without a
+result backend, and we run without one, so:
 
 - job records = the jobs outbox (memory/services/jobs.py): every job kind (distillation,
   summarisation, digest, embedding) records its outcome on its JobIntent row, `done` with a result
   or `failed` with the reason, so the page lists them all the same way;
 - queue depth = the number of messages waiting in each queue, asked of the broker itself;
 - running jobs = the job records a runner holds now (from the database, with any broker), plus
-  what the workers report through Celery's remote control (`inspect().active()`) where the broker
-  has a broadcast channel (not the SQLAlchemy transport);
+  what the workers report through Celery's remote control (`inspect().active()`);
 - failed jobs = the recorded events whose type ends in `.failed` / `_failed` (every capability
   records its job failures as events, with the ids needed to retry);
 - progress = the latest `*.progress` event of each long job (`done` / `total` in the payload);
@@ -120,7 +118,7 @@ def _queue_depths_uncached() -> list[QueueDepth]:
 
 @dataclass
 class RunningJobs:
-    available: bool  # whether the workers could be asked (a broker with a broadcast channel)
+    available: bool  # whether the workers answered
     note: str
     jobs: list[dict[str, Any]]  # what the workers report
     records: list[JobRow] = field(default_factory=list)  # the tenant's job records taken now
@@ -184,13 +182,6 @@ def job_rows(*, tenant: Tenant, records: list[JobIntent]) -> list[JobRow]:
     return rows
 
 
-NO_BROADCAST = (
-    "Which tasks the workers are running right now can be asked only over Redis or AMQP; this "
-    "installation queues its jobs in PostgreSQL, so the list above (from the job records) is all "
-    "there is."
-)
-
-
 def running_jobs(*, tenant: Tenant) -> RunningJobs:
     """Jobs running now: the tenant's job records a runner has taken (read from the database, so
     they show with any broker), and the tasks the workers report (Celery remote control). Never
@@ -203,8 +194,6 @@ def running_jobs(*, tenant: Tenant) -> RunningJobs:
             ]
         ),
     )
-    if not str(settings.CELERY_BROKER_URL).startswith(("redis", "rediss", "amqp")):
-        return RunningJobs(False, NO_BROADCAST, [], records)
     try:
         inspector = app.control.inspect(timeout=INSPECT_TIMEOUT)
         active = inspector.active() or {}

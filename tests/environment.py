@@ -1,21 +1,19 @@
 """What the test run needs beyond Python packages, found before any test runs.
 
-The browser tests drive Debian's Chromium (Playwright cannot download its own browser here), and
-the suite uses Redis on 127.0.0.1:6379 (or REDIS_URL). When the selected tests need Chromium and
-it is missing, or nothing answers on the local Redis port, the run calls scripts/test-setup if it
+The browser tests drive Debian's Chromium (Playwright cannot download its own browser here).
+When the selected tests need Chromium and it is missing, the run calls scripts/test-setup if it
 runs as root with apt-get, and otherwise stops before the first test with the command to run:
-one clear message instead of an error per test.
+one clear message instead of an error per test. (The engines, PostgreSQL and Redis, come from
+Python wheels: ctxapp/settings_test.py starts them.)
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -60,43 +58,7 @@ def chromium_ensure(*, install: bool | None = None) -> str:
     )
 
 
-def _local_redis() -> tuple[str, int] | None:
-    """Host and port of REDIS_URL when it is this machine's (the one test-setup can start)."""
-    url = urlsplit(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    host, port = url.hostname or "127.0.0.1", url.port or 6379
-    return (host, port) if host in {"127.0.0.1", "localhost"} and port == 6379 else None
-
-
-def _answers(address: tuple[str, int]) -> bool:
-    try:
-        with socket.create_connection(address, timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-def redis_ensure(*, install: bool | None = None) -> None:
-    """Make sure the local Redis answers, starting it with scripts/test-setup when allowed.
-
-    A remote REDIS_URL is the caller's to provide: not checked here."""
-    address = _local_redis()
-    if address is None or _answers(address):
-        return
-    if install if install is not None else _can_install():
-        subprocess.run([str(SETUP)], check=False)
-        if _answers(address):
-            return
-    raise pytest.UsageError(
-        f"The tests use Redis at {address[0]}:{address[1]} and nothing answers there.\n"
-        f"  Set it up with:  sudo {SETUP.relative_to(REPO)}\n"
-        "  (or start a Redis there, or point REDIS_URL at one)"
-    )
-
-
 def require_for(items: Sequence[pytest.Item]) -> None:
     """Before the run: make sure what the selected tests need is here (pytest hook helper)."""
-    if not items:
-        return
-    redis_ensure()
     if any(item.get_closest_marker("browser") for item in items):
         os.environ["CTXAPP_CHROMIUM"] = chromium_ensure()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -43,25 +42,6 @@ def body_of(response: Any) -> bytes:
 
         return async_to_sync(read)()
     return b"".join(response.streaming_content)
-
-
-def use_postgres_channel_layer(settings: Any) -> None:
-    """Make the embedded mode's channel layer (channels_postgres, on the test database) the default
-    layer for this test: its tables and trigger created, CHANNEL_LAYERS switched through pytest-django's
-    `settings` fixture (restored after the test)."""
-    latest = importlib.import_module("channels_postgres.migrations.0004_notify_ensure_payload_not_too_big")
-    with connection.cursor() as cursor:
-        cursor.execute(latest.Migration.setup_database_sql)
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "ctxapp.infra.channel_layer.PostgresChannelLayer",
-            "CONFIG": {
-                **connection.settings_dict,
-                "TIME_ZONE": None,
-                "prefix": f"{settings.QUEUE_PREFIX}_asgi",
-            },
-        }
-    }
 
 
 def run_together(

@@ -1,5 +1,5 @@
 """`ctxapp up` end to end, as a newcomer runs it: a subprocess on a fresh data directory and a free
-port, with REDIS_URL unset (broker and channel layer on the embedded PostgreSQL).
+port, with DATABASE_URL and REDIS_URL unset (the embedded PostgreSQL and Redis engines).
 
 It relies on the committed migrations (memory/migrations/), exactly like a fresh clone does.
 Proves: ready within 90 s; /readyz reports database, broker and channel layer ok; the printed key
@@ -158,7 +158,7 @@ def check_first_run_banner(up: Up, base: str) -> tuple[str, str]:
     return password[1], api_key[1]
 
 
-def check_ready_without_redis(base: str, api_key: str) -> None:
+def check_ready_on_embedded_engines(base: str, api_key: str) -> None:
     ready = httpx.get(f"{base}/readyz", timeout=15)
     assert ready.status_code == 200, ready.text
     checks = ready.json()["checks"]
@@ -168,15 +168,15 @@ def check_ready_without_redis(base: str, api_key: str) -> None:
         "channel_layer": True,
         "jobs": True,
     }
-    assert checks["broker"]["transport"] == "sql"  # Kombu's SQLAlchemy transport, no Redis
-    assert checks["channel_layer"]["backend"] == "PostgresChannelLayer"
+    assert checks["broker"]["transport"] == "redis"  # Celery's Redis transport, on the embedded engine
+    assert checks["channel_layer"]["backend"] == "RedisChannelLayer"
     tenant = httpx.get(f"{base}/api/v1/tenant", headers=bearer(api_key), timeout=15)
     assert tenant.status_code == 200, tenant.text
     assert tenant.json()["slug"] == "demo"
 
 
 def check_background_job(base: str, api_key: str) -> None:
-    """A background job goes through the Redis-less broker: the worker embeds a new experience."""
+    """A background job goes through the embedded Redis: the worker embeds a new experience."""
     made_exp = httpx.post(
         f"{base}/api/v1/experiences",
         json={"problem": "Pod crash-loops after deploy", "solution": "Restore the ConfigMap key"},
@@ -276,7 +276,7 @@ def test_ctxapp_up_end_to_end(workdir: Path) -> None:
     try:
         up.wait_for("Ctrl-C stops everything.", READY_TIMEOUT)
         password, api_key = check_first_run_banner(up, base)
-        check_ready_without_redis(base, api_key)
+        check_ready_on_embedded_engines(base, api_key)
         check_background_job(base, api_key)
         check_admin_login(base, password)
         check_api_keys_and_body_limit(base, env, workdir)

@@ -1,10 +1,10 @@
 """Fault drills: jobs survive a broker outage and a killed worker.
 
-Redis drill: our own `redis-server` on a spare port (no persistence, so a restart also loses every
-queued message), a real Celery worker with beat (`-B`) on it, and writes through the API before,
-during and after BROKER_OUTAGE_SECONDS without Redis. PostgreSQL-broker drill: the embedded
-mode's broker (Kombu's SQLAlchemy transport on the test database), its worker SIGKILLed under load
-and started again later.
+Redis drill: our own Redis engine (the server ctxapp.infra.embedded_redis runs) on a spare port
+with no persistence, so a restart also loses every queued message, a real Celery worker with beat
+(`-B`) on it, and writes through the API before, during and after BROKER_OUTAGE_SECONDS without
+Redis. Worker drill: the suite's Redis engine, the worker SIGKILLed under load and started again
+later.
 
 Each drill then asserts: no write answered 5xx, and every embedding, full distillation and
 summarisation implied by an acknowledged write ran exactly once (one `experience.embedded` per
@@ -32,6 +32,7 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
+from ctxapp.infra import embedded_redis
 from memory.models import (
     BudgetSample,
     Event,
@@ -83,7 +84,7 @@ class RedisServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            [embedded_redis.server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--loglevel", "warning"],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
@@ -107,23 +108,16 @@ def point_publisher_at(broker_url: str) -> Callable[[], None]:
     """Make this process's Celery producer publish to `broker_url`; returns the undo."""
     from ctxapp.celery import app
 
-    saved = (app.conf.broker_url, app.conf.broker_write_url, app.conf.broker_transport_options, app._pool)
+    saved = (app.conf.broker_url, app.conf.broker_write_url, app._pool)
     app.conf.broker_url = app.conf.broker_write_url = broker_url
-    if not broker_url.startswith("redis"):  # SQLAlchemy's create_engine gets these: none of Redis's
-        app.conf.broker_transport_options = {"visibility_timeout": 3600}
     app._pool = None
     app.amqp._producer_pool = None
 
     def undo() -> None:
-        from kombu.transport import sqlalchemy as kombu_sqlalchemy
-
         if app._pool is not None:
             app._pool.force_close_all()
-        (app.conf.broker_url, app.conf.broker_write_url, app.conf.broker_transport_options, app._pool) = saved
+        (app.conf.broker_url, app.conf.broker_write_url, app._pool) = saved
         app.amqp._producer_pool = None
-        for engine, _ in kombu_sqlalchemy.Channel._engines.values():
-            engine.dispose()  # its connections would keep the test database from being dropped
-        kombu_sqlalchemy.Channel._engines.clear()
 
     return undo
 
@@ -341,23 +335,19 @@ def test_a_redis_outage_under_load_loses_no_job_and_runs_none_twice(redis_server
     load.assert_exactly_once()
 
 
-def test_the_postgres_broker_worker_killed_under_load_loses_no_job_and_runs_none_twice() -> None:
-    from ctxapp.settings import _sqlalchemy_url
-
+def test_a_worker_killed_under_load_loses_no_job_and_runs_none_twice() -> None:
     tenant = Tenant.objects.create(name="Drill", slug="drill")
     load = Load(tenant, _client_for(tenant))
-    undo = point_publisher_at(_sqlalchemy_url(connection.settings_dict))
-    worker = start_worker({}, drop=("REDIS_URL",))  # the embedded default: broker on PostgreSQL
+    worker = start_worker({})
     try:
         n = load.run_for(5.0, 0, max_rounds=10)
         os.killpg(worker.pid, signal.SIGKILL)  # mid-load, maybe mid-job (and its embedded beat)
         stop_worker(worker)  # reaps it and removes its beat schedule
         n = load.run_for(WORKER_DOWN_SECONDS, n, max_rounds=MAX_ROUNDS)
-        worker = start_worker({}, drop=("REDIS_URL",))
+        worker = start_worker({})
         load.run_for(2.0, n, max_rounds=5)
         took = wait_until(load.all_jobs_ran, RECOVERY_DEADLINE_SECONDS, "every job to run")
-        print(f"\npostgres drill: {len(load.statuses)} writes, caught up {took:.1f} s after the last write")
+        print(f"\nworker drill: {len(load.statuses)} writes, caught up {took:.1f} s after the last write")
     finally:
         stop_worker(worker)
-        undo()
     load.assert_exactly_once()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -30,19 +29,11 @@ def test_a_chromium_named_by_the_environment_is_used(monkeypatch: pytest.MonkeyP
     assert environment.chromium_ensure(install=False) == str(fake)
 
 
-def test_a_silent_local_redis_stops_the_run_with_the_command_to_run(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    with socket.socket() as probe:  # a local port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    monkeypatch.setattr(environment, "_local_redis", lambda: ("127.0.0.1", port))
-    with pytest.raises(pytest.UsageError) as refused:
-        environment.redis_ensure(install=False)
-    assert f"127.0.0.1:{port}" in str(refused.value) and "sudo scripts/test-setup" in str(refused.value)
+def test_the_suite_runs_on_its_own_redis_engine_from_the_wheel() -> None:
+    """No system Redis is needed: the run's Redis is the embedded engine in its data directory."""
+    from django.conf import settings
 
+    from ctxapp.infra import embedded_redis
 
-def test_the_running_redis_lets_the_run_go_on() -> None:
-    environment.redis_ensure(install=False)  # the suite's own Redis answers: no error
-    address = environment._local_redis()
-    assert address is None or environment._answers(address)
+    assert embedded_redis.url(Path(settings.DATA_DIR)) == settings.REDIS_URL
+    assert embedded_redis.ping(settings.REDIS_URL)

@@ -71,6 +71,21 @@ def prepare_database(cfg: CtxappSettings) -> None:
         raise CliError(str(exc)) from None
 
 
+def require_redis(cfg: CtxappSettings) -> None:
+    """A process run on its own (`ctxapp web | worker | beat`) needs a Redis server: REDIS_URL's,
+    or the embedded engine a `ctxapp up` runs on the same data directory."""
+    if cfg.redis_url:
+        return
+    from ctxapp.infra import embedded_redis  # lazy: startup-cost
+
+    if not embedded_redis.ping(embedded_redis.url(data_dir_of(cfg))):
+        raise CliError(
+            "REDIS_URL is unset and no `ctxapp up` runs a Redis engine for the data directory "
+            f"{data_dir_of(cfg)}. Set REDIS_URL to your Redis server (production, docs/production.md), "
+            "or run everything together with `ctxapp up`."
+        )
+
+
 def django_setup() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ctxapp.settings")
     try:

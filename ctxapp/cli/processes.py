@@ -7,7 +7,14 @@ import argparse
 import os
 import sys
 
-from ctxapp.cli.base import checked_port, data_dir_of, metrics_dir, prepare_database, settings_load
+from ctxapp.cli.base import (
+    checked_port,
+    data_dir_of,
+    metrics_dir,
+    prepare_database,
+    require_redis,
+    settings_load,
+)
 from ctxapp.conf import CtxappSettings
 
 
@@ -58,6 +65,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     cfg = settings_load()
     port = checked_port(args.port or cfg.port)
     prepare_database(cfg)
+    require_redis(cfg)
     if cfg.web_workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir(data_dir_of(cfg)))
     return _exec(web_argv(cfg, args.host or cfg.host, port))
@@ -66,10 +74,12 @@ def cmd_web(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     cfg = settings_load()
     prepare_database(cfg)
+    require_redis(cfg)
     return _exec(worker_argv(cfg, name=args.name))
 
 
 def cmd_beat(args: argparse.Namespace) -> int:
     cfg = settings_load()
     prepare_database(cfg)
+    require_redis(cfg)
     return _exec(beat_argv(cfg))

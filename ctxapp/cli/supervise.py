@@ -57,7 +57,7 @@ def lock_data_dir(data_dir: Path) -> Any:
     return lock
 
 
-def _die_with_parent(parent_pid: int) -> Any:
+def die_with_parent(parent_pid: int) -> Any:
     """A `preexec_fn` that makes the child get SIGTERM when `ctxapp up` dies, even by SIGKILL.
 
     Linux only (prctl PR_SET_PDEATHSIG); elsewhere the leftovers are found by the next `up`
@@ -84,7 +84,7 @@ def spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         env=env,
         start_new_session=True,
         stdin=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent(os.getpid()),
+        preexec_fn=die_with_parent(os.getpid()),
     )
 
 

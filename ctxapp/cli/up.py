@@ -1,5 +1,6 @@
-"""`ctxapp up`: web server (HTTP + websockets), Celery worker and scheduler, and — when
-DATABASE_URL is unset — the embedded PostgreSQL, together; Ctrl-C stops all."""
+"""`ctxapp up`: web server (HTTP + websockets), Celery worker and scheduler, and the engines they
+need when none is configured — the embedded PostgreSQL (DATABASE_URL unset) and the embedded
+Redis engine (REDIS_URL unset) — together; Ctrl-C stops all."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from ctxapp.cli.base import (
 )
 from ctxapp.cli.processes import beat_argv, web_argv, worker_argv
 from ctxapp.conf import CtxappSettings, mask_url
+from ctxapp.infra import embedded_redis
 
 BANNER_WIDTH = 72
 READY_TIMEOUT_SECONDS = 80.0
@@ -46,7 +48,7 @@ def _check_redis(url: str) -> None:
     except (redis.RedisError, ValueError) as exc:
         raise CliError(
             f"Cannot reach Redis at REDIS_URL={mask_url(url)} ({exc}). Start Redis, fix REDIS_URL, "
-            "or unset it to run the broker and channel layer on PostgreSQL."
+            "or unset it to let `ctxapp up` run its own Redis engine."
         ) from None
 
 
@@ -151,6 +153,11 @@ def _prepare(cfg: CtxappSettings, host: str, port: int, data_dir: Path) -> Any:
     _check_port_free(host, port)
     if cfg.redis_url:
         _check_redis(cfg.redis_url)
+    else:
+        try:
+            embedded_redis.server_binary()
+        except embedded_redis.EngineMissing as exc:
+            raise CliError(str(exc)) from None
     print(f"ctxapp: data directory {data_dir}", flush=True)
     if cfg.database_url:
         print("ctxapp: checking DATABASE_URL (PostgreSQL with pgvector) …", flush=True)
@@ -227,13 +234,18 @@ def cmd_up(args: argparse.Namespace) -> int:
         signal.signal(signum, request_stop)
     exit_code = 0
     try:
+        argvs = {}
+        if not cfg.redis_url:
+            print("ctxapp: starting the embedded Redis engine …", flush=True)
+            argvs["redis"] = embedded_redis.server_argv(data_dir)
+            children["redis"] = supervise.spawn(argvs["redis"], env)
+            _wait_for_redis(data_dir, children["redis"])
         print("ctxapp: starting the web server, the Celery worker and the scheduler …", flush=True)
-        restarts = supervise.Restarts(
-            argvs={"web": web_argv(cfg, host, port), "worker": worker_argv(cfg), "beat": beat_argv(cfg)},
-            env=env,
-        )
-        for name, argv in restarts.argvs.items():
-            children[name] = supervise.spawn(argv, env)
+        argvs.update(web=web_argv(cfg, host, port), worker=worker_argv(cfg), beat=beat_argv(cfg))
+        restarts = supervise.Restarts(argvs=argvs, env=env)
+        for name, argv in argvs.items():
+            if name not in children:
+                children[name] = supervise.spawn(argv, env)
             restarts.note_started(name)
         supervise.up_file_write(data_dir, children)
         local = supervise.local_url(host, port)
@@ -252,10 +264,23 @@ def cmd_up(args: argparse.Namespace) -> int:
     return exit_code
 
 
+def _wait_for_redis(data_dir: Path, proc: subprocess.Popen[bytes]) -> None:
+    url = embedded_redis.url(data_dir)
+    if not embedded_redis.wait_until_answers(url, alive=lambda: proc.poll() is None):
+        log = embedded_redis.redis_dir(data_dir) / "redis.log"
+        tail = log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
+        raise CliError(
+            f"The embedded Redis engine did not start (exit code {proc.poll()}). Its log ends with:\n{tail}"
+        )
+
+
 def _shut_down(children: dict[str, subprocess.Popen[bytes]], cfg: CtxappSettings, data_dir: Path) -> None:
     if children:
         print("\nctxapp: stopping …", flush=True)
-        supervise.stop_children(children)
+        # The engines last: the web server and the worker finish what they were doing on them.
+        supervise.stop_children({name: proc for name, proc in children.items() if name != "redis"})
+        if "redis" in children:
+            supervise.stop_children({"redis": children["redis"]})
     if not cfg.database_url:
         print("ctxapp: stopping the embedded PostgreSQL …", flush=True)
         supervise.stop_embedded()

@@ -87,8 +87,9 @@ class ServerSettings:
         "REDIS_URL",
         parse_str,
         "",
-        "Redis for the Celery broker and the Channels layer. "
-        "Unset: both run on the PostgreSQL database (see docs/run-modes.md).",
+        "Redis for the Celery broker, the Channels layer and the cache (throttles, login lockouts), "
+        "e.g. redis://host:6379/0. Unset: `ctxapp up` runs its own Redis engine in the data directory "
+        "(see docs/run-modes.md).",
     )
     host: str = setting(
         "CTXAPP_HOST",
@@ -170,19 +171,12 @@ class ServerSettings:
         7,
         "Finished job intents (done or failed) are kept this many days for the jobs page.",
     )
-    broker_poll_seconds: float = setting(
-        "CTXAPP_BROKER_POLL_SECONDS",
-        parse_positive_float,
-        0.1,
-        "Without REDIS_URL: how often a Celery worker polls PostgreSQL for new jobs (the longest wait "
-        "before a job starts).",
-    )
     broker_visibility_timeout: int = setting(
         "CTXAPP_BROKER_VISIBILITY_TIMEOUT",
         parse_positive_int,
         3600,
         "Seconds after which a job taken by a worker that never acknowledged it (the worker was "
-        "killed) is delivered again. Longer than the longest job.",
+        "killed) is delivered again by Redis. Longer than the longest job.",
     )
     db_pool_size: int = setting(
         "CTXAPP_DB_POOL_SIZE",
@@ -190,14 +184,6 @@ class ServerSettings:
         20,
         "Most database connections each process keeps in its psycopg pool (0 = no pool: a new "
         "connection per request). Budget PostgreSQL's max_connections for every web and worker process.",
-    )
-    db_prepared_statements: bool = setting(
-        "CTXAPP_DB_PREPARED_STATEMENTS",
-        parse_bool,
-        True,
-        "Prepare the hot paths' statements (appends, checkpoints, state reads) once per database "
-        "connection instead of planning them on every call. Turn off behind a connection pooler "
-        "without prepared-statement support (PgBouncer in transaction mode before 1.21).",
     )
     https: bool = setting(
         "CTXAPP_HTTPS",

@@ -37,7 +37,6 @@ import contextlib
 import json
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -111,9 +110,10 @@ def job_enqueue(*, tenant: Tenant | None, kind: str, key: str, payload: dict[str
     """
     if kind not in KINDS:
         raise ValueError(f"unknown job kind {kind!r}")
-    with transaction.atomic(), connection.cursor() as cursor:
+    # No savepoint: a failed INSERT aborts the caller's whole transaction anyway.
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
         cursor.execute(
-            job_intent_insert_sql("VALUES (%s, %s, %s, %s::jsonb, 'pending', 0, '', now(), now())"),
+            _INTENT_INSERT_SQL,
             [tenant.pk if tenant is not None else None, kind, key[:200], _json(payload)],
         )
         row = cursor.fetchone()
@@ -124,61 +124,21 @@ def job_enqueue(*, tenant: Tenant | None, kind: str, key: str, payload: dict[str
     return intent_id
 
 
-def job_intent_insert_sql(rows: str) -> str:
-    """The INSERT of `job_enqueue`, for a statement that makes its intent as one of its parts
-    (the append's): `rows` gives (tenant_id, kind, key, payload, status, attempts, error,
-    created_at, dispatched_at), a VALUES list or a SELECT. Coalesces the same way (a pending
-    intent of the same kind and key: no row), and returns the new id."""
-    return f"""
-        INSERT INTO {JobIntent._meta.db_table}
-            (tenant_id, kind, key, payload, status, attempts, error, created_at, dispatched_at)
-        {rows}
-        ON CONFLICT DO NOTHING
-        RETURNING id
-    """
+# Coalesces: while an intent of the same kind and key is pending, the partial unique index on
+# (kind, key) makes this insert nothing (memory/models/jobs.py).
+_INTENT_INSERT_SQL = f"""
+    INSERT INTO {JobIntent._meta.db_table}
+        (tenant_id, kind, key, payload, status, attempts, error, created_at, dispatched_at)
+    VALUES (%s, %s, %s, %s::jsonb, 'pending', 0, '', now(), now())
+    ON CONFLICT DO NOTHING
+    RETURNING id
+"""
 
 
-def job_dispatch_on_commit(intent_id: int, *, background: bool = False) -> None:
-    """Dispatch a recorded intent once the caller's transaction commits. `background`: hand it
-    to this process's dispatcher thread instead, so that the caller (an append) never waits on
-    the broker; an intent the thread could not send (the process died, the broker is down) is
-    still pending, and the sweep sends it."""
-    if background:
-        transaction.on_commit(lambda: _dispatcher().put(intent_id))
-    else:
-        transaction.on_commit(lambda: job_dispatch(intent_ids=[intent_id]))
-
-
-_dispatchers: dict[int, queue.SimpleQueue[int]] = {}
-_dispatchers_lock = threading.Lock()
-
-
-def _dispatcher() -> queue.SimpleQueue[int]:
-    """This process's dispatcher queue and thread (one per pid: a forked child starts its own)."""
-    pid = os.getpid()
-    found = _dispatchers.get(pid)
-    if found is not None:
-        return found
-    with _dispatchers_lock:
-        if pid not in _dispatchers:
-            waiting: queue.SimpleQueue[int] = queue.SimpleQueue()
-            threading.Thread(
-                target=_dispatch_loop, args=(waiting,), name="ctxapp-job-dispatch", daemon=True
-            ).start()
-            _dispatchers[pid] = waiting
-        return _dispatchers[pid]
-
-
-def _dispatch_loop(waiting: queue.SimpleQueue[int]) -> None:
-    while True:
-        ids = [waiting.get()]
-        with contextlib.suppress(queue.Empty):
-            while len(ids) < 100:
-                ids.append(waiting.get_nowait())
-        try:
-            job_dispatch(intent_ids=sorted(set(ids)))
-        except Exception:  # never let the thread die: what was not sent waits for the sweep
-            logger.exception("background job dispatch failed; the sweep will send it")
+def job_dispatch_on_commit(intent_id: int) -> None:
+    """Dispatch a recorded intent once the caller's transaction commits. The send never waits
+    long on the broker (tasks_send); one that fails leaves the intent pending for the sweep."""
+    transaction.on_commit(lambda: job_dispatch(intent_ids=[intent_id]))
 
 
 def job_intent_update_payload(*, intent_id: int, payload: dict[str, Any]) -> bool:

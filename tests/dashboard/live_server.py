@@ -25,24 +25,6 @@ CHROMIUM_ARGS = [
 ]
 
 
-def embedded_mode(env: dict[str, str]) -> dict[str, str]:
-    """`env` for the embedded mode: no REDIS_URL, so the server takes the PostgreSQL channel layer
-    (ctxapp.infra.channel_layer) and broker. The database needs channels_postgres' NOTIFY trigger,
-    which its migrations install (`ctxapp up` runs them; tests use `install_channels_postgres`)."""
-    return {k: v for k, v in env.items() if k != "REDIS_URL"}
-
-
-def install_channels_postgres() -> None:
-    """Install channels_postgres' trigger on the test database (tables come from its models)."""
-    import importlib
-
-    from django.db import connection
-
-    latest = importlib.import_module("channels_postgres.migrations.0004_notify_ensure_payload_not_too_big")
-    with connection.cursor() as cursor:
-        cursor.execute(latest.Migration.setup_database_sql)
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

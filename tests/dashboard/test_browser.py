@@ -22,8 +22,6 @@ from tests.dashboard.conftest import PASSWORD, make_user
 from tests.dashboard.live_server import (
     CHROMIUM,
     CHROMIUM_ARGS,
-    embedded_mode,
-    install_channels_postgres,
     uvicorn_server,
 )
 from tests.environment import chromium_path
@@ -36,13 +34,9 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
 @pytest.fixture
-def server(request: pytest.FixtureRequest, transactional_db: None) -> Iterator[str]:
-    """The server on the Redis channel layer, or (param "postgres") in the embedded mode."""
-    env = worker_env()
-    if getattr(request, "param", "redis") == "postgres":
-        install_channels_postgres()
-        env = embedded_mode(env)
-    with uvicorn_server(env) as base:
+def server(transactional_db: None) -> Iterator[str]:
+    """The server (uvicorn, the ASGI app) on the test database and the suite's Redis engine."""
+    with uvicorn_server(worker_env()) as base:
         yield base
 
 
@@ -118,7 +112,6 @@ def alice_setup(transactional_db: None) -> dict[str, Any]:
     return {"tenant": tenant, "key": secret, "session": session}
 
 
-@pytest.mark.parametrize("server", ["redis", "postgres"], indirect=True)
 def test_a_member_watches_a_session_live(alice_setup: dict[str, Any], server: str, browser: Any) -> None:
     session, key = alice_setup["session"], alice_setup["key"]
     page, console = login(browser, server, "alice")

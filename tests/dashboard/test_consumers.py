@@ -1,5 +1,4 @@
-"""The live channel, through Channels' WebsocketCommunicator, on both real channel layers: Redis
-and the embedded mode's PostgreSQL layer (ctxapp.infra.channel_layer).
+"""The live channel, through Channels' WebsocketCommunicator, on the real (Redis) channel layer.
 
 Needs committed data (the consumer reads from other threads), hence transactional_db.
 """
@@ -7,7 +6,7 @@ Needs committed data (the consumer reads from other threads), hence transactiona
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -15,50 +14,25 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 from django.db import connection
 from django.test import Client
 
-from ctxapp.infra.channel_layer import PostgresChannelLayer
 from dashboard.routing import websocket_urlpatterns
 from memory.models import Tenant
 from memory.services import sessions as sessions_service
-from tests.helpers import use_postgres_channel_layer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 application = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
 
 
-@pytest.fixture(autouse=True, params=["redis", "postgres"])
-def channel_layer(request: pytest.FixtureRequest, settings: Any) -> Iterator[str]:
-    """Every test runs on the Redis layer and on the embedded mode's PostgreSQL layer."""
-    if request.param == "postgres":
-        use_postgres_channel_layer(settings)
-    yield request.param
-
-
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
-    """Run `scenario` in an event loop of its own; then close the PostgreSQL layer on that loop.
-
-    channels_postgres' listener task would otherwise keep the loop from ending. A scenario must
-    disconnect every communicator it opened, refused ones included: a consumer still running
-    receives from the layer, which starts a new listener after close(), and cancelling that
-    listener at the loop's end could hang (seen when these tests ran after other files).
-    """
-
-    async def main() -> None:
-        try:
-            await scenario()
-        finally:
-            layer = get_channel_layer()
-            if isinstance(layer, PostgresChannelLayer):
-                await layer.close()
-
-    async_to_sync(main)()
+    """Run `scenario` in an event loop of its own. A scenario must disconnect every communicator
+    it opened, refused ones included."""
+    async_to_sync(scenario)()
 
 
 def session_cookie(user: Any) -> str:

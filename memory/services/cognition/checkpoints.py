@@ -11,10 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 
-from ctxapp.infra.prepared import prepared_cursor
 from memory.exceptions import NotFound
 from memory.models import (
     STATE_SCHEMA_VERSION,
@@ -135,33 +134,18 @@ def checkpoint_create(
             "storage": storage,
             "state_version": row.version,
         }
-        # `state.updated` (when this call wrote the state) and `checkpoint.created`, the checkpoint
-        # and the state row: one statement.
         entries: list[tuple[str, dict[str, Any]]] = []
         if state_event is not None:
             entries.append(("state.updated", state_event))
         entries.append(("checkpoint.created", created))
-        events = recorder.events_build(tenant=tenant, entries=entries, agent=agent)
-        continued = _fold_continued(previous, events)
         written: list[str] = []
         if document is not None:
             # The state is stored once, in the checkpoint: the row derives from it (see state_of_row).
             row.document = ""
             written = STATE_WRITE_FIELDS
             state_cache_put(current_sha, current_text)
-        # Folds are a cache: keep them on the newest checkpoint and on full snapshots only, so a
-        # fold that grows (an `append` reducer) is not stored once per checkpoint.
-        clear = previous.pk if previous is not None and previous.storage == CheckpointStorage.DELTA else None
-        listened = _checkpoint_insert(
-            checkpoint=checkpoint,
-            row=row,
-            fields=[*written, "checkpoint_seq"],
-            clear_fold_of=clear,
-            events=events,
-            fold=continued,
-        )
-        if listened:  # a dashboard of the tenant listens (asked in the same statement)
-            recorder.events_broadcast(tenant, events)
+        _checkpoint_record(checkpoint=checkpoint, row=row, previous=previous, entries=entries)
+        row.save(update_fields=[*written, "checkpoint_seq", "checkpoint"])
         if not checkpoint.fold_state:  # not continued: fold the stream (as recovery would)
             fold, checkpoint.reducers_sha256 = fold_through(
                 tenant=tenant, agent=agent, through_seq=checkpoint.covers_event_seq
@@ -173,88 +157,49 @@ def checkpoint_create(
         return checkpoint
 
 
-def _fold_continued(previous: Checkpoint | None, events: list[Event]) -> tuple[int, str, str] | None:
-    """The fold through `events` (this call's own, about to be recorded), continued from
-    `previous`'s stored fold without a query, valid if they directly follow it on the agent's
-    stream: (the seq the first must get, the fold's text up to its last seq, the reducers' hash);
-    None when it cannot be continued.
+def _fold_continued(previous: Checkpoint | None, events: list[Event]) -> tuple[str, str] | None:
+    """The fold through `events` (this call's own, just recorded) continued from `previous`'s
+    stored fold without a query, valid if they directly follow it on the agent's stream: (the
+    fold's text, the reducers' hash); None when it cannot be continued.
 
     Exact: when nothing happened on the stream in between, and no reducer applies to these events
     (reducers fold only `agent.*` events), the fold under `previous`'s reducers is its fold plus
-    these events. (If the reducers changed since, recovery sees the other hash and refolds.) Only
-    `last_event_seq` depends on the seqs; every other part of the fold is known before the insert.
+    these events. (If the reducers changed since, recovery sees the other hash and refolds.)
     """
     if (
         previous is None
         or not previous.fold_state
         or not previous.reducers_sha256
+        or events[0].seq != previous.covers_event_seq + 1
         or any(event.type.startswith("agent.") for event in events)
     ):
         return None
     fold = json.loads(previous.fold_state)
     for event in events:  # the payload as stored (JSON), as fold_through would read it back
-        fold_apply(fold, 0, event.type, json.loads(json_text(event.payload)), [])
-    del fold["last_event_seq"]
-    fold["last_event_seq"] = 0
-    # Its text ends with that seq, which the statement reserving the seqs fills in: the key is put
-    # last, and the text is cut before its value.
-    head = json_text(fold).removesuffix("0}")  # ends with `"last_event_seq":`
-    return previous.covers_event_seq + 1, head, previous.reducers_sha256
+        fold_apply(fold, event.seq, event.type, json.loads(json_text(event.payload)), [])
+    return json_text(fold), previous.reducers_sha256
 
 
-def _checkpoint_insert(
+def _checkpoint_record(
     *,
     checkpoint: Checkpoint,
     row: CognitiveState,
-    fields: list[str],
-    clear_fold_of: int | None,
-    events: list[Event],
-    fold: tuple[int, str, str] | None,
-) -> bool:
-    """Record `events`, insert `checkpoint` covering them, save `fields` of the state row pointing
-    it at the checkpoint, and clear checkpoint `clear_fold_of`'s stored fold: one statement (was
-    four round trips). With `fold` (see _fold_continued), the checkpoint stores that fold when its
-    events got the seqs it expects; otherwise none (the caller then folds the stream). Returns
-    whether a dashboard of the tenant listens (recorder.listeners_probe)."""
-    computed = {"covers_event_seq", "fold_state", "reducers_sha256"}
-    inserted = [f for f in Checkpoint._meta.concrete_fields if not f.primary_key and f.name not in computed]
-    saved: list[Any] = [CognitiveState._meta.get_field(name) for name in fields]
-    checkpoints, states = Checkpoint._meta.db_table, CognitiveState._meta.db_table
-    quote = connection.ops.quote_name
-    events_sql, params = recorder.events_insert_cte(
-        tenant=checkpoint.tenant, key=events[0].stream, events=events
-    )
-    first_seq, fold_head, reducers_sha = fold if fold is not None else (0, "", "")
-    # Whether the events got the seqs the continued fold expects; every value is a parameter.
-    expected = "s.last_seq - %s = %s AND %s <> ''"
-    expected_params = [len(events) - 1, first_seq, fold_head]
-    columns = [*(str(f.column) for f in inserted), "covers_event_seq", "fold_state", "reducers_sha256"]
-    sql = (
-        f"WITH {events_sql}, c AS (INSERT INTO {checkpoints} ({', '.join(quote(c) for c in columns)}) "
-        f"SELECT {'%s, ' * len(inserted)}s.last_seq, "
-        f"CASE WHEN {expected} THEN %s::text || s.last_seq::text || '}}' ELSE '' END, "
-        f"CASE WHEN {expected} THEN %s ELSE '' END FROM s RETURNING id)"
-    )
-    params += [field.get_db_prep_save(getattr(checkpoint, field.attname), connection) for field in inserted]
-    params += [*expected_params, fold_head, *expected_params, reducers_sha]
-    if clear_fold_of is not None:
-        sql += f", cleared AS (UPDATE {checkpoints} SET fold_state = '', reducers_sha256 = '' WHERE id = %s)"
-        params.append(clear_fold_of)
-    assignments = "".join(f"{quote(field.column)} = %s, " for field in saved)
-    sql += f" UPDATE {states} SET {assignments}checkpoint_id = (SELECT id FROM c) WHERE id = %s"
-    listening, listening_params = recorder.listeners_probe(checkpoint.tenant)
-    sql += " RETURNING checkpoint_id, (SELECT array_agg(ARRAY[public_id, id::text, seq::text]) FROM e), "
-    sql += listening
-    params += [field.get_db_prep_save(getattr(row, field.attname), connection) for field in saved]
-    with prepared_cursor() as cursor:
-        cursor.execute(sql, [*params, row.pk, *listening_params])
-        checkpoint.pk, inserted_events, listened = cursor.fetchone()
-    recorder.events_inserted(events, ((p, int(i), int(q)) for p, i, q in inserted_events))
+    previous: Checkpoint | None,
+    entries: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """Record the events `entries`, then insert `checkpoint` covering them, with the fold
+    continued from `previous` when it can be (_fold_continued). Folds are a cache kept on the
+    newest checkpoint and on full snapshots only, so a fold that grows (an `append` reducer) is
+    not stored once per checkpoint: a previous delta checkpoint's is cleared."""
+    events = recorder.events_append(tenant=checkpoint.tenant, entries=entries, agent=checkpoint.agent)
     checkpoint.covers_event_seq = events[-1].seq
-    if fold is not None and events[0].seq == first_seq:
-        checkpoint.fold_state, checkpoint.reducers_sha256 = f"{fold_head}{events[-1].seq}}}", reducers_sha
+    continued = _fold_continued(previous, events)
+    if continued is not None:
+        checkpoint.fold_state, checkpoint.reducers_sha256 = continued
+    checkpoint.save(force_insert=True)
+    if previous is not None and previous.storage == CheckpointStorage.DELTA and previous.fold_state:
+        Checkpoint.objects.filter(pk=previous.pk).update(fold_state="", reducers_sha256="")
     row.checkpoint = checkpoint
-    return bool(listened)
 
 
 def _checkpoint_newest(*, agent: Agent, row: CognitiveState) -> Checkpoint | None:

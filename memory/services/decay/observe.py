@@ -272,20 +272,22 @@ def decay_sweep(
     TrackedFact.objects.bulk_update(
         candidates, ["decayed", "decayed_round", "decayed_at", "decay_count", "updated_at"]
     )
-    recorder.event_append_many(
+    recorder.events_append(
         tenant=tenant,
-        type="fact.decayed",
         session=session,
-        payloads=[
-            {
-                "fact": fact.public_id,
-                "key": fact.key,
-                "importance": fact.importance,
-                "last_referenced_round": fact.last_referenced_round,
-                "decayed_round": fact.decayed_round,
-                "round": current_round,
-                "recommendation": recommendation_for(fact.importance, decayed=True),
-            }
+        entries=[
+            (
+                "fact.decayed",
+                {
+                    "fact": fact.public_id,
+                    "key": fact.key,
+                    "importance": fact.importance,
+                    "last_referenced_round": fact.last_referenced_round,
+                    "decayed_round": fact.decayed_round,
+                    "round": current_round,
+                    "recommendation": recommendation_for(fact.importance, decayed=True),
+                },
+            )
             for fact in candidates
         ],
     )

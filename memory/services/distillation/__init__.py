@@ -198,12 +198,11 @@ def _record_many(results: list[DistillResult]) -> None:
             runs.append([result])
     for run in runs:
         task = run[0].task
-        recorder.event_append_many(
+        recorder.events_append(
             tenant=task.tenant,
-            type="memory.distilled",
             agent=task.agent,
             session=task.session,
-            payloads=[_distilled_payload(result) for result in run],
+            entries=[("memory.distilled", _distilled_payload(result)) for result in run],
         )
 
 

@@ -105,11 +105,13 @@ def _embedded_events(rows: list[Experience], *, model_name: str) -> None:
     for experience in rows:
         streams.setdefault((experience.tenant_id, experience.source_session_id), []).append(experience)
     for items in streams.values():
-        recorder.event_append_many(
+        recorder.events_append(
             tenant=items[0].tenant,
-            type="experience.embedded",
             session=items[0].source_session,
-            payloads=[event_payload(e, model=model_name, dimensions=e.embedding_dimensions) for e in items],
+            entries=[
+                ("experience.embedded", event_payload(e, model=model_name, dimensions=e.embedding_dimensions))
+                for e in items
+            ],
         )
 
 

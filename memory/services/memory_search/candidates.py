@@ -28,7 +28,7 @@ from memory.services.memory_search.scope import SearchScope
 from memory.services.memory_search.sql import (
     MessageCandidate,
     ScopeWhere,
-    fetch_prepared,
+    fetch_rows,
     terms_or_query,
     vector_literal,
 )
@@ -150,7 +150,7 @@ def _lexical_pool(
             "ON near.session_id = seed.session_id AND near.seq BETWEEN seed.seq - %s AND seed.seq + %s"
         )
         chosen_params += [radius, radius]
-    rows = fetch_prepared(
+    rows = fetch_rows(
         f"WITH lexical AS MATERIALIZED (SELECT m.id, m.session_id, m.seq, "
         f"ts_rank_cd(m.search_vector, q) AS rank FROM {table} m, to_tsquery(%s::regconfig, %s) v, "
         f"to_tsquery(%s::regconfig, %s) q WHERE {where.where} AND m.search_vector @@ v "
@@ -181,7 +181,7 @@ def _dense_pool(
             f"WHERE seed.id = ANY(d.ids[1:{LARGE_POOL_SEEDS:d}])"
         )
         chosen_params += [radius, radius]
-    rows = fetch_prepared(
+    rows = fetch_rows(
         "WITH dense AS MATERIALIZED (SELECT coalesce(array_agg(d.id ORDER BY d.distance, d.id), '{}') "
         f"AS ids FROM (SELECT m.id, m.embedding <=> %s::vector AS distance FROM {table} m "
         f"WHERE {where.where} AND m.embedding IS NOT NULL ORDER BY m.embedding <=> %s::vector "

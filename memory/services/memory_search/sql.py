@@ -10,7 +10,6 @@ import numpy as np
 from django.db import connections
 
 from ctxapp.db_router import read_alias
-from ctxapp.infra.prepared import prepared_cursor
 from memory.models import Tenant
 from memory.services import ranking
 from memory.services.embedding import EMBEDDING_DIMENSIONS
@@ -69,14 +68,6 @@ class ScopeWhere:
 def fetch_rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     # The replica inside memory_search's replica_reads(), when it may serve (ctxapp/db_router.py).
     with connections[read_alias()].cursor() as cursor:
-        cursor.execute(sql, params)
-        return list(cursor.fetchall())
-
-
-def fetch_prepared(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    """`fetch_rows` for a statement a search runs every time: prepared once per connection
-    (ctxapp/infra/prepared.py), so PostgreSQL does not parse and plan it again on every search."""
-    with prepared_cursor(read_alias()) as cursor:
         cursor.execute(sql, params)
         return list(cursor.fetchall())
 

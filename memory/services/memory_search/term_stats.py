@@ -29,7 +29,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from memory.models import Message, SearchTermSnapshot, SearchTermStat, Tenant
-from memory.services.memory_search.sql import fetch_prepared
+from memory.services.memory_search.sql import fetch_rows
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def snapshot_counts(*, tenant_id: int, terms: list[str], config: str, current_ro
     """The tenant's snapshot and the query terms' rows in it (one query), or None when there is
     no snapshot within the bounds (then a refresh is asked for). A term PostgreSQL splits into
     several lexemes is left out of `df` (the caller counts it)."""
-    found = fetch_prepared(
+    found = fetch_rows(
         f"SELECT p.messages, p.avg_len, p.taken_at, t.term, numnode(plainto_tsquery(%s::regconfig, t.term)), "
         f"coalesce((SELECT s.rows FROM {SearchTermStat._meta.db_table} s WHERE s.tenant_id = p.tenant_id "
         "AND s.lexeme = (tsvector_to_array(to_tsvector(%s::regconfig, t.term)))[1]), 0) "

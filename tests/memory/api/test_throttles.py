@@ -80,38 +80,7 @@ def test_rates_are_validated_settings():
         resolve_all({"CTXAPP_THROTTLE_KEY_RATE": "lots"})
 
 
-@pytest.fixture
-def database_cache(settings):
-    """The cache of the embedded default (no REDIS_URL): the table the migration creates."""
-    import importlib
-
-    from django.db import connection
-
-    migration = importlib.import_module("memory.migrations.0005_harden")
-    with connection.cursor() as cursor:
-        cursor.execute(migration.CREATE)
-    settings.CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.db.DatabaseCache",
-            "LOCATION": "ctxapp_cache",
-            "KEY_PREFIX": "throttle-test",
-        }
-    }
-
-
-def test_without_redis_the_limits_count_in_the_database_cache(database_cache, api_a, rates, address):
-    from django.db import connection
-
-    rates(key="2/min")
-    for _ in range(2):
-        assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
-    assert_throttled(api_a.get("/api/v1/tenant", REMOTE_ADDR=address))
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM ctxapp_cache WHERE cache_key LIKE %s", ["%throttle:key:%"])
-        assert cursor.fetchone()[0] >= 1
-
-
-def test_every_limit_of_a_request_is_counted(database_cache, api_a, rates, address):
+def test_every_limit_of_a_request_is_counted(api_a, rates, address):
     rates(key="2/min", address="3/min")
     assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
     assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
@@ -134,7 +103,7 @@ def test_an_unreachable_cache_fails_open(settings, api_a, rates, address):
         assert api_a.get("/api/v1/tenant", REMOTE_ADDR=address).status_code == 200
 
 
-def test_the_counts_live_in_the_cache_through_its_public_api(database_cache, address):
+def test_the_counts_live_in_the_cache_through_its_public_api(address):
     from django.core.cache import cache
 
     from memory.api.throttles import window_counts, window_peek
@@ -190,9 +159,7 @@ def _counters(address: str) -> dict[str, int]:
     return {key.split(":")[1]: int(value) for key, value in found.items() if value}
 
 
-def test_a_cached_key_from_a_blocked_address_is_refused_and_not_counted(
-    database_cache, anon, api_a, rates, address
-):
+def test_a_cached_key_from_a_blocked_address_is_refused_and_not_counted(anon, api_a, rates, address):
     rates(auth_failure="2/min", key="100/min", address="100/min")
     assert api_a.get("/api/v1/tenant", REMOTE_ADDR=f"{address}1").status_code == 200  # the key is cached
     _flood(anon, address, 2)
@@ -202,7 +169,7 @@ def test_a_cached_key_from_a_blocked_address_is_refused_and_not_counted(
 
 
 def test_a_blocked_address_gets_429_before_any_key_lookup_and_is_not_charged_a_failure(
-    database_cache, anon, make_client, tenant_a, rates, address
+    anon, make_client, tenant_a, rates, address
 ):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -222,7 +189,7 @@ def test_a_blocked_address_gets_429_before_any_key_lookup_and_is_not_charged_a_f
     assert _counters(address) == {"auth-failures": 2}
 
 
-def test_a_blocked_address_gets_429_with_the_other_limits_off(database_cache, anon, api_a, rates, address):
+def test_a_blocked_address_gets_429_with_the_other_limits_off(anon, api_a, rates, address):
     rates(auth_failure="2/min", key=None, address=None)  # off
     assert api_a.get("/api/v1/tenant", REMOTE_ADDR=f"{address}1").status_code == 200
     _flood(anon, address, 2)

@@ -12,10 +12,9 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from ctxapp.infra import broadcast
 from memory.models import Event, Tenant
+from memory.services import broadcast, recorder
 from memory.services import messages as message_service
-from memory.services import recorder
 from memory.services import sessions as svc
 
 ROW_FIELDS = ("tenant_id", "type", "stream", "agent_id", "session_id", "payload")

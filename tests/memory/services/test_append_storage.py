@@ -1,14 +1,12 @@
-"""What an append costs the database: prepared once per connection, no redundant index written, the
-session row updated in place while a session is busy (docs/benchmarks.md, bench_peers.py)."""
+"""What an append costs the database: no redundant index written, the session row updated in place
+while a session is busy, every field stored as given (docs/benchmarks.md, bench_peers.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -22,40 +20,6 @@ def append(tenant: Tenant, session: Session, text: str) -> list[Message]:
     return svc.messages_append(
         tenant=tenant, session_id=session.public_id, items=[svc.MessageInput(role="user", content=text)]
     )
-
-
-def prepared_appends() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%memory_session AS s%"]
-        )
-        return int(cursor.fetchone()[0])
-
-
-def test_the_append_statement_is_prepared_once_per_connection(tenant_a: Tenant) -> None:
-    session = svc.session_create(tenant=tenant_a, agent_external_id="bot")
-    before = prepared_appends()
-    first = append(tenant_a, session, "one")
-    second = append(tenant_a, session, "two")
-    assert prepared_appends() == before + 1  # planned once, run twice
-    assert [m.seq for m in first + second] == [1, 2]
-    assert list(
-        Message.objects.filter(session=session).order_by("seq").values_list("content", flat=True)
-    ) == [
-        "one",
-        "two",
-    ]
-
-
-def test_prepared_statements_can_be_turned_off(tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        settings, "CTXAPP", dataclasses.replace(settings.CTXAPP, db_prepared_statements=False)
-    )
-    session = svc.session_create(tenant=tenant_a, agent_external_id="bot")
-    before = prepared_appends()
-    appended = append(tenant_a, session, "behind PgBouncer")
-    assert prepared_appends() == before
-    assert appended[0].seq == 1 and Message.objects.get(session=session).content == "behind PgBouncer"
 
 
 def test_a_busy_session_keeps_its_access_time_for_a_second_then_moves_it(tenant_a: Tenant) -> None:

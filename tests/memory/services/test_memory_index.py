@@ -11,9 +11,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from ctxapp.infra import broadcast
 from memory.models import MemoryIndexState, MemoryPolicy, Message, MessageEmbeddingStatus
-from memory.services import message_indexing
+from memory.services import broadcast, message_indexing
 from memory.services.embedding import embedder_get
 from memory.services.ranking import index_text
 from memory.services.sessions import MessageInput, messages_append, session_create
@@ -73,7 +72,7 @@ def test_a_transaction_queues_one_drain_however_many_appends_it_holds(
             messages_append(
                 tenant=tenant_a, session=session, items=[MessageInput(role="user", content=f"m{index}")]
             )
-    jobs = [c for c in callbacks if not broadcast.live_updates.owns(c)]  # live updates aside
+    jobs = [c for c in callbacks if not broadcast.is_live_update(c)]  # live updates aside
     assert jobs == [message_indexing.memory_index_dispatch]
 
 

@@ -186,8 +186,10 @@ def test_a_slow_part_degrades_to_a_warning_and_the_rest_is_returned(tenant_a, ag
 
 def test_a_slow_fold_is_cut_by_its_deadline(tenant_a, agent):
     with transaction.atomic():
-        recorder.event_append_many(
-            tenant=tenant_a, type="agent.step", agent=agent, payloads=[{"step": i} for i in range(3000)]
+        recorder.events_append(
+            tenant=tenant_a,
+            agent=agent,
+            entries=[("agent.step", {"step": i}) for i in range(3000)],
         )
     result = recovery.recovered_state(tenant=tenant_a, agent=agent, caller=agent, timeout_ms=1)
     assert result.operational is None
@@ -235,11 +237,10 @@ def test_a_recovery_that_folded_many_events_leaves_its_fold_for_the_next(tenant_
 
     recovery.reducers_put(tenant=tenant_a, agent=agent, reducers=STEP_REDUCERS)
     with transaction.atomic():
-        recorder.event_append_many(
+        recorder.events_append(
             tenant=tenant_a,
-            type="agent.step",
             agent=agent,
-            payloads=[{"step": i, "value": i} for i in range(1, 2501)],
+            entries=[("agent.step", {"step": i, "value": i}) for i in range(1, 2501)],
         )
     first = recovered_state_out(recovery.recovered_state(tenant=tenant_a, agent=agent, caller=agent))[
         "operational"
@@ -267,11 +268,10 @@ def test_a_fold_cut_by_its_deadline_keeps_its_progress_and_the_next_recovery_goe
 
     recovery.reducers_put(tenant=tenant_a, agent=agent, reducers=STEP_REDUCERS)
     with transaction.atomic():
-        recorder.event_append_many(
+        recorder.events_append(
             tenant=tenant_a,
-            type="agent.step",
             agent=agent,
-            payloads=[{"step": i, "value": i} for i in range(1, 3501)],
+            entries=[("agent.step", {"step": i, "value": i}) for i in range(1, 3501)],
         )
     expected = recovery.fold_full(tenant=tenant_a, agent=agent)
     progress = []

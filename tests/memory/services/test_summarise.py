@@ -13,9 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.conf import settings as django_settings
 
-from ctxapp.infra import broadcast
 from memory.models import BudgetSample, Event, ModelProfile, Summary, SummaryMethod
-from memory.services import decay
+from memory.services import broadcast, decay
 from memory.services import rolling_summary as summarise
 from memory.services.context import context_build
 from memory.services.rolling_summary import offline_summary, session_summarise
@@ -184,7 +183,7 @@ def test_a_burst_of_builds_over_the_threshold_queues_one_job(tenant_a, django_ca
         second = context_build(tenant=tenant_a, session=session, next_input="and now?")
     assert first.summarisation.queued is True and first.summarisation.already_queued is False
     assert second.summarisation.queued is False and second.summarisation.already_queued is True
-    assert len([c for c in callbacks if not broadcast.live_updates.owns(c)]) == 1  # live updates aside
+    assert len([c for c in callbacks if not broadcast.is_live_update(c)]) == 1  # live updates aside
     assert list(
         BudgetSample.objects.order_by("created_at").values_list("summarisation_queued", flat=True)
     ) == [
