@@ -81,7 +81,7 @@ def test_every_dev_conversation_reads_with_dated_sessions_and_evidence_that_name
     sample_ids: list[str] = []
     for name, required in REQUIRED_CATEGORIES.items():
         conversations = load(str(DEV / name))
-        assert conversations, name
+        assert len(conversations) >= 4, name
         for conversation in conversations:
             where = f"{name} {conversation.sample_id}"
             sample_ids.append(conversation.sample_id)
@@ -96,7 +96,7 @@ def test_every_dev_conversation_reads_with_dated_sessions_and_evidence_that_name
             for question in conversation.questions:
                 evidence = evidence_ids(question)
                 assert evidence and evidence <= turns, (where, question["question"], evidence - turns)
-    assert len(sample_ids) == len(set(sample_ids))  # pooled runs key results by sample id
+    assert len(sample_ids) == len(set(sample_ids)) >= 12  # pooled runs key results by sample id
 
 
 def test_the_second_dev_file_is_what_its_source_builds_and_passes_its_checks() -> None:
