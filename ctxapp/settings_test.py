@@ -31,8 +31,8 @@ os.environ.setdefault("CTXAPP_DATA_DIR", str(_DATA))
 if os.environ.get("CTXAPP_TEST_REDIS_URL"):
     os.environ["REDIS_URL"] = os.environ["CTXAPP_TEST_REDIS_URL"]
 else:
-    from ctxapp.cli.supervise import die_with_parent
     from ctxapp.infra import embedded_redis
+    from ctxapp.infra.processes import die_with_parent
 
     _redis = subprocess.Popen(
         embedded_redis.server_argv(_DATA), stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(os.getpid())

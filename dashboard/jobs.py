@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from celery import current_app as app
 from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
-from ctxapp.celery import app
 from dashboard.selectors import failed_events
 from memory.models import Event, Experience, JobIntent, JobStatus, Session, Task, Tenant
 from memory.services import jobs as job_kinds

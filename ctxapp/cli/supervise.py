@@ -5,13 +5,11 @@ for /readyz."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,9 +22,9 @@ import psutil
 
 from ctxapp.cli.base import CliError, Interrupted
 from ctxapp.cli.ctx import SERVER_FILE
+from ctxapp.infra.processes import die_with_parent
 
 STOP_TIMEOUT_SECONDS = 20.0
-PR_SET_PDEATHSIG = 1
 # The pids `ctxapp up` started (and the embedded postmaster's), so the next `up` can find what a
 # killed run left behind. Removed on a clean stop.
 UP_FILE = "up.json"
@@ -55,24 +53,6 @@ def lock_data_dir(data_dir: Path) -> Any:
         )
     (data_dir / "up.pid").write_text(str(os.getpid()))
     return lock
-
-
-def die_with_parent(parent_pid: int) -> Any:
-    """A `preexec_fn` that makes the child get SIGTERM when `ctxapp up` dies, even by SIGKILL.
-
-    Linux only (prctl PR_SET_PDEATHSIG); elsewhere the leftovers are found by the next `up`
-    through UP_FILE. If the parent died before prctl took effect, stop at once.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def preexec() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent_pid:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
 
 
 def spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
