@@ -143,6 +143,17 @@ def wait_for_worker(proc: subprocess.Popen[bytes], hostname: str, timeout: float
     raise AssertionError(f"the Celery worker {hostname} did not answer a ping within {timeout:.0f} s")
 
 
+@pytest.fixture(scope="session")
+def web_server(django_db_setup: None) -> Iterator[str]:
+    """One ctxapp web server (uvicorn, the ASGI app) on the test database and the run's Redis, for
+    the whole run; tests that need other settings start their own. Each test brings its own data
+    (transactional_db flushes it after the test), so the server keeps no state a test relies on."""
+    from tests.dashboard.live_server import uvicorn_server
+
+    with uvicorn_server(worker_env()) as base:
+        yield base
+
+
 @pytest.fixture
 def celery_worker(transactional_db: None) -> Iterator[subprocess.Popen[bytes]]:
     """A real Celery worker process on the test database and this run's Redis queue."""

@@ -16,7 +16,6 @@ from ctxapp.client import Client
 from memory.models import DecayPolicy, Experience, Tenant, TrackedFact
 from memory.services.tenancy import api_key_create
 from tests.conftest import worker_env
-from tests.dashboard.live_server import uvicorn_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,14 +28,15 @@ def tenant(transactional_db: None) -> Tenant:
 
 
 @pytest.fixture
-def env(tenant: Tenant, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, str]]:
+def env(
+    tenant: Tenant, web_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[dict[str, str]]:
     _, key = api_key_create(tenant=tenant, name="cli")
-    with uvicorn_server(worker_env()) as base:
-        monkeypatch.setenv("CTXAPP_URL", base)
-        monkeypatch.setenv("CTXAPP_API_KEY", key)
-        monkeypatch.setenv("CTXAPP_DATA_DIR", str(tmp_path / "data"))
-        monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/ctxapp/config.toml of the machine
-        yield {"url": base, "key": key}
+    monkeypatch.setenv("CTXAPP_URL", web_server)
+    monkeypatch.setenv("CTXAPP_API_KEY", key)
+    monkeypatch.setenv("CTXAPP_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/ctxapp/config.toml of the machine
+    yield {"url": web_server, "key": key}
 
 
 @pytest.fixture

@@ -14,23 +14,22 @@ from ctxapp.cli import main
 from memory.models import Tenant, UserMemory
 from memory.services.sessions import session_create
 from memory.services.tenancy import api_key_create
-from tests.conftest import worker_env
-from tests.dashboard.live_server import uvicorn_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def env(transactional_db: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Tenant]:
+def env(
+    transactional_db: None, web_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[Tenant]:
     tenant = Tenant.objects.create(name="Alice's team", slug="alice")
     session_create(tenant=tenant, agent_external_id="assistant", user_id="u-7")
     _, key = api_key_create(tenant=tenant, name="cli")
-    with uvicorn_server(worker_env()) as base:
-        monkeypatch.setenv("CTXAPP_URL", base)
-        monkeypatch.setenv("CTXAPP_API_KEY", key)
-        monkeypatch.setenv("CTXAPP_DATA_DIR", str(tmp_path / "data"))
-        monkeypatch.setenv("HOME", str(tmp_path))
-        yield tenant
+    monkeypatch.setenv("CTXAPP_URL", web_server)
+    monkeypatch.setenv("CTXAPP_API_KEY", key)
+    monkeypatch.setenv("CTXAPP_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    yield tenant
 
 
 def users(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

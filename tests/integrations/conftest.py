@@ -3,20 +3,15 @@ real client, with the real langchain-core / langgraph packages."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from memory.models import Tenant
 from memory.services.tenancy import api_key_create
-from tests.conftest import worker_env
-from tests.dashboard.live_server import uvicorn_server
 
 
-@pytest.fixture(scope="module")
-def server(django_db_setup: None) -> Iterator[str]:
-    with uvicorn_server(worker_env()) as base:
-        yield base
+@pytest.fixture
+def server(web_server: str) -> str:
+    return web_server
 
 
 @pytest.fixture
