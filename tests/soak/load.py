@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import re
+import resource
 import threading
 import time
 from collections import Counter, defaultdict
@@ -115,7 +116,11 @@ def _describe(kind: str, response: httpx.Response) -> tuple[str, bool]:
         body = None
     if kind == "readyz":
         status = body.get("status") if isinstance(body, dict) else None
-        return (str(status) if status else response.text[:80]), isinstance(status, str)
+        if not isinstance(status, str):
+            return response.text[:80], False
+        checks = body.get("checks") if isinstance(body.get("checks"), dict) else {}
+        failing = [f"{name}: {part.get('error')}" for name, part in checks.items() if not part.get("ok")]
+        return (f"{status} ({'; '.join(failing)})" if failing else status), True
     if response.is_success:
         return "", False
     error = body.get("error") if isinstance(body, dict) else None
@@ -148,6 +153,7 @@ class Load:
         self.finished: dict[str, int] = {}  # task id -> status of the request that finished it
         self.seconds = 0.0
         self.started = 0.0
+        self.cpu_seconds = 0.0  # of the load side (this process) while the load ran
         self._counters = {kind: itertools.count() for kind in PLAN}
         self._stop = threading.Event()
         self._runner = threading.Thread()
@@ -210,6 +216,14 @@ class Load:
         assert not self._runner.is_alive(), "the load did not end: a request outlived its timeout"
 
     def _run(self) -> None:
+        cpu = resource.getrusage(resource.RUSAGE_SELF)
+        try:
+            self._send_all()
+        finally:
+            after = resource.getrusage(resource.RUSAGE_SELF)  # the whole test process, threads and all
+            self.cpu_seconds = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
+
+    def _send_all(self) -> None:
         seconds = self.seconds
         with ThreadPoolExecutor(WORKERS, thread_name_prefix="soak-load") as pool:
             for tick in range(round(seconds * len(PLAN))):
@@ -461,7 +475,7 @@ def _first(requests: Iterable[Request], what: Callable[[Request], bool]) -> str:
 def summary(name: str, load: Load, sampler: IdleSampler, settled: str) -> str:
     """The drill's figures on one line."""
     readyz = [r for r in load.requests if r.kind == "readyz"]
-    states = Counter(r.detail if r.status else "no answer" for r in readyz)
+    states = Counter(r.detail.split(" (")[0] if r.status else "no answer" for r in readyz)
     late = max((r.late for r in load.requests), default=0.0)
     over = f"{sampler.over[0][0]:.0f} s" if sampler.over else "never"
     return (
@@ -472,7 +486,7 @@ def summary(name: str, load: Load, sampler: IdleSampler, settled: str) -> str:
         f"idle in transaction max {sampler.oldest:.1f} s (at {sampler.oldest_at:.0f} s, over "
         f"{IDLE_IN_TRANSACTION_SECONDS:.0f} s from {over}, up to {sampler.most} "
         f"at once, {sampler.unanswered} of {sampler.samples + sampler.unanswered} samples unanswered); "
-        f"load side at most {late:.2f} s late; {settled}"
+        f"load side at most {late:.2f} s late, {load.cpu_seconds:.0f} s of CPU; {settled}"
     )
 
 
