@@ -600,23 +600,23 @@ def settle(
     return outcome, "background work NOT done: `ctxapp up` is no longer running"
 
 
-def exactly_once_failures(load: Load, outcome: Outcome | None, settled: str) -> list[str]:
-    """Every write the server acknowledged has its work done, once; nothing failed."""
-    if outcome is None:
-        return [settled]
-    failures = [settled] if outcome.waiting() else []
-    if outcome.failed:
-        failed = sum(n for (_, status), n in outcome.intents.items() if status == "failed")
-        failures.append(f"{failed} job intents failed, e.g. {outcome.failed}")
+def _append_failures(load: Load, outcome: Outcome) -> list[str]:
+    """Every acknowledged append stored once and embedded; no append stored twice."""
     acknowledged = [n for n, status in load.appends.items() if 200 <= status < 300]
     lost = [n for n in acknowledged if n not in outcome.messages]
     twice = {n: rows for n, rows in outcome.messages.items() if len(rows) > 1}
     not_embedded = {n: rows for n, rows in outcome.messages.items() if set(rows) != {"completed"}}
-    if lost or twice or not_embedded:
-        failures.append(
-            f"appends: {len(acknowledged)} acknowledged; lost {lost[:10]}, stored twice {list(twice)[:10]}, "
-            f"not embedded {dict(list(not_embedded.items())[:10])}"
-        )
+    if not (lost or twice or not_embedded):
+        return []
+    return [
+        f"appends: {len(acknowledged)} acknowledged; lost {lost[:10]}, stored twice {list(twice)[:10]}, "
+        f"not embedded {dict(list(not_embedded.items())[:10])}"
+    ]
+
+
+def _task_failures(load: Load, outcome: Outcome) -> list[str]:
+    """Every task finished with a 2xx succeeded; every succeeded task distilled exactly once."""
+    failures = []
     unfinished = [
         t
         for t, status in load.finished.items()
@@ -635,6 +635,18 @@ def exactly_once_failures(load: Load, outcome: Outcome | None, settled: str) -> 
             f"{len(wrong)} of {len(outcome.tasks)} finished tasks were not distilled exactly once "
             f"(memory.distilled paths, task.distill intents): {dict(list(wrong.items())[:10])}"
         )
+    return failures
+
+
+def exactly_once_failures(load: Load, outcome: Outcome | None, settled: str) -> list[str]:
+    """Every write the server acknowledged has its work done, once; nothing failed."""
+    if outcome is None:
+        return [settled]
+    failures = [settled] if outcome.waiting() else []
+    if outcome.failed:
+        failed = sum(n for (_, status), n in outcome.intents.items() if status == "failed")
+        failures.append(f"{failed} job intents failed, e.g. {outcome.failed}")
+    failures += _append_failures(load, outcome) + _task_failures(load, outcome)
     if set(outcome.experiences) - {"completed"}:
         failures.append(f"experiences not embedded: {dict(outcome.experiences)}")
     return failures

@@ -157,7 +157,7 @@ def test_the_stack_recovers_from_its_own_redis_killed(launch: Callable[[str | No
     try:
         drill(launch(redis.url), "own-redis", redis)
     finally:
-        redis.kill()
+        redis.stop()
 
 
 def test_the_stack_recovers_from_its_embedded_redis_killed(launch: Callable[[str | None], Stack]) -> None:
