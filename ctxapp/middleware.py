@@ -1,16 +1,20 @@
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 
 from asgiref.sync import async_to_sync, sync_to_async
 from csp.middleware import CheckableLazyObject, CSPMiddleware
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.http.response import HttpResponseBase
 from servestatic.middleware import ServeStaticMiddleware
 
-from ctxapp.api_errors import error_body, too_large_response
+from ctxapp.api_errors import DATABASE_RETRY_AFTER_SECONDS, error_body, too_large_response
+
+logger = logging.getLogger(__name__)
 
 
 class BodySizeLimitMiddleware:
@@ -69,6 +73,33 @@ class UnstorableTextMiddleware:
                     status=422,
                 )
         return self.get_response(request)
+
+
+class DatabaseUnavailableMiddleware:
+    """A page or the admin whose database went away (a restart, a failover, a full pool) answers
+    503 with Retry-After, as the API does, instead of a 500: nothing failed that a retry will not
+    fix. The API answers through its own exception handler (ctxapp/api_errors.py)."""
+
+    sync_capable = True
+    async_capable = False
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not isinstance(exception, OperationalError | InterfaceError):
+            return None
+        logger.warning("database unavailable for %s: %s", request.path, exception)
+        response = HttpResponse(
+            "The database is not reachable right now. Retry in a few seconds.",
+            status=503,
+            content_type="text/plain; charset=utf-8",
+        )
+        response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+        return response
 
 
 class StaticFilesMiddleware:

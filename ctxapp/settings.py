@@ -78,6 +78,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "axes.middleware.AxesMiddleware",  # it answers a locked-out login with the lockout page
+    "ctxapp.middleware.DatabaseUnavailableMiddleware",
     # Innermost and synchronous only: so Django runs every middleware above in one synchronous
     # pass under ASGI (an async-capable innermost one makes each of their hooks a thread switch).
     "ctxapp.middleware.UnstorableTextMiddleware",
@@ -125,8 +126,9 @@ if CTXAPP.db_pool_size > 0 and DATABASE_URL:
         "min_size": 1,
         "max_size": CTXAPP.db_pool_size,
         # A request waits at most this long for a connection (e.g. while PostgreSQL restarts),
-        # then answers 503 `database_unavailable` instead of hanging.
-        "timeout": 5,
+        # then answers 503 `database_unavailable`: within a client's patience, and well inside the
+        # soak drill's bound of 5 s per request.
+        "timeout": 2,
     }
 # With the pool, Django passes psycopg_pool's check_connection (one empty query per checkout):
 # after a PostgreSQL restart every idle pooled connection is dead, and without it each one failed

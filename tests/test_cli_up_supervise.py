@@ -53,7 +53,7 @@ def test_a_sigkilled_up_takes_its_children_along_and_the_next_up_starts_cleanly(
         children = [p for p in up.tree() if p.pid != up.proc.pid]
         assert len(children) >= 3, [p.cmdline() for p in children]  # web, worker (+ pool), beat
         recorded = json.loads((data_dir / supervise.UP_FILE).read_text())["processes"]
-        assert set(recorded) == {"web", "worker", "beat", "postgres"}
+        assert set(recorded) == {"web", "worker", "beat", "redis", "postgres"}
         first_postmaster = postmaster_pid(data_dir)
         killed_at = time.monotonic()
         up.proc.send_signal(signal.SIGKILL)

