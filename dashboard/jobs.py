@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from ctxapp.celery import app
 from dashboard.selectors import failed_events
+from memory.exceptions import NotFound
 from memory.models import Event, Experience, JobIntent, JobStatus, Session, Task, Tenant
 from memory.services import jobs as job_kinds
 from memory.services.experiences import experiences_retry_failed
@@ -48,7 +49,10 @@ JOB_RECORDS_SHOWN = 25
 
 def _retry_embedding(*, tenant: Tenant, event: Event) -> str:
     experience = event.payload.get("experience")
-    count = experiences_retry_failed(tenant=tenant, experience_ids=[experience] if experience else None)
+    try:
+        count = experiences_retry_failed(tenant=tenant, experience_ids=[experience] if experience else None)
+    except NotFound:
+        return f"Nothing to retry: {experience} no longer exists."
     if not count:
         return f"Nothing to retry: {experience} is no longer failed (already retried or embedded)."
     return f"Embedding of {experience} queued again."

@@ -31,7 +31,7 @@ from memory.api import throttles
 from memory.exceptions import IdempotencyConflict, IdempotencyInProgress, InvalidInput
 from memory.models import IdempotencyRecord, Tenant
 from memory.selectors.sessions import session_by_key
-from memory.services.tenancy import api_key_binding_check
+from memory.services.agent_access import names_check
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -198,7 +198,7 @@ class TenantApiView(APIView):
                 named.update(
                     {f: [*named[f], data[f]] for f in self.BINDING_FIELDS if isinstance(data.get(f), str)}
                 )
-        api_key_binding_check(
+        names_check(
             tenant=self.tenant,
             bound_agent=bound,
             agents=named["agent"],

@@ -14,8 +14,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from memory.exceptions import NotFound
 from memory.models import EmbeddingStatus, Experience, ExperiencePolicy, JobIntent, JobStatus, Tenant
 from memory.services import jobs, recorder
+from memory.services.agent_access import rows_visible
 from memory.services.embedding import text_hash, vector_text, vectors_cached
 from memory.services.experiences.queue import embedding_enqueue
 from memory.services.experiences.reconcile import RECONCILE_CANDIDATE_FLOOR, nearest_similarities, reconcile
@@ -156,15 +158,28 @@ def experiences_mark_failed(*, experience_ids: list[int], reason: str) -> int:
     return len(rows)
 
 
-def experiences_retry_failed(*, tenant: Tenant | None = None, experience_ids: list[str] | None = None) -> int:
+def experiences_retry_failed(
+    *, tenant: Tenant | None = None, experience_ids: list[str] | None = None, bound_agent: str | None = None
+) -> int:
     """Put failed experiences (of `tenant`, or all) back to pending and queue their embedding.
 
-    Idempotent; returns how many were re-queued. Records `experience.embedding_retried` per tenant.
+    Idempotent; returns how many were re-queued (named ones that are not failed are left alone).
+    With `tenant`, a named id that is not one of its experiences the caller may see (`bound_agent`:
+    agent_access.rows_visible) raises NotFound, nothing re-queued. Records
+    `experience.embedding_retried` per tenant.
     """
     with transaction.atomic():
         queryset = Experience.objects.select_for_update().filter(embedding_status=EmbeddingStatus.FAILED)
         if tenant is not None:
-            queryset = queryset.filter(tenant=tenant)
+            visible = Experience.objects.filter(tenant=tenant).filter(
+                rows_visible(tenant=tenant, agent=bound_agent or "", kind="experience")
+            )
+            queryset = queryset.filter(pk__in=visible.values("pk"))
+            if experience_ids is not None:
+                known = set(visible.filter(public_id__in=experience_ids).values_list("public_id", flat=True))
+                missing = [e for e in experience_ids if e not in known]
+                if missing:
+                    raise NotFound.of("experience", missing[0])
         if experience_ids is not None:
             queryset = queryset.filter(public_id__in=experience_ids)
         rows = list(queryset.select_related("tenant").order_by("pk"))

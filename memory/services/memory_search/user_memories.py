@@ -52,11 +52,15 @@ def user_memory_candidates(
     as_of: datetime | None = None,
     time_from: datetime | None = None,
     time_to: datetime | None = None,
+    readable: Q | None = None,
 ) -> list[ranking.Candidate]:
-    """The scope's user memories matching `query` by words or meaning (see the module doc)."""
+    """The scope's user memories matching `query` by words or meaning (see the module doc), among
+    the `readable` ones (a bound key's: agent_access.rows_visible)."""
     if user_ids == []:
         return []
     base = UserMemory.objects.filter(tenant=tenant)
+    if readable is not None:
+        base = base.filter(readable)
     if user_ids is not None:
         base = base.filter(user_id__in=user_ids)
     if as_of is None:

@@ -65,7 +65,9 @@ AGENT_INDEPENDENT |= {f"v1_users_memories_{op}": USER_MEMORY_REASON for op in US
 AGENT_INDEPENDENT["v1_users_memories_history_retrieve"] = USER_MEMORY_REASON
 
 # Operations that name a task but act as the calling agent on layers the task's agents share by
-# design: the key's agent is the caller (X-Agent-Id naming another agent is refused instead).
+# design: the key's agent is the caller (X-Agent-Id naming another agent is refused instead), and
+# only while it takes part in the task (memory/services/agent_access.py; every route and MCP tool
+# against another agent's objects: test_agent_access_matrix.py).
 SHARED_BETWEEN_AGENTS = {
     "v1_tasks_shared_context_retrieve": "the task's shared context is read by every agent on the task",
     "v1_tasks_shared_context_update": "the task's shared context is written by every agent on the task",
@@ -214,9 +216,17 @@ def test_a_key_bound_to_b_cannot_touch_a_through_any_operation(world: World, op:
 def test_shared_task_layers_act_as_the_key_agent_and_refuse_naming_another(
     world: World, op: Operation
 ) -> None:
-    # The task is A's; B works on it as itself. Naming A as the caller is refused.
+    # The task is A's; B takes no part in it until A sends it a message there, then works on it
+    # as itself. Naming A as the caller is refused.
     client = world.keys["agent-b"]
-    path = re.sub(r"\{task_id\}", world.objects["agent-a"]["task"], op.path)
+    task = world.objects["agent-a"]["task"]
+    path = re.sub(r"\{task_id\}", task, op.path)
+    outsider = getattr(client, op.method)(path, {} if op.method == "get" else None, format="json")
+    assert _is_mismatch(outsider), outsider.content
+    invited = world.keys["agent-a"].post(
+        f"/api/v1/tasks/{task}/messages", {"to": "agent-b", "body": "join me"}, format="json"
+    )
+    assert invited.status_code == 201, invited.content
     as_b = getattr(client, op.method)(path, {} if op.method == "get" else None, format="json")
     assert not _is_mismatch(as_b) and as_b.status_code < 500, as_b.content
     if "X-Agent-Id" in op.header_params:
