@@ -56,7 +56,9 @@ def json_size_error(value: Any) -> str | None:
 # the serializer does not declare is refused (422 `validation_error` naming it, with the known
 # ones), so a typo is never silently dropped; so is a free JSON value (a dict or JSON field; a
 # list's items are checked by their own field) over CTXAPP_MAX_JSON_FIELD_BYTES as compact JSON,
-# checked before the field itself is validated.
+# checked before the field itself is validated; and so is a number sent for a string (DRF's
+# CharField turns 123 into "123": here every string field, a list's or a dict's string items
+# included, takes a JSON string only).
 # Nested input serializers are checked the same way. (A comment, not a docstring: drf-spectacular
 # would make a docstring the description of every request component.)
 class JsonBooleanField(serializers.BooleanField):
@@ -66,6 +68,35 @@ class JsonBooleanField(serializers.BooleanField):
         if not isinstance(data, bool):
             raise serializers.ValidationError("Must be a boolean (true or false).")
         return data
+
+
+NOT_A_STRING = "Must be a string."
+
+
+def _string_error(field: serializers.Field, value: Any) -> str | None:
+    """Why `value` may not fill the string `field` (a number, which CharField would coerce), or None."""
+    if isinstance(field, serializers.CharField) and value is not None and not isinstance(value, str):
+        return NOT_A_STRING if isinstance(value, int | float) else None  # DRF refuses the rest itself
+    if isinstance(field, serializers.ListField) and isinstance(value, list):
+        bad = next((i for i, item in enumerate(value) if _string_error(field.child, item)), None)
+        return None if bad is None else f"Item {bad}: {NOT_A_STRING}"
+    if isinstance(field, serializers.DictField) and isinstance(value, Mapping):
+        bad_key = next((k for k, item in value.items() if _string_error(field.child, item)), None)
+        return None if bad_key is None else f"{bad_key}: {NOT_A_STRING}"
+    return None
+
+
+def string_type_errors(
+    fields: Mapping[str, serializers.Field], data: Mapping[str, Any]
+) -> dict[str, list[str]]:
+    """The fields of `data` that hold a number where a string is declared, with why."""
+    errors = {}
+    for name, field in fields.items():
+        if name in data and not field.read_only:
+            error = _string_error(field, data[name])
+            if error is not None:
+                errors[name] = [error]
+    return errors
 
 
 class BodySerializer(serializers.Serializer):
@@ -81,6 +112,7 @@ class BodySerializer(serializers.Serializer):
             name: [f"Unknown field. Known: {known}."] for name in sorted(set(data) - set(self.fields))
         }
         errors.update(self.json_size_errors(data))
+        errors.update(string_type_errors(self.fields, data))
         if not errors:
             return super().to_internal_value(data)
         try:

@@ -18,7 +18,7 @@ from memory.exceptions import NotFound
 from memory.models import EmbeddingStatus, Experience, ExperiencePolicy, JobIntent, JobStatus, Tenant
 from memory.services import jobs, recorder
 from memory.services.agent_access import rows_visible
-from memory.services.embedding import text_hash, vector_text, vectors_cached
+from memory.services.embedding import CacheKey, text_hash, vector_text, vectors_cached
 from memory.services.experiences.queue import embedding_enqueue
 from memory.services.experiences.reconcile import RECONCILE_CANDIDATE_FLOOR, nearest_similarities, reconcile
 from memory.services.experiences.records import event_payload
@@ -43,13 +43,13 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
     """
     rows = list(
         Experience.objects.filter(pk__in=experience_ids, embedding_status=EmbeddingStatus.PENDING).only(
-            "pk", "problem", "cause", "solution", "text_hash"
+            "pk", "tenant_id", "problem", "cause", "solution", "text_hash"
         )
     )
     if not rows:
         return 0
-    texts = {row.text_hash: row.text for row in rows}
-    texts.update({text_hash(row.problem_text): row.problem_text for row in rows})
+    texts = {(row.tenant_id, row.text_hash): row.text for row in rows}
+    texts.update({(row.tenant_id, text_hash(row.problem_text)): row.problem_text for row in rows})
     model_name, vectors = vectors_cached(texts)
     with transaction.atomic():
         locked = [
@@ -59,7 +59,7 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
             .select_related("tenant", "source_task", "source_session__agent")
             .order_by("created_at", "pk")
             # text changed since the read above (never in practice): the next job embeds it
-            if experience.text_hash in vectors
+            if (experience.tenant_id, experience.text_hash) in vectors
         ]
         if not locked:
             return 0
@@ -69,13 +69,13 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
     return len(locked)
 
 
-def _vectors_write(rows: list[Experience], *, vectors: dict[str, np.ndarray], model_name: str) -> None:
+def _vectors_write(rows: list[Experience], *, vectors: dict[CacheKey, np.ndarray], model_name: str) -> None:
     """Write every row's vectors and `completed` status in one statement (and on the objects)."""
     now = timezone.now()
     for experience in rows:
-        vector = vectors[experience.text_hash]
+        vector = vectors[(experience.tenant_id, experience.text_hash)]
         experience.embedding = vector
-        experience.problem_embedding = vectors[text_hash(experience.problem_text)]
+        experience.problem_embedding = vectors[(experience.tenant_id, text_hash(experience.problem_text))]
         experience.embedding_model = model_name
         experience.embedding_dimensions = len(vector)
         experience.embedding_status = EmbeddingStatus.COMPLETED
@@ -94,8 +94,8 @@ def _vectors_write(rows: list[Experience], *, vectors: dict[str, np.ndarray], mo
             """,
             [
                 model_name, EmbeddingStatus.COMPLETED, now, [r.pk for r in rows],
-                [vector_text(vectors[r.text_hash]) for r in rows],
-                [vector_text(vectors[text_hash(r.problem_text)]) for r in rows],
+                [vector_text(vectors[(r.tenant_id, r.text_hash)]) for r in rows],
+                [vector_text(vectors[(r.tenant_id, text_hash(r.problem_text))]) for r in rows],
                 [r.embedding_dimensions for r in rows], [r.embedding_attempts for r in rows],
             ],
         )  # fmt: skip

@@ -255,8 +255,9 @@ def _row_candidates(
     embedded: list[str] | None = None,
 ) -> list[ranking.Candidate]:
     """Candidates of one kind from its rows; the dense signal is the query's cosine to `embedded`
-    (default: the texts)."""
-    cosines = cosines_cached(vector, texts if embedded is None else embedded)
+    (default: the texts), through the rows' tenant's embedding cache."""
+    tenant_id = rows[0].tenant_id if rows else 0
+    cosines = cosines_cached(vector, texts if embedded is None else embedded, tenant_id=tenant_id)
     return [
         ranking.Candidate(
             key=f"{kind}:{row.public_id}",

@@ -92,7 +92,7 @@ def user_memory_candidates(
     rows = sorted(found.values(), key=lambda row: row["pk"])
     stored = {row["pk"]: 1.0 - float(row["distance"]) for row in rows if row["distance"] is not None}
     missing = [row["text"] for row in rows if row["pk"] not in stored]
-    cached = dict(zip(missing, cosines_cached(vector, missing), strict=True))
+    cached = dict(zip(missing, cosines_cached(vector, missing, tenant_id=tenant.pk), strict=True))
     return [
         UserMemoryCandidate(
             key=f"user_memory:{row['public_id']}",
