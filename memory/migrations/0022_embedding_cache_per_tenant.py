@@ -1,4 +1,4 @@
-"""The embedding cache is keyed by tenant: (tenant, model, text hash).
+"""The embedding cache is keyed by tenant: (tenant, model, text hash); API keys are labelled so.
 
 The rows shared across tenants cannot be given a tenant (any tenant holding the text may have
 filled one), so they are dropped: the cache refills as texts are embedded again, and every
@@ -13,6 +13,10 @@ class Migration(migrations.Migration):
     dependencies = [("memory", "0021_recall_defaults")]
 
     operations = [
+        migrations.AlterModelOptions(
+            name="apikey",
+            options={"ordering": ["-created_at"], "verbose_name": "API key", "verbose_name_plural": "API keys"},
+        ),
         migrations.RunSQL("DELETE FROM memory_embeddingcache", reverse_sql=migrations.RunSQL.noop),
         migrations.RemoveConstraint(model_name="embeddingcache", name="embedding_cache_model_text_unique"),
         migrations.AddField(
