@@ -28,6 +28,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from memory.api import throttles
+from memory.api.strict_strings import string_type_errors
 from memory.exceptions import IdempotencyConflict, IdempotencyInProgress, InvalidInput
 from memory.models import IdempotencyRecord, Tenant
 from memory.selectors.sessions import session_by_key
@@ -68,35 +69,6 @@ class JsonBooleanField(serializers.BooleanField):
         if not isinstance(data, bool):
             raise serializers.ValidationError("Must be a boolean (true or false).")
         return data
-
-
-NOT_A_STRING = "Must be a string."
-
-
-def _string_error(field: serializers.Field, value: Any) -> str | None:
-    """Why `value` may not fill the string `field` (a number, which CharField would coerce), or None."""
-    if isinstance(field, serializers.CharField) and value is not None and not isinstance(value, str):
-        return NOT_A_STRING if isinstance(value, int | float) else None  # DRF refuses the rest itself
-    if isinstance(field, serializers.ListField) and isinstance(value, list):
-        bad = next((i for i, item in enumerate(value) if _string_error(field.child, item)), None)
-        return None if bad is None else f"Item {bad}: {NOT_A_STRING}"
-    if isinstance(field, serializers.DictField) and isinstance(value, Mapping):
-        bad_key = next((k for k, item in value.items() if _string_error(field.child, item)), None)
-        return None if bad_key is None else f"{bad_key}: {NOT_A_STRING}"
-    return None
-
-
-def string_type_errors(
-    fields: Mapping[str, serializers.Field], data: Mapping[str, Any]
-) -> dict[str, list[str]]:
-    """The fields of `data` that hold a number where a string is declared, with why."""
-    errors = {}
-    for name, field in fields.items():
-        if name in data and not field.read_only:
-            error = _string_error(field, data[name])
-            if error is not None:
-                errors[name] = [error]
-    return errors
 
 
 class BodySerializer(serializers.Serializer):
@@ -151,7 +123,7 @@ class TenantApiView(APIView):
     #: calling agent instead (the task layers: shared context, private context, messages).
     agent_binding: bool = True
     BINDING_PATH_KWARGS = {"agent": "agent", "session_id": "session", "task_id": "task"}
-    BINDING_FIELDS = ("agent", "session", "task")
+    BINDING_FIELDS: tuple[str, ...] = ("agent", "session", "task")
     # Idempotency-Key handling. Optimistic (hot paths whose write is cheap and wholly inside the
     # transaction: appends, checkpoints, state writes): one statement, the write runs and a
     # duplicate rolls its run back. Otherwise the key is reserved first (two statements), so a

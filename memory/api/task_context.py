@@ -54,6 +54,10 @@ class TaskScopedView(AgentScopedView):
 
 
 class AgentContextViewApi(AgentScopedView):
+    # The task in the query is reached by participation, as on the task layers' own routes (the
+    # agent in the path is still the bound key's own): checked in `get`.
+    BINDING_FIELDS = ("agent", "session")
+
     class QuerySerializer(serializers.Serializer):
         class Meta:
             ref_name = "AgentContextViewQuery"
@@ -73,6 +77,7 @@ class AgentContextViewApi(AgentScopedView):
         caller = self.caller(required=True)
         if caller is None or caller.pk != agent_row.pk:
             raise AgentMismatch(details={"agent": agent, "header": AGENT_HEADER})
+        task_participation_check(task=task, bound_agent=bound_agent(self) or "")
         return Response(layers.context_view(tenant=self.tenant, task=task, agent=agent_row))
 
 

@@ -517,3 +517,25 @@ def test_shared_user_memories_are_readable_but_not_changeable(world: World) -> N
         assert response.json()["error"]["code"] == "agent_mismatch"
     assert fingerprint() == before
     y_memory_intact(world)
+
+
+def test_an_agent_takes_part_in_anothers_task_once_a_participant_messages_it(world: World) -> None:
+    x, y, task = world.clients[X], world.clients[Y], world.y["task_id"]
+    assert x.get(f"/api/v1/tasks/{task}/shared-context").status_code == 403
+    assert (
+        x.post(f"/api/v1/tasks/{task}/messages", {"to": X, "body": "let me in"}, format="json").status_code
+        == 403
+    )
+    _ok(y.post(f"/api/v1/tasks/{task}/messages", {"to": X, "body": "please review"}, format="json"))
+    assert _ok(x.get(f"/api/v1/tasks/{task}/shared-context"))["goal"] == CANARY  # shared with it now
+    view = _ok(x.get(f"/api/v1/agents/{X}/context-view", {"task": task}))
+    assert view["private"]["data"] == {}  # agent-y's private context stays agent-y's
+    # Its inbox: agent-y's earlier broadcast (to every agent on the task, which it now is) and the invitation.
+    assert [m["body"] for m in view["inbox"]] == [{"note": CANARY}, "please review"]
+    _ok(
+        x.patch(
+            f"/api/v1/tasks/{task}/shared-context", {"append": {"decisions": ["x agrees"]}}, format="json"
+        )
+    )
+    _ok(x.post(f"/api/v1/tasks/{task}/messages", {"to": Y, "body": "done"}, format="json"))
+    assert x.get(f"/api/v1/tasks/{world.x['task_id']}/shared-context").status_code == 200  # its own

@@ -31,7 +31,8 @@ BINDING_FIELDS = ("agent", "session", "task")  # query parameters and body field
 AGENT_INDEPENDENT = {
     "v1_experiences_retrieve": "names only the experience; a bound key reads only its own agent's "
     "(test_a_bound_key_cannot_read_or_change_another_agents_experience)",
-    "v1_experiences_embeddings_retry_create": "re-queues the tenant's experience embeddings",
+    "v1_experiences_embeddings_retry_create": "names only experiences: a bound key re-queues only its own "
+    "agent's, another's id answers 404 (test_agent_access_matrix.py)",
     "v1_models_list": "the model profile table is global",
     "v1_models_retrieve": "the model profile table is global",
     "v1_tenant_retrieve": "describes the tenant",
@@ -42,8 +43,8 @@ AGENT_INDEPENDENT = {
     "v1_experiences_destroy": "names only the experience; a bound key deletes only its own agent's "
     "(test_a_bound_key_cannot_read_or_change_another_agents_experience)",
     "v1_memory_index_retrieve": "the indexing progress of the tenant's memory, no agent's data",
-    "v1_memory_search_create": "names agents only inside `scope`; the view confines a bound key's search "
-    "to its own agent (test_memory_search.py)",
+    "v1_memory_search_create": "names agents only inside `scope`; a bound key's search reads only its "
+    "own agent's rows of every kind (test_agent_access_matrix.py)",
     "v1_tenant_policies_experiences_retrieve": "tenant policy (admin scope), not an agent's data",
     "v1_tenant_policies_experiences_partial_update": "tenant policy (admin scope), not an agent's data",
     "v1_tenant_policies_sharing_retrieve": "tenant policy (admin scope), not an agent's data",
@@ -58,7 +59,8 @@ AGENT_INDEPENDENT = {
 # A user is not an agent's: a bound key reaches a user of its own agent's sessions only, and every
 # other user answers 404 as an unknown one does (tests/memory/api/test_user_memories.py).
 USER_MEMORY_REASON = (
-    "names only a user; a bound key reaches only users of its agent's sessions (404 otherwise)"
+    "names only a user; a bound key reaches only users of its agent's sessions (404 otherwise), and "
+    "only its agent's memories of them (test_agent_access_matrix.py)"
 )
 USER_MEMORY_OPERATIONS = ("list", "create", "retrieve", "partial_update", "destroy")
 AGENT_INDEPENDENT |= {f"v1_users_memories_{op}": USER_MEMORY_REASON for op in USER_MEMORY_OPERATIONS}
