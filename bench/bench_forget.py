@@ -67,10 +67,10 @@ def seed(*, user_id: str, messages: int, sessions: int) -> None:
             [user_id],
         )
         cursor.execute(
-            f"INSERT INTO {EmbeddingCache._meta.db_table} (model, text_hash, dimensions, vector, created_at) "
-            "SELECT 'bench', h, 384, (SELECT array_agg(random())::vector(384) FROM generate_series(1, 384) WHERE h IS NOT NULL), now() "
+            f"INSERT INTO {EmbeddingCache._meta.db_table} (tenant_id, model, text_hash, dimensions, vector, created_at) "
+            "SELECT %s, 'bench', h, 384, (SELECT array_agg(random())::vector(384) FROM generate_series(1, 384) WHERE h IS NOT NULL), now() "
             "FROM unnest(%s::text[]) AS t(h) ON CONFLICT DO NOTHING",
-            [hashes],
+            [tenant.pk, hashes],
         )
     for n in range(20):
         memory_record(tenant=tenant, user_id=user_id, subject=f"fact.{n}", text=f"{user_id} fact number {n}")

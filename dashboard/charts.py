@@ -60,6 +60,9 @@ def _fmt(value: float) -> str:
     return f"{value:.1f}".rstrip("0").rstrip(".")
 
 
+SINGLE_POINT_PAD_SECONDS = 30.0  # the time either side of a lone point, so it sits mid-chart
+
+
 def _tokens(value: float) -> str:
     if value >= 10_000:
         return f"{value / 1000:.0f}k"
@@ -145,13 +148,18 @@ def line_chart(
     width: int = 420,
     height: int = 160,
 ) -> SafeString:
-    """Values over time with optional limit and threshold lines and vertical event markers."""
+    """Values over time with optional limit and threshold lines and vertical event markers.
+
+    A single point (one build so far) sits in the middle, labelled with its value and time: at
+    the left edge it would hide on the axis."""
     left, right, top, bottom = 40, 8, 8, 20
     plot_w, plot_h = width - left - right, height - top - bottom
     if not points:
         return mark_safe("")
-    t0 = points[0][0].timestamp()
-    t1 = max(points[-1][0].timestamp(), t0 + 1)
+    single = len(points) == 1
+    pad = SINGLE_POINT_PAD_SECONDS if single else 0.0
+    t0 = points[0][0].timestamp() - pad
+    t1 = max(points[-1][0].timestamp() + pad, t0 + 1)
     y_max = max([v for _, v in points] + [limit or 0, 1])
 
     def sx(ts: float) -> float:
@@ -165,10 +173,22 @@ def line_chart(
         f'<line class="axis" x1="{left}" x2="{left + plot_w}" y1="{top + plot_h}" y2="{top + plot_h}"/>',
         f'<text class="chart-label" x="{left - 4}" y="{top + 8}" text-anchor="end">{_tokens(y_max)}</text>',
         f'<text class="chart-label" x="{left - 4}" y="{top + plot_h}" text-anchor="end">0</text>',
-        f'<text class="chart-label" x="{left}" y="{height - 4}">{points[0][0]:%H:%M:%S}</text>',
-        f'<text class="chart-label" x="{left + plot_w}" y="{height - 4}" text-anchor="end">'
-        f"{points[-1][0]:%H:%M:%S}</text>",
     ]
+    if single:
+        at, value = points[0]
+        x, y = sx(at.timestamp()), sy(value)
+        parts += [
+            f'<text class="chart-label" x="{x:.1f}" y="{height - 4}" text-anchor="middle">'
+            f"{at:%H:%M:%S}</text>",
+            f'<text class="chart-value" x="{x:.1f}" y="{max(y - 8, top + 8):.1f}" text-anchor="middle">'
+            f"{_tokens(value)}</text>",
+        ]
+    else:
+        parts += [
+            f'<text class="chart-label" x="{left}" y="{height - 4}">{points[0][0]:%H:%M:%S}</text>',
+            f'<text class="chart-label" x="{left + plot_w}" y="{height - 4}" text-anchor="end">'
+            f"{points[-1][0]:%H:%M:%S}</text>",
+        ]
     if limit:
         parts.append(
             f'<line class="limit-line" x1="{left}" x2="{left + plot_w}" '
@@ -193,8 +213,11 @@ def line_chart(
         f"{'M' if i == 0 else 'L'}{sx(t.timestamp()):.1f},{sy(v):.1f}" for i, (t, v) in enumerate(points)
     )
     parts.append(f'<path class="series" d="{path}"/>')
+    radius = 4 if single else 2
     for t, v in points[-60:]:
-        parts.append(f'<circle class="series-dot" cx="{sx(t.timestamp()):.1f}" cy="{sy(v):.1f}" r="2"/>')
+        parts.append(
+            f'<circle class="series-dot" cx="{sx(t.timestamp()):.1f}" cy="{sy(v):.1f}" r="{radius}"/>'
+        )
     return mark_safe(
         f'<svg class="chart line" role="img" viewBox="0 0 {width} {height}" width="{width}" '
         f'aria-label="over time">' + "".join(parts) + "</svg>"

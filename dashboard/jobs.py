@@ -31,6 +31,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from dashboard.selectors import failed_events
+from memory.exceptions import NotFound
 from memory.models import Event, Experience, JobIntent, JobStatus, Session, Task, Tenant
 from memory.services import jobs as job_kinds
 from memory.services.experiences import experiences_retry_failed
@@ -46,7 +47,10 @@ JOB_RECORDS_SHOWN = 25
 
 def _retry_embedding(*, tenant: Tenant, event: Event) -> str:
     experience = event.payload.get("experience")
-    count = experiences_retry_failed(tenant=tenant, experience_ids=[experience] if experience else None)
+    try:
+        count = experiences_retry_failed(tenant=tenant, experience_ids=[experience] if experience else None)
+    except NotFound:
+        return f"Nothing to retry: {experience} no longer exists."
     if not count:
         return f"Nothing to retry: {experience} is no longer failed (already retried or embedded)."
     return f"Embedding of {experience} queued again."
@@ -106,14 +110,23 @@ def _queue_depths_uncached() -> list[QueueDepth]:
                 try:
                     ok = channel.queue_declare(queue=name, passive=True)
                     result.append(QueueDepth(name=name, depth=int(ok.message_count)))
-                except Exception as exc:  # a queue nobody declared yet is empty
+                except Exception as exc:
                     logger.debug("queue %s: %s", name, exc)
-                    result.append(QueueDepth(name=name, depth=0))
+                    if "NOT_FOUND" in str(exc):  # a queue nobody declared yet (or emptied): none wait
+                        result.append(QueueDepth(name=name, depth=0))
+                    else:  # the broker answered, but not with a count: unknown, not zero
+                        result.append(QueueDepth(name=name, depth=None, error=f"queue unreadable: {exc}"))
     except Exception as exc:
         return [
             QueueDepth(name=name, depth=None, error=f"broker unreachable: {exc}") for name in queue_names()
         ]
     return result
+
+
+def outbox_waiting(*, tenant: Tenant) -> int:
+    """The tenant's jobs in the outbox not finished yet: while the broker is away, this is where they
+    wait (they are sent when it is back). Read-only."""
+    return JobIntent.objects.filter(tenant=tenant, status__in=[JobStatus.PENDING, JobStatus.RUNNING]).count()
 
 
 @dataclass

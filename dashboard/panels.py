@@ -34,6 +34,7 @@ def _overview_stats(*, tenant: Tenant, **_: Any) -> dict[str, Any]:
         "stats": stats,
         "sparkline": charts.sparkline(values=stats.messages_per_minute),
         "queues": jobs.queue_depths(),
+        "outbox": jobs.outbox_waiting(tenant=tenant),
     }
 
 

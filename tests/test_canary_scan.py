@@ -14,11 +14,12 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
 
-from memory.models import Membership, MembershipRole, Session, Summary, Tenant
+from memory.models import Membership, MembershipRole, Session, Summary, Tenant, UserMemory
 from memory.services import message_indexing
 from memory.services.rolling_summary import session_summarise
 from memory.services.session_digest import session_digest_update
 from memory.services.store import Put, StoreScope, store_put
+from memory.services.user_memory.extraction import session_memories_extract
 from memory.services.user_memory.store import memory_record
 
 pytestmark = pytest.mark.django_db
@@ -199,3 +200,38 @@ def test_a_redacted_messages_canary_is_gone_from_every_copy_of_it(api_a, tenant_
     }  # fmt: skip
     assert left <= written_by_the_caller, left - written_by_the_caller
     assert "memory_message.artifact_refs" in left  # the scan does see the session's rows
+
+
+SESSION_CANARY = "Quokka6620deleted"
+
+
+def test_a_deleted_sessions_canary_is_gone_from_everything_derived_from_it(api_a, tenant_a, web) -> None:
+    sid = seed_everything(api_a, tenant_a, user_id="u8", agent="delete-bot", canary=SESSION_CANARY)
+    appended(api_a, sid, [{"role": "user", "content": f"I live in {SESSION_CANARY}ville."}])
+    session_memories_extract(session=Session.objects.get(public_id=sid))
+    assert UserMemory.objects.filter(
+        text__contains=SESSION_CANARY, sources__contains=[{"session": sid}]
+    ).exists()
+    message_indexing.memory_index_drain()
+
+    assert api_a.delete(f"/api/v1/sessions/{sid}").status_code == 204
+    message_indexing.memory_index_drain()
+    # What is left is what the caller wrote outside the session: the agent's checkpoint, an
+    # experience and a user memory recorded without a source in it, the store, and the task (which
+    # outlives its session, unlinked). Everything the session held or that was derived from its
+    # turns alone (messages, summaries, digests, facts, context builds, the extracted memory,
+    # stored answers, events) is gone.
+    written_outside_the_session = {
+        "memory_checkpoint.payload", "memory_cognitivestate.document", "memory_experience.problem",
+        "memory_experience.aliases", "memory_storeitem.value", "memory_storeitem.texts", "memory_task.input",
+        "memory_usermemory.text",
+    }  # fmt: skip
+    left = set(rows_holding(SESSION_CANARY))
+    assert left <= written_outside_the_session, left - written_outside_the_session
+    assert [m.sources for m in UserMemory.objects.filter(text__contains=SESSION_CANARY)] == [[]]
+    found = api_a.post("/api/v1/memory/search", {"query": SESSION_CANARY, "limit": 50}, format="json").json()
+    kinds = {hit["kind"] for hit in found["results"] if SESSION_CANARY.lower() in hit["text"].lower()}
+    assert kinds <= {"experience", "user_memory"}, found["results"]
+    for url in (f"/sessions/{sid}/", f"/sessions/{sid}/messages", "/agents/delete-bot/events"):
+        page = web.get(url)
+        assert page.status_code in (200, 404) and SESSION_CANARY.lower() not in page.content.decode().lower()

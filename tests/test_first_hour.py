@@ -122,3 +122,26 @@ def test_demo_finds_the_server_up_is_running(
     monkeypatch.setenv("CTXAPP_URL", f"http://127.0.0.1:{port}/")  # the environment wins
     code, err = demo(capsys)
     assert f"cannot reach http://127.0.0.1:{port}" in err
+
+
+def test_cli_hints_name_the_command_as_the_user_invoked_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    venv = Path(sys.executable).parent.parent
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # ctxapp is not on the PATH: the script's path is
+    monkeypatch.chdir(venv.parent)  # where the README's install ran
+    for name in ("CTXAPP_URL", "CTXAPP_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CTXAPP_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CTXAPP_PORT", str(free_port()))  # nothing listens there
+    monkeypatch.setenv("HOME", str(tmp_path))
+    invoked = cli.command_name()
+    assert invoked.endswith(f"{venv.name}/bin/ctxapp"), invoked
+    assert cli.main(["ctx", "decay", "sess_x"]) == 2
+    err = capsys.readouterr().err
+    assert f"`{invoked} manage create_api_key --tenant demo`" in err, err
+    assert cli.main(["ctx", "decay", "sess_x", "--api-key", "ctx_0000dead_notakey"]) == 3
+    err = capsys.readouterr().err
+    assert f"Is `{invoked} up` running?" in err, err
+    code, err = demo(capsys)
+    assert code == 2 and f"Is `{invoked} up` running?" in err, err

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ctxapp.cli.base import command_name
 from ctxapp.conf import CtxappSettings, SettingError, load
 
 DEFAULT_CONFIG = Path("~/.config/ctxapp/config.toml")
@@ -99,7 +100,7 @@ def target(args: argparse.Namespace, *, need_key: bool = True) -> tuple[str, str
     if need_key and not key:
         raise CtxError(
             "No API key: pass --api-key, set CTXAPP_API_KEY, or put api_key in "
-            f"{DEFAULT_CONFIG}. Create one with `ctxapp manage create_api_key --tenant demo`."
+            f"{DEFAULT_CONFIG}. Create one with `{command_name()} manage create_api_key --tenant demo`."
         )
     return str(url).rstrip("/"), str(key)
 
@@ -210,7 +211,9 @@ def do_register(client: Any, args: argparse.Namespace) -> Result:
 def do_check_position(client: Any, args: argparse.Namespace) -> Result:
     builds = client.context_builds(args.session, limit=1)
     if not builds:
-        raise CtxError(f"Session {args.session} has no context build yet: run `ctxapp ctx enhance` first.")
+        raise CtxError(
+            f"Session {args.session} has no context build yet: run `{command_name()} ctx enhance` first."
+        )
     build = builds[0]
     items = (build.get("manifest") or {}).get("items", [])
     critical = [i for i in items if i.get("critical") and i.get("included", True)]
@@ -415,7 +418,9 @@ def run_with(
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
     except api.NetworkError as exc:
-        print(f"{name}: cannot reach ctxapp at {url}: {exc}. Is `ctxapp up` running?", file=sys.stderr)
+        print(
+            f"{name}: cannot reach ctxapp at {url}: {exc}. Is `{command_name()} up` running?", file=sys.stderr
+        )
         return 3
     except api.Unauthorized:
         print(

@@ -285,7 +285,7 @@ def main(args: argparse.Namespace) -> int:
     if not api_key:
         print(
             "ctxapp demo needs an API key: pass --api-key ctx_… or set CTXAPP_API_KEY.\n"
-            "`ctxapp up` prints one on first run; or create one: "
+            f"`{command_name()} up` prints one on first run; or create one: "
             f"{command_name()} manage create_api_key --tenant demo",
             file=sys.stderr,
         )
@@ -300,7 +300,7 @@ def main(args: argparse.Namespace) -> int:
             return 2
         except NetworkError as exc:
             print(
-                f"ctxapp demo: cannot reach {args.url}: {exc.message}. Is `ctxapp up` running?",
+                f"ctxapp demo: cannot reach {args.url}: {exc.message}. Is `{command_name()} up` running?",
                 file=sys.stderr,
             )
             return 2

@@ -7,6 +7,7 @@ import os
 from ctxapp.cli.base import (
     DATA_DIR_NAME,
     CliError,
+    command_name,
     data_dir_of,
     django_setup,
     prepare_database,
@@ -31,7 +32,8 @@ def _check_database_exists(cfg: CtxappSettings, command: str) -> None:
         raise CliError(
             f"No ctxapp database in {data_dir}. CTXAPP_DATA_DIR is unset, and neither this directory "
             f"nor one above it has a {DATA_DIR_NAME} directory. Run this from your ctxapp project (where "
-            "you ran `ctxapp up`), or point at its data: CTXAPP_DATA_DIR=/path/to/.ctxapp ctxapp manage …"
+            f"you ran `{command_name()} up`), or point at its data: "
+            f"CTXAPP_DATA_DIR=/path/to/.ctxapp {command_name()} manage …"
         )
 
 
@@ -52,8 +54,8 @@ def _check_schema(command: str) -> None:
     if ("memory", "0001_initial") not in applied:
         name = connection.settings_dict.get("NAME")
         raise CliError(
-            f"The database {name!r} has no ctxapp schema yet. Create it first: `ctxapp manage migrate` "
-            "(or `ctxapp up`, which migrates), then run this command again."
+            f"The database {name!r} has no ctxapp schema yet. Create it first: `{command_name()} manage "
+            f"migrate` (or `{command_name()} up`, which migrates), then run this command again."
         )
 
 

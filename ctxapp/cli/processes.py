@@ -48,6 +48,8 @@ def web_argv(cfg: CtxappSettings, host: str, port: int) -> list[str]:
         "--workers", str(cfg.web_workers),
         "--log-level", "warning" if cfg.log_level == "info" else cfg.log_level,
         "--no-access-log", "--lifespan", "off", "--timeout-graceful-shutdown", "5",
+        # A request the HTTP parser refuses (an unknown method…) answered in our JSON error shape.
+        "--http", "ctxapp.infra.http_protocol:HttpProtocol",
         # uvicorn would otherwise take X-Forwarded-For from loopback as the client address, so a
         # client could pick its own; memory.api.throttles.client_address alone reads that header,
         # honouring CTXAPP_NUM_PROXIES.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django import template
@@ -52,3 +53,36 @@ def get_item(mapping: Any, key: Any) -> Any:
 def words(value: Any) -> str:
     """`consider_restating` → `consider restating`."""
     return str(value).replace("_", " ")
+
+
+_BULLET = re.compile(r"^[-*•]\s+(.*)$")
+HEADING_MAX_CHARS = 60
+
+
+@register.filter
+def text_blocks(value: Any) -> list[dict[str, Any]]:
+    """A summary's text as the page shows it: paragraphs and bulleted lists, not one run-on line.
+
+    A short line ending in ":" ("Decisions:") heads the list that follows, each "- " line is a
+    bullet, a blank line ends a paragraph, and consecutive plain lines join into one paragraph."""
+    blocks: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    for raw in str(value or "").splitlines():
+        line = raw.strip()
+        bullet = _BULLET.match(line)
+        if not line:
+            current = None
+        elif bullet:
+            if current is None or current["kind"] != "list":
+                current = {"kind": "list", "heading": "", "items": []}
+                blocks.append(current)
+            current["items"].append(bullet.group(1))
+        elif line.endswith(":") and len(line) <= HEADING_MAX_CHARS:
+            current = {"kind": "list", "heading": line[:-1], "items": []}
+            blocks.append(current)
+        elif current is not None and current["kind"] == "paragraph":
+            current["text"] += " " + line
+        else:
+            current = {"kind": "paragraph", "text": line}
+            blocks.append(current)
+    return blocks

@@ -136,5 +136,11 @@ class HasScope(permissions.BasePermission):
             return True
         if required not in scopes:
             self.message = f"This API key lacks the '{required}' scope this request needs."
+            if required == ApiKeyScope.ADMIN:
+                self.message += (
+                    " Forgetting a user, managing API keys and tenant policies need an admin key: create "
+                    f"one with `ctxapp manage create_api_key --tenant {request.auth.tenant.slug} --scopes "
+                    "admin` (its secret is printed once), or in the admin's API keys page (/admin/)."
+                )
             return False
         return True

@@ -28,10 +28,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from memory.api import throttles
+from memory.api.strict_strings import string_type_errors
 from memory.exceptions import IdempotencyConflict, IdempotencyInProgress, InvalidInput
 from memory.models import IdempotencyRecord, Tenant
 from memory.selectors.sessions import session_by_key
-from memory.services.tenancy import api_key_binding_check
+from memory.services.agent_access import names_check
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -56,7 +57,9 @@ def json_size_error(value: Any) -> str | None:
 # the serializer does not declare is refused (422 `validation_error` naming it, with the known
 # ones), so a typo is never silently dropped; so is a free JSON value (a dict or JSON field; a
 # list's items are checked by their own field) over CTXAPP_MAX_JSON_FIELD_BYTES as compact JSON,
-# checked before the field itself is validated.
+# checked before the field itself is validated; and so is a number sent for a string (DRF's
+# CharField turns 123 into "123": here every string field, a list's or a dict's string items
+# included, takes a JSON string only).
 # Nested input serializers are checked the same way. (A comment, not a docstring: drf-spectacular
 # would make a docstring the description of every request component.)
 class JsonBooleanField(serializers.BooleanField):
@@ -81,6 +84,7 @@ class BodySerializer(serializers.Serializer):
             name: [f"Unknown field. Known: {known}."] for name in sorted(set(data) - set(self.fields))
         }
         errors.update(self.json_size_errors(data))
+        errors.update(string_type_errors(self.fields, data))
         if not errors:
             return super().to_internal_value(data)
         try:
@@ -119,7 +123,7 @@ class TenantApiView(APIView):
     #: calling agent instead (the task layers: shared context, private context, messages).
     agent_binding: bool = True
     BINDING_PATH_KWARGS = {"agent": "agent", "session_id": "session", "task_id": "task"}
-    BINDING_FIELDS = ("agent", "session", "task")
+    BINDING_FIELDS: tuple[str, ...] = ("agent", "session", "task")
     # Idempotency-Key handling. Optimistic (hot paths whose write is cheap and wholly inside the
     # transaction: appends, checkpoints, state writes): one statement, the write runs and a
     # duplicate rolls its run back. Otherwise the key is reserved first (two statements), so a
@@ -198,7 +202,7 @@ class TenantApiView(APIView):
                 named.update(
                     {f: [*named[f], data[f]] for f in self.BINDING_FIELDS if isinstance(data.get(f), str)}
                 )
-        api_key_binding_check(
+        names_check(
             tenant=self.tenant,
             bound_agent=bound,
             agents=named["agent"],

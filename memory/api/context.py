@@ -84,8 +84,12 @@ class TokensCountApi(TenantApiView):
             warnings.append(
                 {
                     "code": "unknown_model",
-                    "message": f"Model {model.name!r} is not in the profile table; "
-                    "counted with the generic estimate.",
+                    "message": (
+                        f"Model {model.name!r} is not in the profile table"
+                        if model.name
+                        else "No model was set"
+                    )
+                    + "; counted with the generic estimate.",
                 }
             )
         if "text" in data:

@@ -116,8 +116,10 @@ class ExperienceListApi(TenantApiView):
         data["agent"] = agent_for_write(self, data["agent"])
         task = task_get(tenant=self.tenant, task_id=data.pop("task")) if data.get("task") else None
         supersedes_id = data.pop("supersedes", None)
-        supersedes = (
-            experiences.experience_get(tenant=self.tenant, experience_id=supersedes_id)
+        supersedes = (  # a bound key supersedes only its own agent's (404 otherwise, as a read)
+            experiences.experience_get(
+                tenant=self.tenant, experience_id=supersedes_id, bound_agent=bound_agent(self)
+            )
             if supersedes_id
             else None
         )
@@ -377,6 +379,7 @@ class ExperiencePromoteApi(TenantApiView):
             content=data["content"],
             source=data.get("source", "api"),
             session=session,
+            agent=bound_agent(self) or "",
         )
         body = ExperienceDetailSerializer(result.experience).data
         body["outcome"] = result.outcome
@@ -400,7 +403,7 @@ class ExperienceRetryEmbeddingsApi(TenantApiView):
     def post(self, request: Request) -> Response:
         data = self.validate(self.InputSerializer)
         count = experiences.experiences_retry_failed(
-            tenant=self.tenant, experience_ids=data.get("experiences")
+            tenant=self.tenant, experience_ids=data.get("experiences"), bound_agent=bound_agent(self)
         )
         return Response({"requeued": count}, status=status.HTTP_202_ACCEPTED)
 

@@ -15,10 +15,11 @@ from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from memory.api.agent_scope import bound_agent
 from memory.api.base import BodySerializer, TenantApiView
 from memory.api.shapes import IsoDateTimeField
 from memory.services import memory_search, message_indexing, ranking
-from memory.services.tenancy import api_key_binding_check
+from memory.services.agent_access import names_check
 
 
 class ScopeSerializer(BodySerializer):
@@ -172,17 +173,17 @@ class MemorySearchApi(TenantApiView):
     def post(self, request: Any) -> Response:
         data = self.validate(self.InputSerializer)
         scope = dict(data.get("scope") or {})
-        bound = self.request.auth.agent_external_id  # type: ignore[union-attr]
+        bound = bound_agent(self)
         if bound:
-            # A key bound to an agent searches only that agent's memory: another agent, or another
-            # agent's session (even as the "current" one), in the scope is refused.
-            api_key_binding_check(
+            # A key bound to an agent searches only what it may read (agent_access.rows_visible):
+            # another agent, or another agent's session (even as the "current" one), in the scope
+            # is refused.
+            names_check(
                 tenant=self.tenant,
                 bound_agent=bound,
                 agents=[scope.get("agent") or ""],
                 session_ids=[scope.get("session") or ""],
             )
-            scope["agent"] = bound
         time_range = data.get("time_range") or {}
         result = memory_search.memory_search(
             tenant=self.tenant,
@@ -192,6 +193,7 @@ class MemorySearchApi(TenantApiView):
                 user_id=scope.get("user_id"),
                 session=scope.get("session") or None,
                 sessions=scope.get("sessions", "all"),
+                bound_agent=bound,
             ),
             kinds=data.get("kinds"),
             limit=data["limit"],

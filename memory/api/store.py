@@ -104,9 +104,10 @@ class OpField(serializers.Field):
     """One operation, validated by the serializer its `op` names, into a store.Op."""
 
     def to_internal_value(self, data: Any) -> store.Op:
-        if not isinstance(data, dict) or data.get("op") not in OP_SERIALIZERS:
+        kind = data.get("op") if isinstance(data, dict) else None
+        if not isinstance(kind, str) or kind not in OP_SERIALIZERS:  # {} or [] is no name (unhashable)
             raise serializers.ValidationError({"op": [f"One of: {', '.join(OP_SERIALIZERS)}."]})
-        serializer = OP_SERIALIZERS[data["op"]](data=data)
+        serializer = OP_SERIALIZERS[kind](data=data)
         serializer.is_valid(raise_exception=True)
         values = dict(serializer.validated_data)
         return _op(values)

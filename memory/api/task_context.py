@@ -21,16 +21,29 @@ from memory.api.agent_scope import (
     FREE_JSON,
     IF_MATCH_PARAM,
     AgentScopedView,
+    bound_agent,
 )
 from memory.api.base import BodySerializer, CursorSerializer, keyset_page
 from memory.exceptions import AgentMismatch
 from memory.models import Agent, Task
 from memory.services import layers
+from memory.services.agent_access import task_participation_check
 from memory.services.sessions import agent_get
 
 
 class TaskScopedView(AgentScopedView):
-    agent_binding = False  # shared between the task's agents; acts as the caller
+    """The layers a task's agents share: the caller acts as itself on them. A key bound to an agent
+    reaches them only while its agent takes part in the task (agent_access.task_participation_check,
+    403 `agent_mismatch`), checked before the handler like the other ids a bound key names."""
+
+    agent_binding = False  # shared between the task's agents: participation, not ownership
+
+    def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        bound = bound_agent(self)
+        if bound:
+            task = layers.task_get(tenant=self.tenant, task_id=kwargs["task_id"])
+            task_participation_check(task=task, bound_agent=bound)
 
     def task_and_caller(self, task_id: str) -> tuple[Task, Agent]:
         """The task (404 for another tenant's) and the agent making the call (required)."""
@@ -41,6 +54,10 @@ class TaskScopedView(AgentScopedView):
 
 
 class AgentContextViewApi(AgentScopedView):
+    # The task in the query is reached by participation, as on the task layers' own routes (the
+    # agent in the path is still the bound key's own): checked in `get`.
+    BINDING_FIELDS = ("agent", "session")
+
     class QuerySerializer(serializers.Serializer):
         class Meta:
             ref_name = "AgentContextViewQuery"
@@ -60,6 +77,7 @@ class AgentContextViewApi(AgentScopedView):
         caller = self.caller(required=True)
         if caller is None or caller.pk != agent_row.pk:
             raise AgentMismatch(details={"agent": agent, "header": AGENT_HEADER})
+        task_participation_check(task=task, bound_agent=bound_agent(self) or "")
         return Response(layers.context_view(tenant=self.tenant, task=task, agent=agent_row))
 
 

@@ -9,7 +9,9 @@ Routes (under /api/v1):
     GET    /users/{user_id}/memories/{id}/history     every version of its subject, oldest first
 
 A user is the `user_id` of the tenant's sessions: one no session or memory names answers 404, as
-another tenant's does, and a key bound to an agent reaches only the users of its agent's sessions.
+another tenant's does, and a key bound to an agent reaches only the users of its agent's sessions
+and, of their memories, those memory/services/agent_access.py lets it read (its agent's own, plus
+the others' read-only where the tenant shares user memories).
 """
 
 from __future__ import annotations

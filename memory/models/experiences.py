@@ -208,12 +208,13 @@ class ExperienceFeedback(models.Model):
 
 
 class EmbeddingCache(models.Model):
-    """Vectors by (model, sha256 of the text): the same text is never embedded twice by a model.
+    """Vectors by (tenant, model, sha256 of the text): a tenant's text is never embedded twice by a model.
 
-    Shared across tenants on purpose: a vector reveals nothing beyond the text that produced it,
-    and a row is only ever looked up by the hash of a text the caller already holds.
+    Per tenant: a hit shared across tenants would tell one tenant that another embedded the same
+    text, and erasing one tenant's texts (forget, redact, delete) could take rows another relies on.
     """
 
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     model = models.CharField(max_length=200)
     text_hash = models.CharField(max_length=64)
     dimensions = models.PositiveSmallIntegerField()
@@ -222,7 +223,9 @@ class EmbeddingCache(models.Model):
 
     class Meta:
         constraints: ClassVar = [
-            models.UniqueConstraint(fields=["model", "text_hash"], name="embedding_cache_model_text_unique")
+            models.UniqueConstraint(
+                fields=["tenant", "model", "text_hash"], name="embedding_cache_tenant_model_text_unique"
+            )
         ]
 
     def __str__(self) -> str:

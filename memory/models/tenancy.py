@@ -84,6 +84,8 @@ class ApiKey(models.Model):
 
     class Meta:
         ordering: ClassVar = ["-created_at"]
+        verbose_name = "API key"
+        verbose_name_plural = "API keys"
 
     def __str__(self) -> str:
         return f"{self.name} ({KEY_PREFIX}{self.prefix}…)"

@@ -89,8 +89,16 @@ def input_check(next_input: str, policy: EffectivePolicy) -> None:
         ) from None
     if policy.char_gate and len(next_input) > policy.char_gate:
         raise PromptTooLong(
-            f"The input has {len(next_input):,} characters; the character gate allows {policy.char_gate:,}.",
-            details={"gate": "characters", "input_chars": len(next_input), "char_gate": policy.char_gate},
+            f"The input has {len(next_input):,} characters; the character gate allows {policy.char_gate:,}. "
+            "The policy field `char_gate` sets it (0 turns it off): for this build "
+            '`"budget": {"char_gate": …}`, for the session PUT /api/v1/sessions/{id}/context-policy, for '
+            "the tenant its context policy in the admin.",
+            details={
+                "gate": "characters",
+                "input_chars": len(next_input),
+                "char_gate": policy.char_gate,
+                "policy_field": "char_gate",
+            },
         )
 
 
@@ -109,11 +117,21 @@ def limits_resolve(model: ResolvedModel, policy: EffectivePolicy) -> Limits:
 def model_warnings(model: ResolvedModel) -> list[dict[str, Any]]:
     if model.known:
         return []
+    assumed = f"{model.input_limit:,} input tokens and an estimated tokenizer"
+    if not model.name:
+        return [
+            {
+                "code": "unknown_model",  # the same stable code: the build assumed a default
+                "message": f"No model was set (not in the request, nor on the session, nor as the "
+                f"context policy's default_model): the build assumed the default of {assumed} "
+                "(CTXAPP_UNKNOWN_MODEL_INPUT_TOKENS). Name the model on the session or the request.",
+            }
+        ]
     return [
         {
             "code": "unknown_model",
-            "message": f"Model {model.name or '(none)'!r} is not in the profile table; assuming "
-            f"{model.input_limit:,} input tokens and an estimated tokenizer. Add it in the admin.",
+            "message": f"Model {model.name!r} is not in the profile table; assuming {assumed}. "
+            "Add it in the admin.",
         }
     ]
 
@@ -144,7 +162,9 @@ def minimal_check(candidates: Candidates, demand: Demand, limits: Limits, model:
     raise PromptTooLong(
         f"Even the minimal context needs {demand.minimal:,} tokens; the budget is {limits.budget:,} "
         f"(input limit {limits.input_limit:,} - output reserve {limits.reserve:,}) "
-        f"for {model.name or 'the default model'}.",
+        f"for {model.name or 'the default model'}. The policy field `output_reserve` (or "
+        "`max_input_tokens`, for a build or a session) changes the budget; a model with a larger input "
+        "limit does too.",
         details={
             "gate": "tokens",
             "minimal_tokens": demand.minimal,
@@ -153,6 +173,7 @@ def minimal_check(candidates: Candidates, demand: Demand, limits: Limits, model:
             "output_reserve": limits.reserve,
             "components": by_component,
             "model": model.name,
+            "policy_field": "output_reserve",
         },
     )
 

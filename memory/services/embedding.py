@@ -37,6 +37,7 @@ import httpx
 import numpy as np
 from django.conf import settings
 from django.db import connection
+from django.db.models import Q
 from django.utils import timezone
 
 from memory.exceptions import DomainError
@@ -378,7 +379,7 @@ def embed_query(text: str) -> tuple[str, np.ndarray]:
     return embedder.model_name, vector
 
 
-# --- the shared embedding cache -------------------------------------------------------------------
+# --- the embedding cache, per tenant --------------------------------------------------------------
 
 
 _VECTOR_FORMAT = "[" + ",".join(["%.9g"] * EMBEDDING_DIMENSIONS) + "]"
@@ -392,71 +393,102 @@ def vector_text(vector: np.ndarray) -> str:
     return "[" + ",".join(f"{x:.9g}" for x in vector.tolist()) + "]"
 
 
+# (tenant id, sha256 of the text): the cache is per tenant, so a hit never tells one tenant what
+# another embedded, and erasing one tenant's texts never takes a vector another relies on.
+CacheKey = tuple[int, str]
+
+
 def _cache_fill(
-    embedder: Embedder, texts_by_hash: dict[str, str], missing: list[str]
-) -> tuple[np.ndarray, list[str]]:
-    """Embed the texts of the `missing` hashes and add them to the EmbeddingCache: (vectors, their
-    pgvector text forms, each formatted once). Raises EmbedderError.
+    embedder: Embedder, texts: dict[CacheKey, str], missing: list[CacheKey]
+) -> dict[CacheKey, tuple[np.ndarray, str]]:
+    """Embed the texts of the `missing` keys and add them to the EmbeddingCache: each key's vector,
+    and its pgvector text form (a text two tenants both miss is embedded once). Raises EmbedderError.
 
     `missing` comes sorted: two transactions adding overlapping texts then take the rows' locks
     in the same order and one waits for the other, where two orders deadlocked (the soak drill
     saw context builds and searches fail so)."""
-    vectors = embedder.embed([texts_by_hash[h] for h in missing])
-    literals = [vector_text(v) for v in vectors]
+    unique = list(dict.fromkeys(texts[key] for key in missing))
+    by_text = {
+        text: (vector, vector_text(vector))
+        for text, vector in zip(unique, embedder.embed(unique), strict=True)
+    }
+    found = {key: by_text[texts[key]] for key in missing}
     # One INSERT of text literals: bulk_create's per-row field preparation cost more than the
     # statement (~1 ms a vector). Same ON CONFLICT DO NOTHING as bulk_create(ignore_conflicts).
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {EmbeddingCache._meta.db_table} "
-            "(model, text_hash, dimensions, vector, created_at) "
-            "SELECT %s, h, %s, v::vector, %s FROM unnest(%s::text[], %s::text[]) AS t(h, v) "
-            "ON CONFLICT (model, text_hash) DO NOTHING",
-            [embedder.model_name, embedder.dimensions, timezone.now(), missing, literals],
+            "(tenant_id, model, text_hash, dimensions, vector, created_at) "
+            "SELECT t, %s, h, %s, v::vector, %s "
+            "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS x(t, h, v) "
+            "ON CONFLICT (tenant_id, model, text_hash) DO NOTHING",
+            [
+                embedder.model_name,
+                embedder.dimensions,
+                timezone.now(),
+                [tenant for tenant, _ in missing],
+                [digest for _, digest in missing],
+                [found[key][1] for key in missing],
+            ],
         )
-    return vectors, literals
+    return found
 
 
-def vectors_cached(texts_by_hash: dict[str, str]) -> tuple[str, dict[str, np.ndarray]]:
-    """(model name, vectors per text hash): from the (model, text hash) EmbeddingCache, the rest
-    embedded in one call and cached. Raises EmbedderError."""
+def _keys_filter(keys: list[CacheKey]) -> Q:
+    by_tenant: dict[int, list[str]] = {}
+    for tenant, digest in keys:
+        by_tenant.setdefault(tenant, []).append(digest)
+    condition = Q(pk__in=[])
+    for tenant, digests in by_tenant.items():
+        condition |= Q(tenant_id=tenant, text_hash__in=digests)
+    return condition
+
+
+def vectors_cached(texts: dict[CacheKey, str]) -> tuple[str, dict[CacheKey, np.ndarray]]:
+    """(model name, vectors by (tenant id, text hash)): from the tenants' own EmbeddingCache rows,
+    the rest embedded in one call and cached. Raises EmbedderError."""
     embedder = embedder_get()
+    rows = EmbeddingCache.objects.filter(model=embedder.model_name).filter(_keys_filter(list(texts)))
     found = {
-        row.text_hash: np.asarray(row.vector, dtype=np.float32)
-        for row in EmbeddingCache.objects.filter(model=embedder.model_name, text_hash__in=list(texts_by_hash))
+        (row.tenant_id, row.text_hash): np.asarray(row.vector, dtype=np.float32)
+        for row in rows.only("tenant_id", "text_hash", "vector")
     }
-    missing = sorted(h for h in texts_by_hash if h not in found)
+    missing = sorted(key for key in texts if key not in found)
     if missing:
-        vectors, _ = _cache_fill(embedder, texts_by_hash, missing)
-        found.update(zip(missing, vectors, strict=True))
+        found.update({key: vector for key, (vector, _) in _cache_fill(embedder, texts, missing).items()})
     return embedder.model_name, found
 
 
-def vector_texts_cached(texts_by_hash: dict[str, str]) -> tuple[str, dict[str, str]]:
+def vector_texts_cached(texts: dict[CacheKey, str]) -> tuple[str, dict[CacheKey, str]]:
     """Like vectors_cached, but each vector in pgvector's text form, for writing it elsewhere in
     SQL: cached rows are read as text (no float parsing and re-formatting in Python), new
     vectors formatted once for both the cache and the caller. Raises EmbedderError."""
     embedder = embedder_get()
+    keys = list(texts)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT text_hash, vector::text FROM {EmbeddingCache._meta.db_table} "
-            "WHERE model = %s AND text_hash = ANY(%s::text[])",
-            [embedder.model_name, list(texts_by_hash)],
+            f"SELECT c.tenant_id, c.text_hash, c.vector::text FROM {EmbeddingCache._meta.db_table} c "
+            "JOIN unnest(%s::bigint[], %s::text[]) AS k(t, h) ON c.tenant_id = k.t AND c.text_hash = k.h "
+            "WHERE c.model = %s",
+            [[tenant for tenant, _ in keys], [digest for _, digest in keys], embedder.model_name],
         )
-        found: dict[str, str] = dict(cursor.fetchall())
-    missing = sorted(h for h in texts_by_hash if h not in found)
+        found: dict[CacheKey, str] = {
+            (tenant, digest): vector for tenant, digest, vector in cursor.fetchall()
+        }
+    missing = sorted(key for key in keys if key not in found)
     if missing:
-        _, literals = _cache_fill(embedder, texts_by_hash, missing)
-        found.update(zip(missing, literals, strict=True))
+        found.update({key: literal for key, (_, literal) in _cache_fill(embedder, texts, missing).items()})
     return embedder.model_name, found
 
 
-def cosines_cached(vector: np.ndarray | None, texts: list[str]) -> list[float | None]:
-    """Cosines of short texts to a (unit) query vector through the EmbeddingCache (each text is
-    embedded once ever); all None without a query vector or while the embedder is unusable."""
+def cosines_cached(vector: np.ndarray | None, texts: list[str], *, tenant_id: int) -> list[float | None]:
+    """Cosines of short texts of a tenant to a (unit) query vector through its EmbeddingCache (each
+    text is embedded once per tenant); all None without a query vector or while the embedder is
+    unusable."""
     if vector is None or not texts:
         return [None] * len(texts)
     try:
-        _, vectors = vectors_cached({text_hash(t): t for t in texts})
+        _, vectors = vectors_cached({(tenant_id, text_hash(t)): t for t in texts})
     except EmbedderError:
         return [None] * len(texts)
-    return [float(np.dot(vectors[text_hash(t)], vector)) for t in texts]
+    return [float(np.dot(vectors[(tenant_id, text_hash(t))], vector)) for t in texts]

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Q
 
 from memory.exceptions import NotFound
@@ -38,7 +38,6 @@ from memory.models import (
     BudgetSample,
     Checkpoint,
     CognitiveState,
-    EmbeddingCache,
     Event,
     Experience,
     IdempotencyRecord,
@@ -46,8 +45,6 @@ from memory.models import (
     Message,
     OtelHeldSpan,
     OtelSpan,
-    SearchTermSnapshot,
-    SearchTermStat,
     Session,
     SessionDigest,
     StoreItem,
@@ -60,6 +57,14 @@ from memory.models import (
 from memory.services import recorder, tokens
 from memory.services.content_generation import content_generation_bump
 from memory.services.embedding import text_hash
+from memory.services.erasure import (
+    cache_entries_delete,
+    events_tombstone,
+    like_any,
+    message_text_hashes,
+    search_snapshot_drop,
+    sql_execute,
+)
 from memory.services.message_indexing import (
     embedding_text,
     memory_index_dispatch_on_commit,
@@ -71,9 +76,6 @@ __all__ = ["ForgetReceipt", "RedactReceipt", "forget_user", "message_redact"]
 
 FORGOTTEN_EVENT = "user.forgotten"
 REDACTED_EVENT = "message.redacted"
-TOMBSTONE_KEY = "erased"
-# What a tombstoned event keeps of its payload: the ids the recorder adds (recorder.OTEL_FIELDS).
-TOMBSTONE_KEEPS = ("gen_ai.agent.id", "gen_ai.conversation.id")
 # A quoted part of a redacted message: each line or sentence of at least this many characters.
 QUOTE_MIN_CHARS = 12
 
@@ -101,48 +103,6 @@ def _was_forgotten(*, tenant: Tenant, user_id: str, agent: Agent | None) -> bool
     if agent is not None:
         events = events.filter(Q(payload__agent=agent.external_id) | Q(payload__agent=""))
     return events.exists()
-
-
-def _execute(sql: str, params: list[Any]) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return max(cursor.rowcount, 0)
-
-
-def _like_any(values: list[str]) -> list[str]:
-    """LIKE patterns finding each value anywhere in a text (its %, _ and \\ escaped)."""
-    return ["%" + re.sub(r"([%_\\])", r"\\\1", v) + "%" for v in values if v]
-
-
-def _tombstone_events(*, tenant: Tenant, where: str, params: list[Any]) -> int:
-    """Replace the payload of the tenant's matching events by a tombstone: the ids, no content."""
-    keeps = ", ".join(f"'{key}', payload->'{key}'" for key in TOMBSTONE_KEEPS)
-    return _execute(
-        f"UPDATE {Event._meta.db_table} SET payload = "
-        f"jsonb_strip_nulls(jsonb_build_object({keeps})) || jsonb_build_object('{TOMBSTONE_KEY}', true) "
-        f"WHERE tenant_id = %s AND NOT (payload ? '{TOMBSTONE_KEY}') AND ({where})",
-        [tenant.pk, *params],
-    )
-
-
-def _cache_entries_delete(hashes: set[str]) -> int:
-    """Delete EmbeddingCache rows of these text hashes, except those a remaining experience or user
-    memory still holds (their text is not erased; a message's own vector is on its row).
-
-    The cache is shared across tenants and keyed by the text's SHA-256: a kept entry would let
-    anyone holding a guess of the text confirm that it was once embedded here."""
-    if not hashes:
-        return 0
-    kept = set(Experience.objects.filter(text_hash__in=hashes).values_list("text_hash", flat=True))
-    kept |= set(UserMemory.objects.filter(text_hash__in=hashes).values_list("text_hash", flat=True))
-    doomed = sorted(hashes - kept)
-    return EmbeddingCache.objects.filter(text_hash__in=doomed).delete()[0] if doomed else 0
-
-
-def _search_snapshot_drop(tenant: Tenant) -> None:
-    """Drop the tenant's word-statistics snapshot: it holds the lexemes of the erased text."""
-    SearchTermStat.objects.filter(tenant=tenant).delete()
-    SearchTermSnapshot.objects.filter(tenant=tenant).delete()
 
 
 def forget_user(*, tenant: Tenant, user_id: str, agent: Agent | None = None) -> ForgetReceipt:
@@ -184,7 +144,7 @@ def forget_user(*, tenant: Tenant, user_id: str, agent: Agent | None = None) -> 
             experiences=experiences,
         )
         content_generation_bump(tenant=tenant)
-        _search_snapshot_drop(tenant)
+        search_snapshot_drop(tenant)
         recorder.event_append(
             tenant=tenant,
             type=FORGOTTEN_EVENT,
@@ -232,20 +192,14 @@ def _forget_rows(
 ) -> dict[str, int]:
     """The erasure's statements, in an order where nothing deleted is needed by a later one."""
     counts = dict.fromkeys(_FORGET_KINDS, 0)
-    messages = Message.objects.filter(tenant=tenant, session_id__in=session_pks)
-    hashes = {
-        text_hash(embedding_text(name=name, content=content, occurred_at=occurred_at))
-        for name, content, occurred_at in messages.values_list("name", "content", "occurred_at").iterator(
-            chunk_size=5000
-        )
-    }
+    hashes = message_text_hashes(Message.objects.filter(tenant=tenant, session_id__in=session_pks))
     digests = SessionDigest.objects.filter(tenant=tenant, session_id__in=session_pks)
     if agent is None:
         digests = digests | SessionDigest.objects.filter(tenant=tenant, user_id=user_id)
     hashes |= {text_hash(t) for t in digests.values_list("text", flat=True)}
     for row in experiences.only("problem", "cause", "solution", "text_hash"):
         hashes |= {row.text_hash, text_hash(row.problem_text)}
-    hashes |= set(memories.exclude(text_hash="").values_list("text_hash", flat=True))
+    hashes |= {text_hash(t) for t in memories.values_list("text", flat=True)}  # as embedded
 
     # Agents that served no one else: their state and checkpoints are only this user's.
     dedicated = list(
@@ -259,10 +213,10 @@ def _forget_rows(
     erased_ids += list(memories.values_list("public_id", flat=True))
     if erased_ids:
         event_where.append("payload::text LIKE ANY(%s)")
-        event_params.append(_like_any(erased_ids))
-    counts["events"] = _tombstone_events(tenant=tenant, where=" OR ".join(event_where), params=event_params)
+        event_params.append(like_any(erased_ids))
+    counts["events"] = events_tombstone(tenant=tenant, where=" OR ".join(event_where), params=event_params)
 
-    counts["messages"] = _execute(
+    counts["messages"] = sql_execute(
         f"DELETE FROM {Message._meta.db_table} WHERE tenant_id = %s AND session_id = ANY(%s)",
         [tenant.pk, session_pks],
     )
@@ -288,13 +242,13 @@ def _forget_rows(
     counts["store_items"] = store.delete()[0]
     traces = OtelSpan.objects.filter(tenant=tenant, session_id__in=session_pks).values("trace_id")
     counts["otel_held_spans"] = OtelHeldSpan.objects.filter(tenant=tenant, trace_id__in=traces).delete()[0]
-    patterns = _like_any(session_ids) + _like_any([json.dumps({"user_id": user_id})[1:-1]])
-    counts["stored_responses"] = _execute(
+    patterns = like_any(session_ids) + like_any([json.dumps({"user_id": user_id})[1:-1]])
+    counts["stored_responses"] = sql_execute(
         f"DELETE FROM {IdempotencyRecord._meta.db_table} "
         "WHERE tenant_id = %s AND response_body::text LIKE ANY(%s)",
         [tenant.pk, patterns],
     )
-    counts["jobs"] = _execute(
+    counts["jobs"] = sql_execute(
         f"DELETE FROM {JobIntent._meta.db_table} WHERE tenant_id = %s AND "
         "(payload::text LIKE ANY(%s) OR coalesce(result::text, '') LIKE ANY(%s) OR payload->>'user_id' = %s)",
         [tenant.pk, patterns, patterns, user_id],
@@ -302,7 +256,7 @@ def _forget_rows(
     # What the sessions still carry (context builds, usage reports, OTel mappings, policies) goes
     # with them through the model's cascades; their events (tombstoned above) are unlinked.
     counts["sessions"] = Session.objects.filter(pk__in=session_pks).delete()[1].get(Session._meta.label, 0)
-    counts["embedding_cache"] = _cache_entries_delete(hashes)
+    counts["embedding_cache"] = cache_entries_delete(tenant=tenant, hashes=hashes)
     return counts
 
 
@@ -384,10 +338,10 @@ def message_redact(
             )
             memory_index_dispatch_on_commit()
         counts["messages"] = int(changed)
-        counts["embedding_cache"] = _cache_entries_delete({old_hash}) if changed else 0
+        counts["embedding_cache"] = cache_entries_delete(tenant=tenant, hashes={old_hash}) if changed else 0
         if any(counts.values()):
             content_generation_bump(tenant=tenant)
-            _search_snapshot_drop(tenant)
+            search_snapshot_drop(tenant)
         recorder.event_append(
             tenant=tenant,
             type=REDACTED_EVENT,
@@ -416,19 +370,19 @@ def _redact_copies(*, tenant: Tenant, session: Session, seq: int, parts: list[st
     source = [{"session": session.public_id, "seq": seq}]
     memories = UserMemory.objects.filter(tenant=tenant, sources__contains=source)
     counts["user_memories"] = memories.delete()[1].get(UserMemory._meta.label, 0)
-    quoted = _like_any(_json_quotes(parts))
+    quoted = like_any(_json_quotes(parts))
     counts["events"] = counts["context_builds"] = counts["stored_responses"] = 0
     if quoted:
-        counts["events"] = _tombstone_events(
+        counts["events"] = events_tombstone(
             tenant=tenant, where="payload::text LIKE ANY(%s)", params=[quoted]
         )
         # A context build's manifest and a stored response may quote it, in any session it was recalled in.
-        counts["context_builds"] = _execute(
+        counts["context_builds"] = sql_execute(
             f"DELETE FROM {BudgetSample._meta.db_table} WHERE tenant_id = %s AND "
             "(manifest::text LIKE ANY(%s) OR components::text LIKE ANY(%s) OR warnings::text LIKE ANY(%s))",
             [tenant.pk, quoted, quoted, quoted],
         )
-        counts["stored_responses"] = _execute(
+        counts["stored_responses"] = sql_execute(
             f"DELETE FROM {IdempotencyRecord._meta.db_table} WHERE tenant_id = %s "
             "AND response_body::text LIKE ANY(%s)",
             [tenant.pk, quoted],

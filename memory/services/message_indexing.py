@@ -208,17 +208,18 @@ def messages_embed_batch(*, batch_size: int | None = None) -> tuple[int, int, in
         if not todo:
             return 0, 0, skipped
         texts = {
-            r.pk: embedding_text(name=r.name, content=r.content, occurred_at=r.occurred_at) for r in todo
+            r.pk: (r.tenant_id, embedding_text(name=r.name, content=r.content, occurred_at=r.occurred_at))
+            for r in todo
         }
         try:
-            model_name, literals = vector_texts_cached({text_hash(t): t for t in texts.values()})
+            model_name, literals = vector_texts_cached({(t, text_hash(x)): x for t, x in texts.values()})
         except EmbedderUnavailable as exc:
             failed, retrying = _attempt_count(todo, exc)
             transient = exc if retrying else None
         except EmbedderError as exc:
             return 0, _failure_mark(todo, exc), skipped
         else:
-            _vectors_write(model_name, {pk: literals[text_hash(text)] for pk, text in texts.items()})
+            _vectors_write(model_name, {pk: literals[(t, text_hash(x))] for pk, (t, x) in texts.items()})
             return len(todo), 0, skipped
     if transient is not None:
         raise transient

@@ -41,6 +41,7 @@ from memory.services.messages import MessageInput as MessageInput
 from memory.services.messages import message_token_count as message_token_count
 from memory.services.messages import messages_append as messages_append
 from memory.services.session_digest import session_digest_queue
+from memory.services.session_erasure import session_erase
 
 DEFAULT_SESSION_TTL = timedelta(hours=24)
 # A read moves last_accessed_at at most this often (an UPDATE per read would be wasteful).
@@ -236,21 +237,24 @@ def session_end(*, tenant: Tenant, session: Session, now: datetime | None = None
 
 
 def session_delete(*, tenant: Tenant, session: Session) -> None:
-    """Delete a session and its messages (and what other capabilities keep per session).
+    """Delete a session, what it holds and what was derived from it alone (session_erasure.py):
+    the user memories and experiences taken only from it, its texts' embedding-cache rows.
 
-    Its events stay: they are the audit trail (their `session` link becomes empty, their
-    payload keeps `gen_ai.conversation.id`). Its tasks stay, unlinked. Records `session.deleted`.
+    Its events stay as tombstones, the audit trail without content (as forgetting a user leaves
+    them: type, time, stream, seq and ids; their `session` link becomes empty). Its tasks stay,
+    unlinked. Records `session.deleted` with the counts (no content).
     """
     with transaction.atomic():
         locked = Session.objects.select_for_update().filter(pk=session.pk, tenant=tenant).first()
         if locked is None:
             raise NotFound.of("session", session.public_id)
+        counts = session_erase(tenant=tenant, session=locked)
         recorder.event_append(
             tenant=tenant,
             type="session.deleted",
             agent=session.agent,
             session=session,
-            payload={"status": locked.status, "message_count": locked.message_count},
+            payload={"status": locked.status, "message_count": locked.message_count, "counts": counts},
         )
         locked.delete()
 

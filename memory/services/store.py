@@ -151,13 +151,13 @@ def value_matches(value: Any, wanted: Any) -> bool:
     return bool(value == wanted)
 
 
-def _ranked(items: list[StoreItem], query: str) -> list[tuple[float | None, StoreItem]]:
+def _ranked(items: list[StoreItem], query: str, *, tenant_id: int) -> list[tuple[float | None, StoreItem]]:
     try:
         _, vector = embed_query(query)
     except EmbedderError:
         return [(None, item) for item in items]
     texts = sorted({text for item in items for text in item.texts})
-    scores = dict(zip(texts, cosines_cached(vector, texts), strict=True))
+    scores = dict(zip(texts, cosines_cached(vector, texts, tenant_id=tenant_id), strict=True))
     scored: list[tuple[float, StoreItem]] = []
     unscored: list[tuple[float | None, StoreItem]] = []
     for item in items:
@@ -183,7 +183,9 @@ def store_search(*, scope: StoreScope, search: Search) -> list[tuple[float | Non
         if not search.filter or all(value_matches(item.value.get(k), v) for k, v in search.filter.items())
     ]
     ranked: list[tuple[float | None, StoreItem]] = (
-        _ranked(items, search.query) if search.query else [(None, item) for item in items]
+        _ranked(items, search.query, tenant_id=scope.tenant.pk)
+        if search.query
+        else [(None, item) for item in items]
     )
     page = ranked[search.offset : search.offset + search.limit]
     if search.refresh_ttl:

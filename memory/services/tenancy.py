@@ -7,7 +7,6 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,14 +17,12 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from memory.exceptions import AgentMismatch, InvalidInput, NotFound
+from memory.exceptions import InvalidInput, NotFound
 from memory.models import (
     ApiKey,
     ApiKeyScope,
     Membership,
     MembershipRole,
-    Session,
-    Task,
     Tenant,
     TenantPolicyBase,
 )
@@ -193,43 +190,6 @@ def bootstrap_demo() -> FirstRun | None:
     Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": MembershipRole.ADMIN})
     _, secret = api_key_create(tenant=tenant, name="demo key (first run)")
     return FirstRun(username=DEMO_ADMIN_USERNAME, password=password, api_key=secret)
-
-
-def api_key_binding_check(
-    *,
-    tenant: Tenant,
-    bound_agent: str,
-    agents: Iterable[str] = (),
-    session_ids: Iterable[str] = (),
-    task_ids: Iterable[str] = (),
-) -> None:
-    """Refuse a key bound to `bound_agent` that names another agent, or another agent's session or task.
-
-    Read-only: one query per kind of id named. Raises AgentMismatch (403 `agent_mismatch`,
-    `details.bound_agent` / `details.requested_agent`). Ids that name nothing of this tenant pass:
-    the view answers them 404 like any unknown id. A task without an agent belongs to no one.
-    """
-    requested = {name for name in agents if name}
-    session_ids, task_ids = [s for s in session_ids if s], [t for t in task_ids if t]
-    if session_ids:
-        requested.update(
-            Session.objects.filter(tenant=tenant, public_id__in=session_ids).values_list(
-                "agent__external_id", flat=True
-            )
-        )
-    if task_ids:
-        requested.update(
-            Task.objects.filter(tenant=tenant, public_id__in=task_ids, agent__isnull=False).values_list(
-                "agent__external_id", flat=True
-            )
-        )
-    others = sorted(requested - {bound_agent})
-    if others:
-        raise AgentMismatch(
-            f"This API key is bound to agent {bound_agent!r}; it cannot act as or on agent {others[0]!r} "
-            "(its sessions, tasks, state and events included).",
-            details={"bound_agent": bound_agent, "requested_agent": others[0]},
-        )
 
 
 def tenant_policy_update(

@@ -55,7 +55,6 @@ from memory.services.experiences.feedback import experience_feedback, experience
 from memory.services.experiences.policy import POLICY_FIELDS, experience_policy_get, experience_policy_update
 from memory.services.experiences.promotion import experiences_promote
 from memory.services.experiences.reads import (
-    agent_visibility,
     experience_get,
     experiences_list,
     scope_filter,
@@ -99,7 +98,6 @@ __all__ = [
     "DeleteResult",
     "ReembedResult",
     "Source",
-    "agent_visibility",
     "experience_create",
     "experience_delete",
     "experience_feedback",

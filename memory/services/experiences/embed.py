@@ -14,9 +14,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from memory.exceptions import NotFound
 from memory.models import EmbeddingStatus, Experience, ExperiencePolicy, JobIntent, JobStatus, Tenant
 from memory.services import jobs, recorder
-from memory.services.embedding import text_hash, vector_text, vectors_cached
+from memory.services.agent_access import rows_visible
+from memory.services.embedding import CacheKey, text_hash, vector_text, vectors_cached
 from memory.services.experiences.queue import embedding_enqueue
 from memory.services.experiences.reconcile import RECONCILE_CANDIDATE_FLOOR, nearest_similarities, reconcile
 from memory.services.experiences.records import event_payload
@@ -45,13 +47,13 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
     """
     rows = list(
         Experience.objects.filter(pk__in=experience_ids, embedding_status=EmbeddingStatus.PENDING).only(
-            "pk", "problem", "cause", "solution", "text_hash"
+            "pk", "tenant_id", "problem", "cause", "solution", "text_hash"
         )
     )
     if not rows:
         return 0
-    texts = {row.text_hash: row.text for row in rows}
-    texts.update({text_hash(row.problem_text): row.problem_text for row in rows})
+    texts = {(row.tenant_id, row.text_hash): row.text for row in rows}
+    texts.update({(row.tenant_id, text_hash(row.problem_text)): row.problem_text for row in rows})
     model_name, vectors = vectors_cached(texts)
     with transaction.atomic():
         pending = list(
@@ -60,8 +62,8 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
             .select_related("tenant", "source_task", "source_session__agent")
             .order_by("created_at", "pk")  # one order for every run: they wait, never deadlock
         )
-        locked = [experience for experience in pending if experience.text_hash in vectors]
-        embedding_enqueue([experience.pk for experience in pending if experience.text_hash not in vectors])
+        locked = [e for e in pending if (e.tenant_id, e.text_hash) in vectors]
+        embedding_enqueue([e.pk for e in pending if (e.tenant_id, e.text_hash) not in vectors])
         if not locked:
             return 0
         _vectors_write(locked, vectors=vectors, model_name=model_name)
@@ -70,13 +72,13 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
     return len(locked)
 
 
-def _vectors_write(rows: list[Experience], *, vectors: dict[str, np.ndarray], model_name: str) -> None:
+def _vectors_write(rows: list[Experience], *, vectors: dict[CacheKey, np.ndarray], model_name: str) -> None:
     """Write every row's vectors and `completed` status in one statement (and on the objects)."""
     now = timezone.now()
     for experience in rows:
-        vector = vectors[experience.text_hash]
+        vector = vectors[(experience.tenant_id, experience.text_hash)]
         experience.embedding = vector
-        experience.problem_embedding = vectors[text_hash(experience.problem_text)]
+        experience.problem_embedding = vectors[(experience.tenant_id, text_hash(experience.problem_text))]
         experience.embedding_model = model_name
         experience.embedding_dimensions = len(vector)
         experience.embedding_status = EmbeddingStatus.COMPLETED
@@ -95,8 +97,8 @@ def _vectors_write(rows: list[Experience], *, vectors: dict[str, np.ndarray], mo
             """,
             [
                 model_name, EmbeddingStatus.COMPLETED, now, [r.pk for r in rows],
-                [vector_text(vectors[r.text_hash]) for r in rows],
-                [vector_text(vectors[text_hash(r.problem_text)]) for r in rows],
+                [vector_text(vectors[(r.tenant_id, r.text_hash)]) for r in rows],
+                [vector_text(vectors[(r.tenant_id, text_hash(r.problem_text))]) for r in rows],
                 [r.embedding_dimensions for r in rows], [r.embedding_attempts for r in rows],
             ],
         )  # fmt: skip
@@ -161,15 +163,28 @@ def experiences_mark_failed(*, experience_ids: list[int], reason: str) -> int:
     return len(rows)
 
 
-def experiences_retry_failed(*, tenant: Tenant | None = None, experience_ids: list[str] | None = None) -> int:
+def experiences_retry_failed(
+    *, tenant: Tenant | None = None, experience_ids: list[str] | None = None, bound_agent: str | None = None
+) -> int:
     """Put failed experiences (of `tenant`, or all) back to pending and queue their embedding.
 
-    Idempotent; returns how many were re-queued. Records `experience.embedding_retried` per tenant.
+    Idempotent; returns how many were re-queued (named ones that are not failed are left alone).
+    With `tenant`, a named id that is not one of its experiences the caller may see (`bound_agent`:
+    agent_access.rows_visible) raises NotFound, nothing re-queued. Records
+    `experience.embedding_retried` per tenant.
     """
     with transaction.atomic():
         queryset = Experience.objects.select_for_update().filter(embedding_status=EmbeddingStatus.FAILED)
         if tenant is not None:
-            queryset = queryset.filter(tenant=tenant)
+            visible = Experience.objects.filter(tenant=tenant).filter(
+                rows_visible(tenant=tenant, agent=bound_agent or "", kind="experience")
+            )
+            queryset = queryset.filter(pk__in=visible.values("pk"))
+            if experience_ids is not None:
+                known = set(visible.filter(public_id__in=experience_ids).values_list("public_id", flat=True))
+                missing = [e for e in experience_ids if e not in known]
+                if missing:
+                    raise NotFound.of("experience", missing[0])
         if experience_ids is not None:
             queryset = queryset.filter(public_id__in=experience_ids)
         rows = list(queryset.select_related("tenant").order_by("pk"))

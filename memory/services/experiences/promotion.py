@@ -30,13 +30,16 @@ def experiences_promote(
     source: Any = None,
     session: Session | None = None,
     confidence: float = 0.9,
+    agent: str = "",
 ) -> CreateResult:
     """Promote a user preference, project configuration or constraint to long-term memory.
 
     User-scoped when `user_id` is given, tenant-wide otherwise. Idempotent for the same content
     (outcome "unchanged": confidence nudged up, provenance appended only for a new source); a new
     content for the same (user, kind, key) supersedes the old value (outcome "created", the old
-    one kept and linked). Raises InvalidInput for another kind or an empty key / content.
+    one kept and linked). `agent` (a key bound to it) records the value as that agent's, and
+    confirms or supersedes only that agent's value of the key. Raises InvalidInput for another
+    kind or an empty key / content.
     """
     if kind not in PROMOTABLE_KINDS:
         raise InvalidInput(
@@ -51,7 +54,7 @@ def experiences_promote(
     with transaction.atomic():
         current = (
             Experience.objects.select_for_update()
-            .filter(tenant=tenant, kind=kind, user_id=user_id, scope=scope, key=key)
+            .filter(tenant=tenant, kind=kind, user_id=user_id, scope=scope, key=key, agent=agent)
             .filter(visible_filter())
             .order_by("-created_at")
             .first()
@@ -62,6 +65,7 @@ def experiences_promote(
             tenant=tenant, problem=f"{KIND_LABELS[ExperienceKind(kind)]} ({key})", solution=content,
             confidence=confidence, extraction_method=ExtractionMethod.PROMOTED, user_id=user_id,
             scope=scope, kind=kind, key=key, source_session=session, source=source, supersedes=current,
+            agent=agent,
         )  # fmt: skip
 
 

@@ -8,19 +8,7 @@ from django.db.models import Q, QuerySet
 
 from memory.exceptions import NotFound
 from memory.models import Experience, ExperienceScope, Tenant
-
-
-def agent_visibility(*, bound_agent: str | None) -> Q:
-    """Which experiences a caller may see and change: a key bound to an agent only that agent's.
-
-    The one rule every read path applies (list, detail, feedback, delete and the search engine),
-    so a bound key never reads another agent's text. An unbound key is the tenant's administrator
-    and sees every row. Rows with an empty `agent` (recorded by an unbound key) are not the bound
-    agent's either: sharing them is an explicit tenant decision, not a default.
-    """
-    if not bound_agent:
-        return Q()
-    return Q(agent=bound_agent)
+from memory.services.agent_access import rows_visible
 
 
 def experience_get(*, tenant: Tenant, experience_id: str, bound_agent: str | None = None) -> Experience:
@@ -31,7 +19,7 @@ def experience_get(*, tenant: Tenant, experience_id: str, bound_agent: str | Non
     """
     experience = (
         Experience.objects.filter(tenant=tenant, public_id=experience_id)
-        .filter(agent_visibility(bound_agent=bound_agent))
+        .filter(rows_visible(tenant=tenant, agent=bound_agent or "", kind="experience"))
         .select_related("merged_into", "superseded_by", "source_task", "source_session")
         .first()
     )
@@ -74,11 +62,11 @@ def experiences_list(
 ) -> QuerySet[Experience]:
     """The tenant's visible experiences, filtered (`agent`: recorded by that agent). Read-only.
 
-    `bound_agent`: the caller's key binding; only that agent's rows (agent_visibility)."""
+    `bound_agent`: the caller's key binding; only the rows it may read (agent_access.rows_visible)."""
     queryset = (
         Experience.objects.filter(tenant=tenant)
         .filter(visible_filter(include_superseded=include_superseded, as_of=as_of))
-        .filter(agent_visibility(bound_agent=bound_agent))
+        .filter(rows_visible(tenant=tenant, agent=bound_agent or "", kind="experience"))
     )
     if user_id is not None:
         queryset = queryset.filter(scope_filter(user_id=user_id))

@@ -163,8 +163,11 @@ def _supersede_if_contradicting(
     ):
         return False
     texts = [experience.solution, neighbour.solution]
-    _, by_hash = vectors_cached({text_hash(t): t for t in texts})
-    solution_similarity = _cosine(by_hash[text_hash(texts[0])], by_hash[text_hash(texts[1])])
+    tenant = experience.tenant_id
+    _, by_key = vectors_cached({(tenant, text_hash(t)): t for t in texts})
+    solution_similarity = _cosine(
+        by_key[(tenant, text_hash(texts[0]))], by_key[(tenant, text_hash(texts[1]))]
+    )
     if solution_similarity >= policy.solution_agreement_threshold:
         return False
     older, newer = (

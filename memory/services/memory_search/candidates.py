@@ -13,6 +13,7 @@ import numpy as np
 from memory.models import Message, Session, Summary, Tenant, TrackedFact
 from memory.models.experiences import Experience
 from memory.services import ranking, sharing
+from memory.services.agent_access import rows_visible
 from memory.services.embedding import cosines_cached
 from memory.services.experience_search import (
     DEFERRED,
@@ -254,8 +255,9 @@ def _row_candidates(
     embedded: list[str] | None = None,
 ) -> list[ranking.Candidate]:
     """Candidates of one kind from its rows; the dense signal is the query's cosine to `embedded`
-    (default: the texts)."""
-    cosines = cosines_cached(vector, texts if embedded is None else embedded)
+    (default: the texts), through the rows' tenant's embedding cache."""
+    tenant_id = rows[0].tenant_id if rows else 0
+    cosines = cosines_cached(vector, texts if embedded is None else embedded, tenant_id=tenant_id)
     return [
         ranking.Candidate(
             key=f"{kind}:{row.public_id}",
@@ -312,6 +314,9 @@ def _experience_candidates(q: _KindQuery) -> list[ranking.Candidate]:
     readable = None
     if q.scope.reader_agent is not None:
         readable = sharing.experience_reader_filter(tenant=q.tenant, agent=q.scope.reader_agent)
+    if q.scope.bound_agent:
+        visible = rows_visible(tenant=q.tenant, agent=q.scope.bound_agent, kind="experience")
+        readable = visible if readable is None else readable & visible
     base = q.in_time(
         experiences_visible(
             tenant=q.tenant, user_id=q.scope.user_id, shared_only=q.scope.user_id is None, readable=readable
@@ -328,16 +333,20 @@ def _experience_candidates(q: _KindQuery) -> list[ranking.Candidate]:
 def _user_memory_candidates(q: _KindQuery) -> list[ranking.Candidate]:
     """The memories of the scope's users (current ones, or those current at `as_of`)."""
     # A user's scope covers that user's memories even before any session of theirs; narrowed to
-    # an agent or a session, only while it holds sessions of that user (their pks are filtered by
-    # it); any other scope covers the users of its sessions.
+    # an agent, a session or a bound key's agent, only while it holds sessions of that user (their
+    # pks are filtered by it); any other scope covers the users of its sessions.
     user_id = q.scope.user_id
-    if user_id is not None and (not (q.scope.agent or q.scope.session) or q.session_pks):
+    narrowed = q.scope.agent or q.scope.session or q.scope.bound_agent
+    if user_id is not None and (not narrowed or q.session_pks):
         users: list[str] | None = [user_id]
     else:
         users = scope_user_ids(tenant=q.tenant, session_pks=q.session_pks)
+    readable = None
+    if q.scope.bound_agent:
+        readable = rows_visible(tenant=q.tenant, agent=q.scope.bound_agent, kind="user_memory")
     return user_memory_candidates(
         tenant=q.tenant, user_ids=users, query=q.query, vector=q.vector, as_of=q.as_of,
-        time_from=q.time_from, time_to=q.time_to,
+        time_from=q.time_from, time_to=q.time_to, readable=readable,
     )  # fmt: skip
 
 

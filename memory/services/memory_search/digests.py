@@ -77,7 +77,7 @@ def digest_candidates(
         .order_by("-rank", "-created_at")
         .values("session_public_id", "version", "text", "created_at")[:limit]
     )
-    cosines = cosines_cached(vector, [row["text"] for row in rows])
+    cosines = cosines_cached(vector, [row["text"] for row in rows], tenant_id=tenant.pk)
     return [
         ranking.Candidate(
             key=f"summary:{digest_id(session_id=row['session_public_id'], version=row['version'])}",

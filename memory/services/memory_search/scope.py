@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memory.exceptions import InvalidInput
+from memory.exceptions import InvalidInput, NotFound
 from memory.models import Session, Tenant
 from memory.selectors.sessions import agent_get, session_get
 from memory.services import ranking
+from memory.services.agent_access import rows_visible
 
 KINDS = ("message", "summary", "fact", "experience", "user_memory")
 SESSIONS_CHOICES = ("current", "all")
@@ -24,6 +25,9 @@ class SearchScope:
     sessions: str = "all"  # "current" (only `session`) | "all"
     # The agent a context build searches for: experiences narrow to what it may read (sharing.py).
     reader_agent: str | None = None
+    # The agent the caller's API key is bound to: every kind narrows to the rows that key may read
+    # (memory/services/agent_access.py `rows_visible`), whatever the rest of the scope says.
+    bound_agent: str | None = None
 
 
 def plan_parse(data: Any, *, field_name: str = "plan") -> ranking.Plan:
@@ -48,8 +52,12 @@ def scope_sessions(*, tenant: Tenant, scope: SearchScope) -> tuple[list[int] | N
     Raises NotFound for an unknown (or another tenant's) session or agent. Read-only.
     """
     queryset = Session.objects.filter(tenant=tenant)
+    if scope.bound_agent:
+        queryset = queryset.filter(rows_visible(tenant=tenant, agent=scope.bound_agent, kind="session"))
     if scope.session:
         current = session_get(tenant=tenant, session_id=scope.session)
+        if scope.bound_agent and not queryset.filter(pk=current.pk).exists():  # another agent's
+            raise NotFound.of("session", scope.session)
         if scope.sessions == "current":
             return [current.pk], {current.pk: current.public_id}
         if scope.user_id is None and current.user_id:
@@ -60,7 +68,7 @@ def scope_sessions(*, tenant: Tenant, scope: SearchScope) -> tuple[list[int] | N
         queryset = queryset.filter(agent=agent_get(tenant=tenant, external_id=scope.agent))
     if scope.user_id is not None:
         queryset = queryset.filter(user_id=scope.user_id)
-    if not scope.session and not scope.agent and scope.user_id is None:
+    if not scope.session and not scope.agent and scope.user_id is None and not scope.bound_agent:
         return None, {}
     rows = dict(queryset.values_list("pk", "public_id"))
     return list(rows), rows

@@ -52,11 +52,15 @@ def user_memory_candidates(
     as_of: datetime | None = None,
     time_from: datetime | None = None,
     time_to: datetime | None = None,
+    readable: Q | None = None,
 ) -> list[ranking.Candidate]:
-    """The scope's user memories matching `query` by words or meaning (see the module doc)."""
+    """The scope's user memories matching `query` by words or meaning (see the module doc), among
+    the `readable` ones (a bound key's: agent_access.rows_visible)."""
     if user_ids == []:
         return []
     base = UserMemory.objects.filter(tenant=tenant)
+    if readable is not None:
+        base = base.filter(readable)
     if user_ids is not None:
         base = base.filter(user_id__in=user_ids)
     if as_of is None:
@@ -88,7 +92,7 @@ def user_memory_candidates(
     rows = sorted(found.values(), key=lambda row: row["pk"])
     stored = {row["pk"]: 1.0 - float(row["distance"]) for row in rows if row["distance"] is not None}
     missing = [row["text"] for row in rows if row["pk"] not in stored]
-    cached = dict(zip(missing, cosines_cached(vector, missing), strict=True))
+    cached = dict(zip(missing, cosines_cached(vector, missing, tenant_id=tenant.pk), strict=True))
     return [
         UserMemoryCandidate(
             key=f"user_memory:{row['public_id']}",

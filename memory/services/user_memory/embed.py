@@ -49,9 +49,9 @@ def user_memories_embed(*, tenant_id: int) -> int:
     if not rows:
         return 0
     more, rows = len(rows) > batch, rows[:batch]
-    model_name, vectors = vectors_cached({text_hash(row.text): row.text for row in rows})
+    model_name, vectors = vectors_cached({(tenant_id, text_hash(row.text)): row.text for row in rows})
     for row in rows:
-        row.embedding = vectors[text_hash(row.text)]
+        row.embedding = vectors[(tenant_id, text_hash(row.text))]
         row.embedding_model = model_name
         row.embedding_status = EmbeddingStatus.COMPLETED
     UserMemory.objects.bulk_update(rows, ["embedding", "embedding_model", "embedding_status"])

@@ -5,8 +5,9 @@ new value: the old one keeps its text, gets `valid_to` and `superseded_by`, and 
 it. Events carry ids only, never a memory's text or subject.
 
 Who may see a user: a user "exists" in a tenant when one of its sessions or memories names that
-`user_id`; a key bound to an agent sees only the users of that agent's sessions. Anything else
-answers NotFound, exactly like another tenant's user.
+`user_id`; a key bound to an agent sees only the users of that agent's sessions, and of their
+memories those agent_access.rows_visible lets it read (its agent's own, plus the others' the
+tenant shares, read-only). Anything else answers NotFound, exactly like another tenant's user.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from memory.exceptions import Conflict, InvalidInput, NotFound
 from memory.models import IdempotencyRecord, Session, Tenant, UserMemory, UserMemoryOrigin
 from memory.services import recorder
+from memory.services.agent_access import rows_changeable, rows_visible, user_memory_change_check
 from memory.services.user_memory.store import (
     Recorded,
     memories_of,
@@ -62,9 +64,17 @@ def user_scope(*, tenant: Tenant, user_id: str, bound_agent: str = "") -> UserSc
     return UserScope(tenant=tenant, user_id=user_id, bound_agent=bound_agent)
 
 
+def _visible(scope: UserScope) -> Q:
+    """The memories this caller may read: a bound key's agent's own, plus the others' the tenant
+    shares (agent_access.rows_visible)."""
+    return rows_visible(tenant=scope.tenant, agent=scope.bound_agent, kind="user_memory")
+
+
 def _scoped(scope: UserScope) -> QuerySet[UserMemory]:
-    return UserMemory.objects.filter(tenant=scope.tenant, user_id=scope.user_id).select_related(
-        "superseded_by"
+    return (
+        UserMemory.objects.filter(tenant=scope.tenant, user_id=scope.user_id)
+        .filter(_visible(scope))
+        .select_related("superseded_by")
     )
 
 
@@ -72,8 +82,10 @@ def user_memories_list(
     *, scope: UserScope, as_of: datetime | None = None, memory_type: str | None = None
 ) -> QuerySet[UserMemory]:
     """The user's current memories (or those current at `as_of`), optionally of one type. Read-only."""
-    queryset = memories_of(tenant=scope.tenant, user_id=scope.user_id, as_of=as_of).select_related(
-        "superseded_by"
+    queryset = (
+        memories_of(tenant=scope.tenant, user_id=scope.user_id, as_of=as_of)
+        .filter(_visible(scope))
+        .select_related("superseded_by")
     )
     return queryset.filter(memory_type=memory_type) if memory_type else queryset
 
@@ -89,23 +101,40 @@ def user_memory_get(*, scope: UserScope, memory_id: str) -> UserMemory:
 def user_memory_history(*, scope: UserScope, memory_id: str) -> list[UserMemory]:
     """Every version of the memory's subject, oldest first (at most HISTORY_LIMIT). Read-only."""
     memory = user_memory_get(scope=scope, memory_id=memory_id)
-    return list(memory_history(memory).select_related("superseded_by")[:HISTORY_LIMIT])
+    versions = memory_history(memory).filter(_visible(scope))
+    return list(versions.select_related("superseded_by")[:HISTORY_LIMIT])
 
 
 def user_memory_create(
     *, scope: UserScope, subject: str, text: str, memory_type: str, confidence: float
 ) -> Recorded:
-    """Record a memory written by the caller (origin `api`): see store.memory_record. Atomic."""
-    return memory_record(
-        tenant=scope.tenant,
-        user_id=scope.user_id,
-        subject=subject,
-        text=text,
-        memory_type=memory_type,
-        confidence=confidence,
-        origin=UserMemoryOrigin.API,
-        agent=scope.bound_agent,
-    )
+    """Record a memory written by the caller (origin `api`): see store.memory_record. Atomic.
+
+    A bound key may not supersede the subject's current value when another agent wrote it
+    (AgentMismatch, 403): one value per subject, and the key changes only its own agent's.
+    """
+    with transaction.atomic():
+        if scope.bound_agent:
+            subject_lock(tenant=scope.tenant, user_id=scope.user_id, subject=subject.strip())
+            owner = (
+                UserMemory.objects.filter(
+                    tenant=scope.tenant, user_id=scope.user_id, subject=subject.strip(), valid_to__isnull=True
+                )
+                .values_list("agent", flat=True)
+                .first()
+            )
+            if owner is not None:
+                user_memory_change_check(agent=scope.bound_agent, owner=owner)
+        return memory_record(
+            tenant=scope.tenant,
+            user_id=scope.user_id,
+            subject=subject,
+            text=text,
+            memory_type=memory_type,
+            confidence=confidence,
+            origin=UserMemoryOrigin.API,
+            agent=scope.bound_agent,
+        )
 
 
 def user_memory_update(
@@ -130,6 +159,7 @@ def user_memory_update(
             details={"fields": {"text": ["Nothing to change."]}},
         )
     memory = user_memory_get(scope=scope, memory_id=memory_id)
+    user_memory_change_check(agent=scope.bound_agent, owner=memory.agent)
     new_text = memory.text if text is None else text
     new_type = memory.memory_type if memory_type is None else memory_type
     new_confidence = memory.confidence if confidence is None else confidence
@@ -179,6 +209,7 @@ def user_memory_delete(*, scope: UserScope, memory_id: str) -> list[str]:
     (so deleting twice answers 404 the second time).
     """
     memory = user_memory_get(scope=scope, memory_id=memory_id)
+    user_memory_change_check(agent=scope.bound_agent, owner=memory.agent)
     with transaction.atomic():
         subject_lock(tenant=scope.tenant, user_id=scope.user_id, subject=memory.subject)
         erased = list(
@@ -189,6 +220,7 @@ def user_memory_delete(*, scope: UserScope, memory_id: str) -> list[str]:
                 subject=memory.subject,
                 valid_from__lte=memory.valid_from,
             )
+            .filter(rows_changeable(agent=scope.bound_agent))  # a bound key's own versions only
             .order_by("valid_from", "pk")
         )
         if memory.pk not in {m.pk for m in erased}:  # deleted meanwhile

@@ -31,7 +31,8 @@ BINDING_FIELDS = ("agent", "session", "task")  # query parameters and body field
 AGENT_INDEPENDENT = {
     "v1_experiences_retrieve": "names only the experience; a bound key reads only its own agent's "
     "(test_a_bound_key_cannot_read_or_change_another_agents_experience)",
-    "v1_experiences_embeddings_retry_create": "re-queues the tenant's experience embeddings",
+    "v1_experiences_embeddings_retry_create": "names only experiences: a bound key re-queues only its own "
+    "agent's, another's id answers 404 (test_agent_access_matrix.py)",
     "v1_models_list": "the model profile table is global",
     "v1_models_retrieve": "the model profile table is global",
     "v1_tenant_retrieve": "describes the tenant",
@@ -42,8 +43,8 @@ AGENT_INDEPENDENT = {
     "v1_experiences_destroy": "names only the experience; a bound key deletes only its own agent's "
     "(test_a_bound_key_cannot_read_or_change_another_agents_experience)",
     "v1_memory_index_retrieve": "the indexing progress of the tenant's memory, no agent's data",
-    "v1_memory_search_create": "names agents only inside `scope`; the view confines a bound key's search "
-    "to its own agent (test_memory_search.py)",
+    "v1_memory_search_create": "names agents only inside `scope`; a bound key's search reads only its "
+    "own agent's rows of every kind (test_agent_access_matrix.py)",
     "v1_tenant_policies_experiences_retrieve": "tenant policy (admin scope), not an agent's data",
     "v1_tenant_policies_experiences_partial_update": "tenant policy (admin scope), not an agent's data",
     "v1_tenant_policies_sharing_retrieve": "tenant policy (admin scope), not an agent's data",
@@ -58,14 +59,17 @@ AGENT_INDEPENDENT = {
 # A user is not an agent's: a bound key reaches a user of its own agent's sessions only, and every
 # other user answers 404 as an unknown one does (tests/memory/api/test_user_memories.py).
 USER_MEMORY_REASON = (
-    "names only a user; a bound key reaches only users of its agent's sessions (404 otherwise)"
+    "names only a user; a bound key reaches only users of its agent's sessions (404 otherwise), and "
+    "only its agent's memories of them (test_agent_access_matrix.py)"
 )
 USER_MEMORY_OPERATIONS = ("list", "create", "retrieve", "partial_update", "destroy")
 AGENT_INDEPENDENT |= {f"v1_users_memories_{op}": USER_MEMORY_REASON for op in USER_MEMORY_OPERATIONS}
 AGENT_INDEPENDENT["v1_users_memories_history_retrieve"] = USER_MEMORY_REASON
 
 # Operations that name a task but act as the calling agent on layers the task's agents share by
-# design: the key's agent is the caller (X-Agent-Id naming another agent is refused instead).
+# design: the key's agent is the caller (X-Agent-Id naming another agent is refused instead), and
+# only while it takes part in the task (memory/services/agent_access.py; every route and MCP tool
+# against another agent's objects: test_agent_access_matrix.py).
 SHARED_BETWEEN_AGENTS = {
     "v1_tasks_shared_context_retrieve": "the task's shared context is read by every agent on the task",
     "v1_tasks_shared_context_update": "the task's shared context is written by every agent on the task",
@@ -214,9 +218,17 @@ def test_a_key_bound_to_b_cannot_touch_a_through_any_operation(world: World, op:
 def test_shared_task_layers_act_as_the_key_agent_and_refuse_naming_another(
     world: World, op: Operation
 ) -> None:
-    # The task is A's; B works on it as itself. Naming A as the caller is refused.
+    # The task is A's; B takes no part in it until A sends it a message there, then works on it
+    # as itself. Naming A as the caller is refused.
     client = world.keys["agent-b"]
-    path = re.sub(r"\{task_id\}", world.objects["agent-a"]["task"], op.path)
+    task = world.objects["agent-a"]["task"]
+    path = re.sub(r"\{task_id\}", task, op.path)
+    outsider = getattr(client, op.method)(path, {} if op.method == "get" else None, format="json")
+    assert _is_mismatch(outsider), outsider.content
+    invited = world.keys["agent-a"].post(
+        f"/api/v1/tasks/{task}/messages", {"to": "agent-b", "body": "join me"}, format="json"
+    )
+    assert invited.status_code == 201, invited.content
     as_b = getattr(client, op.method)(path, {} if op.method == "get" else None, format="json")
     assert not _is_mismatch(as_b) and as_b.status_code < 500, as_b.content
     if "X-Agent-Id" in op.header_params:

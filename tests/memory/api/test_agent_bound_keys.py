@@ -59,8 +59,15 @@ def test_a_bound_key_cannot_claim_another_agent(key_of_b, task_id):
     assert refused.status_code == 403 and SECRET not in refused.content.decode()
 
 
-def test_a_bound_key_acts_as_its_agent_without_a_header(key_of_b, task_id):
+def test_a_bound_key_acts_as_its_agent_without_a_header(key_of_b, task_id, api_a):
     url = f"/api/v1/tasks/{task_id}/private-context"
+    outsider = key_of_b.put(url, {"data": {"plan": "B's plan"}}, format="json")
+    assert outsider.status_code == 403, outsider.content  # B takes no part in A's task yet
+    invited = api_a.post(
+        f"/api/v1/tasks/{task_id}/messages", {"to": "agent-b", "body": "join"}, format="json",
+        HTTP_X_AGENT_ID="agent-a",
+    )  # fmt: skip
+    assert invited.status_code == 201, invited.content
     written = key_of_b.put(url, {"data": {"plan": "B's plan"}}, format="json")
     assert written.status_code == 200, written.content
     assert key_of_b.get(url).json()["data"] == {"plan": "B's plan"}

@@ -121,3 +121,22 @@ def test_a_checkpoint_ref_of_unicode_digits_is_404_not_500(api_a, ref):
     envelope(api_a.get(f"/api/v1/agents/a1/checkpoints/{ref}"), 404, "not_found")
     diff = api_a.get("/api/v1/agents/a1/checkpoints/diff", {"from": ref, "to": "1"})
     envelope(diff, 404, "not_found")
+
+
+@pytest.mark.parametrize("op", [{}, [], 1, None])
+def test_a_store_batch_op_that_is_not_a_name_is_422(api_a, op):
+    response = api_a.post("/api/v1/store/batch", {"ops": [{"op": op}]}, format="json")
+    error = envelope(response, 422, "validation_error")
+    assert "ops" in error["details"]["fields"], error
+
+
+def test_retrying_another_tenants_experience_embedding_is_404(api_a, api_b):
+    from memory.models import EmbeddingStatus, Experience
+
+    theirs = api_b.post("/api/v1/experiences", {"problem": "b's lesson"}, format="json").json()["id"]
+    Experience.objects.filter(public_id=theirs).update(embedding_status=EmbeddingStatus.FAILED)
+    response = api_a.post("/api/v1/experiences/embeddings/retry", {"experiences": [theirs]}, format="json")
+    envelope(response, 404, "not_found")
+    assert Experience.objects.get(public_id=theirs).embedding_status == EmbeddingStatus.FAILED
+    own = api_b.post("/api/v1/experiences/embeddings/retry", {"experiences": [theirs]}, format="json")
+    assert own.status_code == 202 and own.json() == {"requeued": 1}, own.content

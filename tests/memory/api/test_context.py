@@ -241,3 +241,27 @@ def test_another_tenants_session_is_404_everywhere_and_nothing_changes(api_a, ap
     ) == before
     assert not SessionContextPolicy.objects.exists()
     assert api_a.get("/api/v1/sessions/sess_000000000000000000000000/context").status_code == 404
+
+
+@pytest.mark.django_db
+def test_a_prompt_too_long_error_names_the_policy_field_that_moves_the_gate(api_a, tenant_a):
+    session = _session(tenant_a, model="gpt-4o")  # a 128k-token model: only the character gate refuses
+    refused = api_a.post(_url(session), {"input": "word " * 4400}, format="json")
+    assert refused.status_code == 422, refused.content
+    error = refused.json()["error"]
+    assert error["code"] == "prompt_too_long" and error["details"]["policy_field"] == "char_gate"
+    assert "char_gate" in error["message"] and "context-policy" in error["message"], error["message"]
+    # The field it names does move the gate.
+    built = api_a.post(_url(session), {"input": "word " * 4400, "budget": {"char_gate": 0}}, format="json")
+    assert built.status_code == 200, built.content
+
+
+@pytest.mark.django_db
+def test_a_build_without_a_model_says_none_was_set_and_what_it_assumed(api_a, tenant_a, settings):
+    session = _session(tenant_a, model="")
+    built = api_a.post(_url(session), {"input": "hello"}, format="json")
+    assert built.status_code == 200, built.content
+    warning = next(w for w in built.json()["warnings"] if w["code"] == "unknown_model")
+    assert warning["message"].startswith("No model was set"), warning
+    assert f"{settings.CTXAPP.unknown_model_input_tokens:,} input tokens" in warning["message"]
+    assert "(none)" not in warning["message"] and "not in the profile table" not in warning["message"]

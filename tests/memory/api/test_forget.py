@@ -186,3 +186,13 @@ def test_a_same_model_reembedding_moves_the_content_generation(api_a, tenant_a):
     )
     message_indexing.messages_reembed(tenant=tenant_a)
     assert ContentGeneration.objects.get(tenant=tenant_a).generation == before + 1
+
+
+def test_the_first_keys_403_for_the_admin_scope_says_how_to_make_an_admin_key(api_a, tenant_a):
+    session(api_a)
+    for response in (api_a.delete("/api/v1/users/u1"), api_a.get("/api/v1/tenant/api-keys")):
+        assert response.status_code == 403, response.content
+        error = response.json()["error"]
+        assert error["code"] == "forbidden"
+        assert f"create_api_key --tenant {tenant_a.slug} --scopes admin" in error["message"], error
+        assert "/admin/" in error["message"]

@@ -147,3 +147,58 @@ def test_openai_usage_past_a_postgresql_integer_answers_422(api_a, usage) -> Non
     assert response.status_code == 422, response.content
     assert response.json()["error"]["code"] == "validation_error"
     assert next(iter(response.json()["error"]["details"]["fields"])).startswith("usage.")
+
+
+def _string_properties(schema: dict[str, Any], operation: dict[str, Any]) -> dict[str, Any]:
+    """Each string property of the operation's JSON body (an array of strings too): the number to
+    send for it (123, or [123]), and whether it is free text (no format or enum of its own, whose
+    errors say what the value must look like instead)."""
+    body = operation["requestBody"]["content"].get("application/json", {}).get("schema", {})
+    if "$ref" in body:
+        body = schema["components"]["schemas"][body["$ref"].rsplit("/", 1)[-1]]
+    found = {}
+    for name, prop in body.get("properties", {}).items():
+        if prop.get("readOnly"):
+            continue
+        if prop.get("type") == "string":
+            found[name] = (123, "format" not in prop and "enum" not in prop)
+        elif prop.get("type") == "array" and prop.get("items", {}).get("type") == "string":
+            found[name] = ([123], "format" not in prop["items"] and "enum" not in prop["items"])
+    return found
+
+
+def test_a_number_for_a_string_is_refused_on_every_write(tenant_a, make_client, ids) -> None:
+    # DRF's CharField turns 123 into "123"; the API takes a JSON string as sent, like every type.
+    api = make_client(tenant_a, ["admin"])
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    checked = []
+    for method, path, operation in _write_operations():
+        if (method, path) in FREE_BODIES:
+            continue
+        for name, (number, free_text) in _string_properties(schema, operation).items():
+            url = path.format(**ids)
+            response = getattr(api, method)(url, {name: number}, format="json", HTTP_X_AGENT_ID="agent-1")
+            assert response.status_code == 422, (method, path, name, response.status_code, response.content)
+            fields = response.json()["error"]["details"].get("fields", {})
+            assert name in fields, (method, path, name, fields)
+            assert not free_text or "string" in str(fields[name]), (method, path, name, fields)
+            checked.append((method, path, name))
+    assert len(checked) >= 60, checked
+    assert ("post", "/api/v1/sessions/{session_id}/context", "input") in checked
+    assert ("patch", "/api/v1/tasks/{task_id}", "output") in checked
+
+
+def test_a_number_for_a_string_stores_nothing(api_a, ids) -> None:
+    built = api_a.post(f"/api/v1/sessions/{ids['session_id']}/context", {"input": 123}, format="json")
+    assert built.status_code == 422, built.content
+    assert built.json()["error"]["details"]["fields"] == {"input": ["Must be a string."]}
+    patched = api_a.patch(f"/api/v1/tasks/{ids['task_id']}", {"output": 123}, format="json")
+    assert patched.status_code == 422, patched.content
+    assert Task.objects.get(public_id=ids["task_id"]).output == ""
+    nested = api_a.post(
+        "/api/v1/memory/search",
+        {"query": "x", "scope": {"user_id": 7}, "kinds": ["message", 1]},
+        format="json",
+    )
+    assert nested.status_code == 422, nested.content
+    assert set(nested.json()["error"]["details"]["fields"]) == {"scope", "kinds"}

@@ -184,7 +184,11 @@ def test_a_bound_key_reaches_only_users_of_its_agents_sessions(
     own = post(b, {"subject": "home", "text": "Berlin"}, user_id="u-b")
     assert own.status_code == 201 and own.json()["agent"] == "agent-b"
     a = clients["agent-a"]
-    assert [m["text"] for m in a.get(BASE).json()["items"]] == ["Lisbon"]
+    # "Lisbon" was written by a key bound to no agent: no agent's own, so not a's to read either.
+    assert a.get(BASE).json()["items"] == []
+    mine = post(a, {"subject": "work", "text": "Acme"})
+    assert mine.status_code == 201 and mine.json()["agent"] == "agent-a"
+    assert [m["text"] for m in a.get(BASE).json()["items"]] == ["Acme"]
     assert a.get("/api/v1/users/u-b/memories").status_code == 404
     assert UserMemory.objects.get(public_id=memory["id"]).text == "Lisbon"
 

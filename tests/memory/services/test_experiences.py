@@ -70,10 +70,12 @@ def test_embedding_completes_once_with_model_and_dimension(tenant_a):
     assert len(events(tenant_a, "experience.embedded")) == 1
 
 
-def test_the_same_text_is_embedded_once_per_model_across_tenants(tenant_a, tenant_b):
+def test_the_same_text_is_cached_per_tenant(tenant_a, tenant_b):
     first, second = create(tenant_a), create(tenant_b)
     embed(first, second)
-    assert EmbeddingCache.objects.count() == 2  # the whole text and the problem alone
+    # The whole text and the problem alone, for each tenant: no tenant's cache answers another's.
+    assert EmbeddingCache.objects.filter(tenant=tenant_a).count() == 2
+    assert EmbeddingCache.objects.filter(tenant=tenant_b).count() == 2
     first.refresh_from_db()
     second.refresh_from_db()
     assert list(first.embedding) == list(second.embedding)
