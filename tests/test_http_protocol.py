@@ -1,5 +1,5 @@
-"""A request the HTTP parser refuses is answered by the server itself, before the application: under
-the server `ctxapp web` runs, that answer is our JSON error shape too, not uvicorn's plain text."""
+"""An HTTP method the server does not know reaches the application under the server `ctxapp web`
+runs (uvicorn with its h11 parser), and is answered in our JSON error shape, not in plain text."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 from django.conf import settings
 
 from ctxapp.cli.processes import web_argv
+from memory.models import Tenant
+from memory.services.tenancy import api_key_create
 from tests.conftest import worker_env
 from tests.dashboard.live_server import uvicorn_server
 
@@ -32,18 +34,19 @@ def raw_request(base: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
 
 
-def test_an_unknown_method_and_a_malformed_request_answer_the_json_error_shape(transactional_db) -> None:
+def test_an_unknown_method_answers_the_json_error_shape(transactional_db) -> None:
+    tenant = Tenant.objects.create(name="t", slug="methods")
+    key_header = f"Authorization: Bearer {api_key_create(tenant=tenant, name='k')[1]}\r\n".encode()
     with uvicorn_server(worker_env(), argv=lambda port: web_argv(settings.CTXAPP, "127.0.0.1", port)) as base:
-        for request in (
-            b"FOO /api/v1/tenant HTTP/1.1\r\nHost: localhost\r\n\r\n",
-            b"GET /api/v1/tenant HTTP/1.1\r\nHost: localhost\r\nBad Header Line\r\n\r\n",
-        ):
+        for auth, expected in ((b"", ("unauthenticated", 401)), (key_header, ("method_not_allowed", 405))):
+            request = (
+                b"FOO /api/v1/tenant HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n" + auth + b"\r\n"
+            )
             status, headers, body = raw_request(base, request)
-            assert status == 400, (request, body)
-            assert headers["content-type"] == "application/json", headers
+            assert headers["content-type"] == "application/json", (headers, body)
             error = json.loads(body)["error"]
-            assert error["code"] == "bad_request" and "method" in error["message"], error
-            assert error["details"] == {}
+            assert (error["code"], status) == expected, (status, error)
+            assert set(error) == {"code", "message", "details"}
         # Requests the parser reads still reach the application as before.
         known = httpx.request("PATCH", f"{base}/api/v1/tenant")
         assert known.status_code == 401 and known.json()["error"]["code"] == "unauthenticated"

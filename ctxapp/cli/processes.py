@@ -48,8 +48,10 @@ def web_argv(cfg: CtxappSettings, host: str, port: int) -> list[str]:
         "--workers", str(cfg.web_workers),
         "--log-level", "warning" if cfg.log_level == "info" else cfg.log_level,
         "--no-access-log", "--lifespan", "off", "--timeout-graceful-shutdown", "5",
-        # A request the HTTP parser refuses (an unknown method…) answered in our JSON error shape.
-        "--http", "ctxapp.infra.http_protocol:HttpProtocol",
+        # h11, uvicorn's pure-Python parser, hands a method it does not know (`FOO`) to the app,
+        # which answers it in the JSON error shape; httptools refuses it itself in plain text.
+        # Measured: +0.1-0.2 ms of CPU on a 2.2 ms GET /healthz.
+        "--http", "h11",
         # uvicorn would otherwise take X-Forwarded-For from loopback as the client address, so a
         # client could pick its own; memory.api.throttles.client_address alone reads that header,
         # honouring CTXAPP_NUM_PROXIES.
