@@ -120,67 +120,86 @@ def problems(samples: list[dict[str, Any]], *, required: set[int]) -> list[str]:
         if sid in seen_ids:
             out.append(f"{sid}: sample_id used twice")
         seen_ids.add(sid)
-        conv = sample["conversation"]
-        speakers = {conv["speaker_a"], conv["speaker_b"]}
-        numbers = sorted(int(m[1]) for k in conv if (m := _SESSION.match(k)))
-        if numbers != list(range(1, len(numbers) + 1)) or len(numbers) < MIN_SESSIONS:
-            out.append(f"{sid}: sessions {numbers} (want 1..N, N >= {MIN_SESSIONS})")
-        texts: dict[str, str] = {}
-        session_of: dict[str, int] = {}
-        previous: datetime | None = None
-        for n in numbers:
-            try:
-                when = session_date(conv[f"session_{n}_date_time"])
-            except (KeyError, ValueError):
-                out.append(f"{sid}: session {n} has no parsable date")
-                continue
-            if previous is not None and when <= previous:
-                out.append(f"{sid}: session {n} ({when:%Y-%m-%d}) is not after the one before")
-            previous = when
-            turns = conv[f"session_{n}"]
-            spoke = sorted({t["speaker"] for t in turns})
-            if len(turns) < MIN_TURNS or set(spoke) != speakers:
-                out.append(f"{sid}: session {n} has {len(turns)} turns, speakers {spoke}")
-            for seq, turn in enumerate(turns, start=1):
-                if turn["dia_id"] != f"D{n}:{seq}":
-                    out.append(f"{sid}: turn {turn['dia_id']} where D{n}:{seq} belongs")
-                if not str(turn.get("text") or "").strip():
-                    out.append(f"{sid}: {turn['dia_id']} is empty")
-                texts[turn["dia_id"]] = turn["text"]
-                session_of[turn["dia_id"]] = n
-        counts: Counter[int] = Counter()
-        questions: set[str] = set()
-        for qa in sample["qa"]:
-            question, category, evidence = qa["question"], qa.get("category"), qa.get("evidence") or []
-            counts[category] += 1
-            label = f"{sid}: {question!r}"
-            if question.casefold() in questions:
-                out.append(f"{label} asked twice")
-            questions.add(question.casefold())
-            if category not in CATEGORIES:
-                out.append(f"{label}: category {category!r}")
-            if not (qa.get("adversarial_answer") if category == 5 else qa.get("answer")):
-                out.append(f"{label}: no {'adversarial_answer' if category == 5 else 'answer'}")
-            if not evidence:
-                out.append(f"{label}: no evidence")
-            unknown = [e for e in evidence if e not in texts]
-            if unknown:
-                out.append(f"{label}: evidence {unknown} names no turn")
-            if category == 1 and len({session_of.get(e) for e in evidence}) < 2:
-                out.append(f"{label}: multi-hop evidence within one session")
-            for dia_id in evidence:
-                shared = ngrams(question) & ngrams(texts.get(dia_id, ""))
-                if shared:
-                    out.append(f"{label} repeats {' '.join(sorted(shared)[0])!r} from {dia_id}")
-        total = sum(counts.values())
-        if total < MIN_QUESTIONS:
-            out.append(f"{sid}: {total} questions (want >= {MIN_QUESTIONS})")
-        for category in sorted(required):
-            if counts[category] < max(2, total * 0.04):
-                out.append(f"{sid}: {counts[category]} {CATEGORIES[category]} questions of {total}")
-        if counts[4] > total * 0.65:
-            out.append(f"{sid}: {counts[4]} of {total} questions are single-hop")
+        texts, session_of = _session_problems(sid, sample["conversation"], out)
+        counts = _question_problems(sid, sample["qa"], texts, session_of, out)
+        _category_problems(sid, counts, required, out)
     return out
+
+
+def _session_problems(
+    sid: str, conv: dict[str, Any], out: list[str]
+) -> tuple[dict[str, str], dict[str, int]]:
+    """Check the sessions' numbering, dates and turns; return each turn's text and session."""
+    speakers = {conv["speaker_a"], conv["speaker_b"]}
+    numbers = sorted(int(m[1]) for k in conv if (m := _SESSION.match(k)))
+    if numbers != list(range(1, len(numbers) + 1)) or len(numbers) < MIN_SESSIONS:
+        out.append(f"{sid}: sessions {numbers} (want 1..N, N >= {MIN_SESSIONS})")
+    texts: dict[str, str] = {}
+    session_of: dict[str, int] = {}
+    previous: datetime | None = None
+    for n in numbers:
+        try:
+            when = session_date(conv[f"session_{n}_date_time"])
+        except (KeyError, ValueError):
+            out.append(f"{sid}: session {n} has no parsable date")
+            continue
+        if previous is not None and when <= previous:
+            out.append(f"{sid}: session {n} ({when:%Y-%m-%d}) is not after the one before")
+        previous = when
+        turns = conv[f"session_{n}"]
+        spoke = sorted({t["speaker"] for t in turns})
+        if len(turns) < MIN_TURNS or set(spoke) != speakers:
+            out.append(f"{sid}: session {n} has {len(turns)} turns, speakers {spoke}")
+        for seq, turn in enumerate(turns, start=1):
+            if turn["dia_id"] != f"D{n}:{seq}":
+                out.append(f"{sid}: turn {turn['dia_id']} where D{n}:{seq} belongs")
+            if not str(turn.get("text") or "").strip():
+                out.append(f"{sid}: {turn['dia_id']} is empty")
+            texts[turn["dia_id"]] = turn["text"]
+            session_of[turn["dia_id"]] = n
+    return texts, session_of
+
+
+def _question_problems(
+    sid: str, qas: list[dict[str, Any]], texts: dict[str, str], session_of: dict[str, int], out: list[str]
+) -> Counter[int]:
+    """Check each question against the turns; return how many questions each category has."""
+    counts: Counter[int] = Counter()
+    questions: set[str] = set()
+    for qa in qas:
+        question, category, evidence = qa["question"], qa.get("category"), qa.get("evidence") or []
+        counts[category] += 1
+        label = f"{sid}: {question!r}"
+        if question.casefold() in questions:
+            out.append(f"{label} asked twice")
+        questions.add(question.casefold())
+        if category not in CATEGORIES:
+            out.append(f"{label}: category {category!r}")
+        if not (qa.get("adversarial_answer") if category == 5 else qa.get("answer")):
+            out.append(f"{label}: no {'adversarial_answer' if category == 5 else 'answer'}")
+        if not evidence:
+            out.append(f"{label}: no evidence")
+        unknown = [e for e in evidence if e not in texts]
+        if unknown:
+            out.append(f"{label}: evidence {unknown} names no turn")
+        if category == 1 and len({session_of.get(e) for e in evidence}) < 2:
+            out.append(f"{label}: multi-hop evidence within one session")
+        for dia_id in evidence:
+            shared = ngrams(question) & ngrams(texts.get(dia_id, ""))
+            if shared:
+                out.append(f"{label} repeats {' '.join(sorted(shared)[0])!r} from {dia_id}")
+    return counts
+
+
+def _category_problems(sid: str, counts: Counter[int], required: set[int], out: list[str]) -> None:
+    total = sum(counts.values())
+    if total < MIN_QUESTIONS:
+        out.append(f"{sid}: {total} questions (want >= {MIN_QUESTIONS})")
+    for category in sorted(required):
+        if counts[category] < max(2, total * 0.04):
+            out.append(f"{sid}: {counts[category]} {CATEGORIES[category]} questions of {total}")
+    if counts[4] > total * 0.65:
+        out.append(f"{sid}: {counts[4]} of {total} questions are single-hop")
 
 
 def summary(samples: list[dict[str, Any]]) -> str:
