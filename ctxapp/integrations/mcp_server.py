@@ -30,6 +30,7 @@ from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.db import close_old_connections
 from django.http import HttpResponse
+from django.template.response import SimpleTemplateResponse
 from django.urls import Resolver404, resolve
 from mcp.server.transport_security import TransportSecuritySettings
 from rest_framework import exceptions as drf_exceptions
@@ -95,7 +96,9 @@ class ServiceBackend:
             view_class = match.func.view_class  # type: ignore[attr-defined]
             # The /mcp request was counted by the rate limits at the gate: not again per tool call.
             view = view_class.as_view(throttle_classes=(), **match.func.view_initkwargs)  # type: ignore[attr-defined]
-            response: HttpResponse = view(request, *match.args, **match.kwargs)  # rendered: base.py
+            response: HttpResponse = view(request, *match.args, **match.kwargs)
+            if isinstance(response, SimpleTemplateResponse):  # DRF's Response renders lazily
+                response.render()
             return response
         finally:
             close_old_connections()

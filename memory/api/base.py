@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import QuerySet
-from django.http import HttpResponse
-from django.http.response import HttpResponseBase
 from django.utils import timezone
 from drf_spectacular.utils import inline_serializer
 from rest_framework import exceptions as drf_exceptions
@@ -107,13 +106,46 @@ class BodySerializer(serializers.Serializer):
         return errors
 
 
+Handler = Callable[..., Response]
+HANDLER_NAMES = ("get", "post", "put", "patch", "delete")
+
+
+def api_handler(method: Handler) -> Handler:
+    """What every handler of a TenantApiView gets around it (the class applies it to each, once):
+
+    - a session addressed as `by-key` in the path is resolved to its public id first;
+    - a write carrying an `Idempotency-Key` header runs at most once (TenantApiView.idempotent).
+    """
+    if getattr(method, "api_handler", False):
+        return method
+
+    @functools.wraps(method)
+    def handle(view: TenantApiView, request: Request, *args: Any, **kwargs: Any) -> Response:
+        if kwargs.get("session_id") == SESSION_BY_KEY:
+            kwargs["session_id"] = view.session_by_key(request)
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is None or request.method not in WRITE_METHODS:
+            return method(view, request, *args, **kwargs)
+        return view.idempotent(request, key, lambda: method(view, request, *args, **kwargs))
+
+    handle.api_handler = True  # type: ignore[attr-defined]
+    return handle
+
+
 class TenantApiView(APIView):
     """An API view whose caller is one tenant (from its API key).
 
     Any write carrying an `Idempotency-Key` header runs at most once: the response is stored in
     the same transaction as the write, and a retry with the same key and body gets it back
-    (header `Idempotent-Replayed: true`); the same key with another body → 409.
+    (header `Idempotent-Replayed: true`); the same key with another body → 409. Every handler a
+    subclass defines is wrapped in `api_handler` when the class is made, so no write can miss it.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in HANDLER_NAMES:
+            if name in cls.__dict__:
+                setattr(cls, name, api_handler(cls.__dict__[name]))
 
     required_scope: str | None = None
     #: A key bound to an agent may only name that agent, and only touch that agent's sessions and
@@ -151,15 +183,12 @@ class TenantApiView(APIView):
         bound = getattr(request.auth, "agent_external_id", "")
         if bound and self.agent_binding:
             self.agent_binding_check(request, bound, kwargs)
-        if kwargs.get("session_id") == SESSION_BY_KEY:
-            self.session_by_key_wrap(request)
-        self.idempotency_wrap(request)
 
-    def session_by_key_wrap(self, request: Request) -> None:
-        """Run this request's handler on the session the `agent` and `key` query parameters name.
+    def session_by_key(self, request: Request) -> str:
+        """The public id of the session the `agent` and `key` query parameters name.
 
-        After the agent-binding check (a bound key naming another agent answers 403, as with an
-        id); an unknown pair answers 404. The handler is replaced on this request's view only.
+        Asked after the agent-binding check (a bound key naming another agent answers 403, as
+        with an id); an unknown pair answers 404.
         """
         agent, key = request.query_params.get("agent"), request.query_params.get("key")
         missing = [name for name, value in (("agent", agent), ("key", key)) if not value]
@@ -169,16 +198,7 @@ class TenantApiView(APIView):
                 details={"fields": {name: ["Required with session id `by-key`."] for name in missing}},
             )
         assert agent is not None and key is not None
-        public_id = session_by_key(tenant=self.tenant, agent_external_id=agent, key=key).public_id
-        method = (request.method or "").lower()
-        handler = getattr(self, method, None) if method in self.http_method_names else None
-        if handler is None:
-            return
-
-        def keyed_handler(request: Request, *args: Any, **kwargs: Any) -> Response:
-            return handler(request, *args, **{**kwargs, "session_id": public_id})
-
-        setattr(self, method, keyed_handler)
+        return session_by_key(tenant=self.tenant, agent_external_id=agent, key=key).public_id
 
     def check_throttles(self, request: Request) -> None:
         """DRF's check, with every rate limit of the request counted in one round trip."""
@@ -210,25 +230,6 @@ class TenantApiView(APIView):
             task_ids=named["task"],
         )
 
-    def finalize_response(  # type: ignore[override]  # a plain HttpResponse, not DRF's Response
-        self, request: Request, response: Any, *args: Any, **kwargs: Any
-    ) -> HttpResponseBase:
-        """DRF's response, rendered here in the view's thread and handed on as a plain HttpResponse.
-
-        Under ASGI, Django renders a response that has a `render` method (DRF's does) through one
-        more thread switch after the view (`sync_to_async(response.render)`); rendered here the
-        bytes, status and headers are the same and that switch is gone.
-        """
-        response = super().finalize_response(request, response, *args, **kwargs)
-        if not isinstance(response, Response):
-            return response
-        response.render()
-        plain = HttpResponse(response.content, status=response.status_code)
-        for header, value in response.items():
-            plain[header] = value
-        plain.cookies = response.cookies
-        return plain
-
     def handle_exception(self, exc: Exception) -> Response:
         if not isinstance(exc, drf_exceptions.Throttled):
             try:  # the put-off failed-authentication check, if it has not run: its 429 comes first
@@ -240,25 +241,8 @@ class TenantApiView(APIView):
         return super().handle_exception(exc)
 
     # --- idempotency -----------------------------------------------------------------------
-    def idempotency_wrap(self, request: Request) -> None:
-        """Run this request's handler through `_idempotent` when it is a write with the header.
-
-        DRF's `dispatch` calls the handler it finds on the view after `initial` (authentication,
-        permissions, throttles, agent binding); the view is one instance per request, so
-        replacing the handler on the instance wraps this request only.
-        """
-        key = request.headers.get(IDEMPOTENCY_HEADER)
-        method = (request.method or "").lower()
-        handler = getattr(self, method, None) if method in self.http_method_names else None
-        if key is None or request.method not in WRITE_METHODS or handler is None:
-            return
-
-        def idempotent_handler(request: Request, *args: Any, **kwargs: Any) -> Response:
-            return self._idempotent(request, key, handler, *args, **kwargs)
-
-        setattr(self, method, idempotent_handler)
-
-    def _idempotent(self, request: Request, key: str, handler: Any, *args: Any, **kwargs: Any) -> Response:
+    def idempotent(self, request: Request, key: str, run: Callable[[], Response]) -> Response:
+        """`run` the write at most once for `key` (see the class docstring)."""
         if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
             raise InvalidInput(
                 f"The {IDEMPOTENCY_HEADER} header must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} characters.",
@@ -272,7 +256,7 @@ class TenantApiView(APIView):
         now = timezone.now()
         ttl = timedelta(hours=settings.CTXAPP.idempotency_ttl_hours)
         if not self.idempotent_optimistic:
-            return self._idempotent_reserved(request, key, digest, now, ttl, handler, *args, **kwargs)
+            return self._idempotent_reserved(key, digest, now, ttl, run)
         # Optimistic, one statement per write: run the write, then store its response under the
         # key in the same transaction. A second request with the key (a retry, or a duplicate
         # running concurrently) finds the key taken when it tries to store its own response (the
@@ -281,7 +265,7 @@ class TenantApiView(APIView):
         # A key past its TTL (not yet purged by retention) is taken over by the same statement.
         try:
             with transaction.atomic():
-                response = handler(request, *args, **kwargs)
+                response = run()
                 if response.status_code >= 500:
                     transaction.set_rollback(True)
                     return response
@@ -301,15 +285,7 @@ class TenantApiView(APIView):
         return self._idempotency_replay(stored, digest)
 
     def _idempotent_reserved(
-        self,
-        request: Request,
-        key: str,
-        digest: str,
-        now: Any,
-        ttl: timedelta,
-        handler: Any,
-        *args: Any,
-        **kwargs: Any,
+        self, key: str, digest: str, now: Any, ttl: timedelta, run: Callable[[], Response]
     ) -> Response:
         tenant = self.tenant
         with transaction.atomic():
@@ -332,7 +308,7 @@ class TenantApiView(APIView):
                 record.status_code = record.response_body = None
                 record.save(update_fields=["request_hash", "created_at", "status_code", "response_body"])
                 row = (record.pk,)
-            response = handler(request, *args, **kwargs)
+            response = run()
             if response.status_code >= 500:
                 transaction.set_rollback(True)
                 return response

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpResponse
@@ -26,10 +27,10 @@ class _RawBodyParser(BaseParser):
 class OtlpTracesApi(TenantApiView):
     parser_classes = [_RawBodyParser]
 
-    def _idempotent(self, request: Request, key: str, handler: Any, *args: Any, **kwargs: Any) -> Any:
+    def idempotent(self, request: Request, key: str, run: Callable[[], Any]) -> Any:
         # Span ids already make an export idempotent, and the OTLP response is protobuf or JSON
         # bytes, not data to store: an Idempotency-Key header is accepted and not needed.
-        return handler(request, *args, **kwargs)
+        return run()
 
     @extend_schema(
         summary="OTLP/HTTP trace export (GenAI semantic conventions)",

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def broken_queue() -> Any:
     """The broker answers, but the default queue's key holds a string: it cannot count the queue."""
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    client = redis.Redis.from_url(settings.REDIS_URL)
     queue = settings.CELERY_TASK_DEFAULT_QUEUE
     saved = client.dump(queue)
     client.set(queue, "not a list")
