@@ -157,7 +157,10 @@ class MessageInputSerializer(serializers.Serializer):
     """One message as appended; `.validated_data` is a MessageInput."""
 
     role = RoleField()
-    content = ContentField()
+    content = ContentField(
+        help_text="Required (non-empty) for roles `user` and `system`, and for `assistant` "
+        "without tool_calls."
+    )
     turn_id = StrictCharField(max_length=200)
     tool_call_id = StrictCharField(max_length=200, help_text="Required for role `tool`.")
     tool_calls = ToolCallsField(
@@ -204,6 +207,12 @@ def _cross_field_errors(data: dict[str, Any], errors: dict[str, list[str]]) -> l
         found.append(("tool_calls", "Only an assistant message may carry tool calls."))
     if role == MessageRole.TOOL and not data.get("tool_call_id") and "tool_call_id" not in errors:
         found.append(("tool_call_id", "A tool message must name the tool call it answers (tool_call_id)."))
+    # A turn says something: only an assistant's call of tools, and a tool's answer, may be empty.
+    if not data.get("content") and "content" not in errors:
+        if role in (MessageRole.USER, MessageRole.SYSTEM):
+            found.append(("content", f"A {role} message needs content (a non-empty string)."))
+        elif role == MessageRole.ASSISTANT and not data.get("tool_calls"):
+            found.append(("content", "An assistant message needs content, or tool_calls."))
     return found
 
 
