@@ -52,16 +52,34 @@ class StrictCharField(serializers.CharField):
         return data
 
 
+def message_size_check(text: str) -> str:
+    """`text`, if it fits a message (CTXAPP_MESSAGE_MAX_BYTES of UTF-8), else ValidationError."""
+    limit = settings.CTXAPP.message_max_bytes
+    # Cheap bound first: a UTF-8 character is at most 4 bytes.
+    if len(text) * 4 > limit and len(text.encode()) > limit:
+        raise serializers.ValidationError(
+            f"Is longer than the limit of {limit} bytes (UTF-8); split it or store it as an artifact."
+        )
+    return text
+
+
 class ContentField(StrictCharField):
+    @property
+    def max_bytes(self) -> int:
+        """The bound in UTF-8 bytes (the MCP tools' schemas state it: ctxapp/integrations/mcp_bounds.py)."""
+        return int(settings.CTXAPP.message_max_bytes)
+
     def to_internal_value(self, data: Any) -> str:
-        text = super().to_internal_value(data)
-        limit = settings.CTXAPP.message_max_bytes
-        # Cheap bound first: a UTF-8 character is at most 4 bytes.
-        if len(text) * 4 > limit and len(text.encode()) > limit:
-            raise serializers.ValidationError(
-                f"Is longer than the limit of {limit} bytes (UTF-8); split it or store it as an artifact."
-            )
-        return text
+        return message_size_check(super().to_internal_value(data))
+
+
+class MessageTextField(serializers.CharField):
+    """Text that stands for a message (a context build's upcoming input): bounded as one."""
+
+    max_bytes = ContentField.max_bytes
+
+    def to_internal_value(self, data: Any) -> str:
+        return message_size_check(super().to_internal_value(data))
 
 
 def tool_calls_errors(value: Any) -> list[str]:
