@@ -31,7 +31,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.types import CallToolResult, TextContent, Tool
 
-from ctxapp.client import Client, CtxappError
+from ctxapp.client import Client, CtxappError, NetworkError
 from ctxapp.client._core import Request, operation
 from ctxapp.client.errors import error_from_response
 from ctxapp.integrations.mcp_schema import (
@@ -528,6 +528,8 @@ def key_refusal(client: ToolClient) -> str | None:
     except CtxappError as exc:
         if exc.code == "forbidden":  # a write-only key: the tools it may call still work
             return None
+        if isinstance(exc, NetworkError):
+            return f"ctxapp mcp: cannot reach the ctxapp server at {client.base_url}: {exc.message}"
         return f"ctxapp mcp: {client.base_url} refused the API key ({exc.code}): {exc.message}"
     return None
 
@@ -539,7 +541,7 @@ def run_stdio(*, url: str, api_key: str) -> int:
     # One line per HTTP request at INFO would fill the host's log of this server's stderr.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     server = build_server()
-    client = ToolClient(url, api_key, retries=1)
+    client = ToolClient(url, api_key)
     with client:
         refused = key_refusal(client)
         if refused is not None:
