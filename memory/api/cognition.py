@@ -201,7 +201,7 @@ class AgentCheckpointDetailApi(AgentScopedView):
         return Response(checkpoint_out(checkpoint, cognition.checkpoint_state(checkpoint=checkpoint)))
 
 
-BLOB_FIELDS = {
+BLOB_FIELDS: dict[str, serializers.Field] = {
     "sha256": serializers.CharField(),
     "size": serializers.IntegerField(help_text="Bytes."),
     "created_at": serializers.DateTimeField(),
