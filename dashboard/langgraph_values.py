@@ -1,9 +1,11 @@
 """LangGraph checkpoint values as a person reads them on the agent page.
 
 CtxappSaver (ctxapp/integrations/langgraph.py) keeps each value as `{"json": …}` or, when it is
-not plain JSON, as LangGraph's serde output `{"type": …, "b64": …}`. Here the packed values of
-`working_memory.langgraph` are shown decoded (through langgraph's public JsonPlusSerializer,
-where langgraph is installed) instead of as base64; otherwise their type and size.
+not plain JSON, as LangGraph's serde output `{"type": …, "b64": …}`, or, when it is too large for
+the state, as a reference to a blob of the agent `{"type": …, "blob": <sha256>, "size": …}`. Here
+the packed values of `working_memory.langgraph` are shown decoded (through langgraph's public
+JsonPlusSerializer, where langgraph is installed) instead of as base64; otherwise, and for a
+blob, their type and size.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ def _unpack(packed: Any, serde: Any | None) -> Any:
         return packed
     if set(packed) == {"json"}:
         return packed["json"]
+    if set(packed) == {"type", "blob", "size"}:
+        return f"({packed['type']}, {packed['size']} bytes, kept as blob {str(packed['blob'])[:12]}…)"
     if set(packed) != {"type", "b64"}:
         return packed
     try:

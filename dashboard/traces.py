@@ -91,6 +91,13 @@ class Trace:
     def errors(self) -> int:
         return sum(span.status == "error" for span in self.spans)
 
+    @property
+    def status(self) -> str:
+        """`error` when a span failed, `ok` when one said so and none failed, else `unset`: a trace
+        none of whose spans set a status is not known to be ok."""
+        statuses = {span.status for span in self.spans}
+        return "error" if "error" in statuses else "ok" if "ok" in statuses else "unset"
+
 
 def _prices(tenant: Tenant) -> Prices:
     rows = ModelProfile.objects.filter(tenant=tenant).values_list(

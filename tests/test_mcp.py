@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-from memory.models import Experience, Message, Session, Tenant, TrackedFact
+from memory.models import Experience, Message, Session, Tenant, TrackedFact, UserMemory
 from memory.services.tenancy import api_key_create, api_key_revoke
 from tests.conftest import worker_env
 from tests.dashboard.live_server import uvicorn_server
@@ -70,6 +71,17 @@ def stdio_client(base: str, key: str) -> Client:
     env = {"CTXAPP_URL": base, "CTXAPP_API_KEY": key, "CTXAPP_DATA_DIR": "/nonexistent-ctxapp-data"}
     params = StdioServerParameters(command=sys.executable, args=["-m", "ctxapp.cli", "mcp"], env=env)
     return Client(params)
+
+
+def listed_tools(base: str, key: str, transport: str) -> dict[str, Any]:
+    """The tools the key is shown, by name, over `transport` (http or stdio)."""
+    make = http_client if transport == "http" else stdio_client
+
+    async def go() -> Any:
+        async with make(base, key) as client:
+            return (await client.list_tools()).tools
+
+    return {tool.name: tool for tool in asyncio.run(go())}
 
 
 def data(result: Any) -> Any:
@@ -140,7 +152,7 @@ def _assert_conversation(seen: dict[str, Any], tenant: Tenant) -> None:
     assert ("experience", seen["experience"]["id"]) in found
     assert ("message", f"{session.public_id}:1") in found  # the turn itself, found by its words
     assert set(seen["tools"]["memory_search"].input_schema["properties"]["kinds"]["items"]["enum"]) == {
-        "message", "summary", "fact", "experience"}  # fmt: skip
+        "message", "summary", "fact", "experience", "user_memory"}  # fmt: skip
     assert seen["decay"]["session"] == session.public_id and seen["decay"]["items"] == []
     assert "next_cursor" in seen["decay"] and seen["decay"]["next_cursor"] is None
     assert seen["recovered"]["session"]["id"] == session.public_id
@@ -406,13 +418,7 @@ def _rest_fields() -> dict[tuple[str, str], Any]:
 def test_every_tool_is_described_bounded_and_annotated(
     server: str, keys: dict[str, Any], transport: str
 ) -> None:
-    make = http_client if transport == "http" else stdio_client
-
-    async def go() -> Any:
-        async with make(server, keys["alice_key"]) as client:
-            return (await client.list_tools()).tools
-
-    tools = {tool.name: tool for tool in asyncio.run(go())}
+    tools = listed_tools(server, keys["alice_key"], transport)
     assert set(tools) == TOOLS
     for name, tool in tools.items():
         assert tool.description and "\n" not in tool.description and "  " not in tool.description, name
@@ -426,7 +432,7 @@ def test_every_tool_is_described_bounded_and_annotated(
         schema = tools[name].input_schema["properties"][parameter]
         bounds = (schema.get("minimum"), schema.get("maximum"), schema.get("maxLength"))
         rest = (getattr(field, "min_value", None), getattr(field, "max_value", None),
-                getattr(field, "max_length", None))  # fmt: skip
+                getattr(field, "max_length", None) or getattr(field, "max_bytes", None))  # fmt: skip
         assert bounds == rest, (name, parameter)
     assert tools["memory_search"].input_schema["properties"]["limit"]["maximum"] == 100
     read_only = {name for name, tool in tools.items() if tool.annotations.read_only_hint}
@@ -434,61 +440,135 @@ def test_every_tool_is_described_bounded_and_annotated(
     assert {name for name, tool in tools.items() if tool.annotations.destructive_hint} == {"memory_forget"}
 
 
-# Each bad call, and the REST request with the same body, which must be refused the same way.
-BAD_CALLS: list[tuple[str, str, dict[str, Any], str, str, dict[str, Any]]] = [
-    # (case, tool, arguments, REST method, REST path ({sid}: the session), REST body)
+KINDS_LISTED = ["message", "summary", "fact", "experience", "user_memory"]
+
+# Each bad call, and the REST request with the same body, which must be refused with the same code;
+# the tool's message names the tool's argument (the REST field may be named otherwise or nested).
+BAD_CALLS: list[tuple[str, str, dict[str, Any], str, str, dict[str, Any], str]] = [
+    # (case, tool, arguments, REST method, REST path ({sid}: the session), REST body, argument named)
     ("nul content", "remember", {"content": "a\u0000b"}, "POST", "/sessions/{sid}/messages",
-     {"role": "user", "content": "a\u0000b"}),
+     {"role": "user", "content": "a\u0000b"}, "content"),
     ("nul model", "context_build", {"model": "\u0000"}, "POST", "/sessions/{sid}/context",
-     {"model": "\u0000"}),
+     {"model": "\u0000"}, "model"),
+    ("nul input", "context_build", {"input": "a\u0000b"}, "POST", "/sessions/{sid}/context",
+     {"input": "a\u0000b"}, "input"),
     ("nul query", "memory_search", {"query": "deploy \u0000"}, "POST", "/memory/search",
-     {"query": "deploy \u0000"}),
-    ("missing problem", "experience_record", {"solution": "s"}, "POST", "/experiences", {"solution": "s"}),
+     {"query": "deploy \u0000"}, "query"),
+    ("missing problem", "experience_record", {"solution": "s"}, "POST", "/experiences", {"solution": "s"},
+     "problem"),
     ("mistyped limit", "memory_search", {"query": "x", "limit": "ten"}, "POST", "/memory/search",
-     {"query": "x", "limit": "ten"}),
+     {"query": "x", "limit": "ten"}, "limit"),
     ("limit over", "memory_search", {"query": "x", "limit": 101}, "POST", "/memory/search",
-     {"query": "x", "limit": 101}),
+     {"query": "x", "limit": 101}, "limit"),
     ("confidence over", "experience_record", {"problem": "p", "confidence": 1.5}, "POST", "/experiences",
-     {"problem": "p", "confidence": 1.5}),
+     {"problem": "p", "confidence": 1.5}, "confidence"),
     ("fact type", "remember", {"content": "c", "kind": "fact", "fact_type": "Not A Type", "key": "k"},
-     "POST", "/sessions/{sid}/facts", {"content": "c", "type": "Not A Type", "key": "k"}),
+     "POST", "/sessions/{sid}/facts", {"content": "c", "type": "Not A Type", "key": "k"}, "fact_type"),
+    ("agent too long", "memory_search", {"query": "x", "agent": "a" * 201}, "POST", "/memory/search",
+     {"query": "x", "scope": {"agent": "a" * 201}}, "agent"),
+    ("user memory text", "remember", {"kind": "user_memory", "user_id": "u-1", "subject": "s", "content": ""},
+     "POST", "/users/u-1/memories", {"subject": "s", "text": ""}, "content"),
+    ("user memory type", "remember",
+     {"kind": "user_memory", "user_id": "u-1", "subject": "s", "content": "c", "memory_type": "guess"},
+     "POST", "/users/u-1/memories", {"subject": "s", "text": "c", "type": "guess"}, "memory_type"),
+    ("empty user turn", "remember", {"content": ""}, "POST", "/sessions/{sid}/messages",
+     {"role": "user", "content": ""}, "content"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("transport", ["http", "stdio"])
-def test_bad_arguments_are_refused_as_rest_refuses_them(
+def test_bad_arguments_are_refused_as_rest_refuses_them_naming_the_tools_argument(
     server: str, keys: dict[str, Any], transport: str
 ) -> None:
     make = http_client if transport == "http" else stdio_client
     headers = {"Authorization": f"Bearer {keys['alice_key']}"}
-    sid = httpx.post(f"{server}/api/v1/sessions", json={"agent": "strict-bot"}, headers=headers).json()["id"]
+    sid = httpx.post(f"{server}/api/v1/sessions", json={"agent": "strict-bot", "user_id": "u-1"},
+                     headers=headers).json()["id"]  # fmt: skip
 
     async def go() -> dict[str, Any]:
         async with make(server, keys["alice_key"]) as client:
             seen = {}
             for case, tool, arguments, *_ in BAD_CALLS:
-                needs_session = tool in {"remember", "context_build"}
+                needs_session = (
+                    tool in {"remember", "context_build"} and arguments.get("kind") != "user_memory"
+                )
                 seen[case] = await client.call_tool(
                     tool, {**arguments, **({"session": sid} if needs_session else {})}
                 )
             seen["unknown argument"] = await client.call_tool("session_start", {"agent": "a", "agnet": "b"})
             seen["no session"] = await client.call_tool("remember", {"content": "hello"})
+            seen["no content"] = await client.call_tool("remember", {"session": sid})
             seen["nul session"] = await client.call_tool("session_end", {"session": "sess_\u0000"})
+            seen["bad kind"] = await client.call_tool("memory_search", {"query": "x", "kinds": ["nope"]})
             return seen
 
     seen = asyncio.run(go())
-    for case, _, _, method, path, body in BAD_CALLS:
+    for case, _, _, method, path, body, argument in BAD_CALLS:
         rest = httpx.request(method, f"{server}/api/v1{path.format(sid=sid)}", json=body, headers=headers)
         assert 400 <= rest.status_code < 500, (case, rest.text)
         error = rest.json()["error"]
+        text = seen[case].content[0].text
         assert seen[case].is_error, case
-        assert seen[case].content[0].text == f"{error['code']}: {error['message']}", case
+        assert text.startswith(f"{error['code']}: {argument}: "), (case, text)
+        assert "The request body is not valid." not in text, case
+        field = error["message"].partition(": ")[0]
+        if field == argument:  # the REST field is the argument: the same words
+            assert text == f"{error['code']}: {error['message']}", case
     assert seen["nul content"].content[0].text.startswith("validation_error: content: ")
     assert seen["unknown argument"].content[0].text.startswith("validation_error: agnet: Unknown field.")
     assert seen["no session"].content[0].text == "validation_error: session: This field is required."
+    assert seen["no content"].content[0].text == "validation_error: content: This field is required."
     assert seen["nul session"].content[0].text.startswith("not_found: ")
+    kinds = set(KINDS_LISTED)
+    bad_kind = seen["bad kind"].content[0].text
+    assert bad_kind.startswith("validation_error: kinds") and "nope" in bad_kind
+    assert {k for k in re.findall(r"[a-z_]+", bad_kind.split("kinds are", 1)[1])} == kinds
     assert Message.objects.count() == 0 and TrackedFact.objects.count() == 0
-    assert not Experience.objects.exists()
+    assert not Experience.objects.exists() and not UserMemory.objects.exists()
+
+
+def _unbounded(schema: dict[str, Any]) -> str | None:
+    """Why an argument's schema lets through a value the server refuses for its size (None: bounded)."""
+    kind = schema.get("type")
+    if kind == "string" and not (
+        {"maxLength", "enum"} & schema.keys() or schema.get("format") == "date-time"
+    ):
+        return "a string without maxLength, enum or format date-time"
+    if kind == "array":
+        if "maxItems" not in schema:
+            return "an array without maxItems"
+        return _unbounded(schema.get("items", {}))
+    if kind in ("integer", "number") and not {"minimum", "maximum"} <= schema.keys():
+        return "a number without minimum and maximum"
+    return None
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_every_argument_of_every_tool_states_the_servers_bounds(
+    server: str, keys: dict[str, Any], transport: str
+) -> None:
+    from django.conf import settings
+
+    tools = listed_tools(server, keys["alice_key"], transport)
+    assert set(tools) == TOOLS
+    unbounded = {
+        (name, argument): why
+        for name, tool in tools.items()
+        for argument, schema in tool.input_schema["properties"].items()
+        if (why := _unbounded(schema)) is not None
+    }
+    assert unbounded == {}
+    search = tools["memory_search"].input_schema["properties"]
+    assert (
+        search["kinds"]["maxItems"] == len(KINDS_LISTED) and search["kinds"]["items"]["enum"] == KINDS_LISTED
+    )
+    assert all(search[name]["maxLength"] for name in ("session", "agent", "user_id"))
+    assert (
+        tools["remember"].input_schema["properties"]["content"]["maxLength"]
+        == settings.CTXAPP.message_max_bytes
+    )
+    assert tools["memory_list"].input_schema["properties"]["as_of"]["format"] == "date-time"
+    assert tools["decay_report"].input_schema["properties"]["cursor"]["maxLength"] > 0
 
 
 def test_the_stdio_server_does_not_log_each_http_request(
@@ -507,6 +587,71 @@ def test_the_stdio_server_does_not_log_each_http_request(
     asyncio.run(go())
     assert Session.objects.filter(agent__external_id="quiet-bot").exists()  # requests were made
     assert "HTTP Request" not in errors.read_text()
+
+
+def test_the_stdio_server_with_a_bad_key_says_so_in_one_line(
+    server: str, keys: dict[str, Any], tmp_path: Any
+) -> None:
+    env = {"CTXAPP_URL": server, "CTXAPP_API_KEY": "ctx_0000dead_notakey", "CTXAPP_DATA_DIR": "/nonexistent"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "ctxapp.cli", "mcp"], env=env)
+    errors = tmp_path / "stderr.txt"
+
+    async def go() -> None:
+        with errors.open("w") as errlog:
+            async with Client(stdio_client_transport(params, errlog=errlog)) as client:
+                await client.list_tools()
+
+    with pytest.raises(BaseException):  # noqa: B017 - the SDK reports the closed pipe as it may
+        asyncio.run(go())
+    lines = errors.read_text().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines[:5]
+    assert "invalid_api_key" in lines[0] and server in lines[0]
+
+
+async def _resources(client: Client, sid: str) -> dict[str, Any]:
+    async with client:
+        listed = await client.list_resources()
+        templates = await client.list_resource_templates()
+        sessions = await client.read_resource("ctxapp://sessions")
+        messages = await client.read_resource(f"ctxapp://sessions/{sid}/messages")
+        return {"listed": listed, "templates": templates, "sessions": sessions, "messages": messages}
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_sessions_and_a_sessions_recent_messages_are_resources(
+    server: str, keys: dict[str, Any], transport: str
+) -> None:
+    make = http_client if transport == "http" else stdio_client
+    headers = {"Authorization": f"Bearer {keys['alice_key']}"}
+    sid = httpx.post(f"{server}/api/v1/sessions", json={"agent": "res-bot"}, headers=headers).json()["id"]
+    turns = [{"role": "user", "content": f"turn {n}"} for n in range(1, 61)]
+    appended = httpx.post(
+        f"{server}/api/v1/sessions/{sid}/messages", json={"messages": turns}, headers=headers
+    )
+    assert appended.status_code == 201, appended.text
+
+    seen = asyncio.run(_resources(make(server, keys["alice_key"]), sid))
+    assert [str(r.uri) for r in seen["listed"].resources] == ["ctxapp://sessions"]
+    assert [t.uri_template for t in seen["templates"].resource_templates] == [
+        "ctxapp://sessions/{session}/messages"
+    ]
+    sessions = json.loads(seen["sessions"].contents[0].text)
+    assert [s["id"] for s in sessions["items"]] == [sid]
+    recent = json.loads(seen["messages"].contents[0].text)["items"]
+    assert [m["content"] for m in recent] == [f"turn {n}" for n in range(11, 61)]  # the newest 50
+
+    async def bob_reads(client: Client) -> tuple[Any, Any]:
+        async with client:
+            mine = await client.read_resource("ctxapp://sessions")
+            try:
+                await client.read_resource(f"ctxapp://sessions/{sid}/messages")
+            except MCPError as exc:
+                return mine, exc
+            return mine, None
+
+    mine, refused = asyncio.run(bob_reads(make(server, keys["bob_key"])))
+    assert json.loads(mine.contents[0].text)["items"] == []
+    assert refused is not None and "not_found" in str(refused)
 
 
 # --- one auth vocabulary, and the limits of /api/v1 on /mcp ------------------------------------

@@ -37,5 +37,4 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from ctxapp.integrations import mcp_tools  # lazy: startup-cost
 
     url, key = _target(args)
-    mcp_tools.run_stdio(url=url, api_key=key)
-    return 0
+    return mcp_tools.run_stdio(url=url, api_key=key)

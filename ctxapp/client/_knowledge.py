@@ -4,6 +4,7 @@ for both clients (see _core.py)."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from typing import Any
 
@@ -230,6 +231,20 @@ class KnowledgeOps:
         """What changed between two checkpoints, one entry per JSON path."""
         return Request(
             "GET", f"/agents/{agent}/checkpoints/diff", params={"from": str(source), "to": str(target)}
+        )
+
+    @operation
+    def blob_put(agent: str, sha256: str, data: bytes) -> Request[dict[str, Any]]:
+        """Keep `data` beside the agent's checkpoints and events, under its SHA-256 (hex): a
+        checkpoint or event then carries the digest, not the bytes. The same bytes again: 200."""
+        body = {"base64": base64.b64encode(data).decode()}
+        return Request("PUT", f"/agents/{agent}/blobs/{sha256}", json=body)
+
+    @operation
+    def blob_get(agent: str, sha256: str) -> Request[bytes]:
+        """The bytes of the agent's blob with this SHA-256."""
+        return Request(
+            "GET", f"/agents/{agent}/blobs/{sha256}", parse=lambda body: base64.b64decode(body["base64"])
         )
 
     @operation

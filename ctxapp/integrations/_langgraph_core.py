@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,16 @@ THREAD_EVENT = "agent.langgraph.thread"
 REASON_MAX = 200
 AGENT_ID_MAX = 200
 PAGE = 1000
+# How much of its values a checkpoint state and a writes event carry inline (packed JSON bytes);
+# the rest, largest first, goes to blobs they reference. Under the server's defaults
+# (CTXAPP_STATE_MAX_BYTES 4 MiB, CTXAPP_EVENT_PAYLOAD_MAX_BYTES 256 KiB), with room for the rest
+# of the document; a value inline stays readable on the dashboard and is stored as a delta.
+CHECKPOINT_INLINE_BYTES = 3 * 1024 * 1024
+VALUE_INLINE_BYTES = 1024 * 1024
+WRITES_INLINE_BYTES = 160 * 1024
+
+Blobs = dict[str, bytes]  # by SHA-256 (hex)
+PackedWrite = tuple[str, str, dict[str, Any]]  # (task id, channel, the value as stored)
 
 
 def _plain(value: Any) -> bool:
@@ -87,36 +98,72 @@ class Codec:
         kind, data = self.serde.dumps_typed(value)
         return {"type": kind, "b64": base64.b64encode(data).decode()}
 
-    def unpack(self, packed: dict[str, Any]) -> Any:
+    def unpack(self, packed: dict[str, Any], blobs: Blobs | None = None) -> Any:
         if "json" in packed:
             return packed["json"]
+        if "blob" in packed:
+            return self.serde.loads_typed((packed["type"], (blobs or {})[packed["blob"]]))
         return self.serde.loads_typed((packed["type"], base64.b64decode(packed["b64"])))
+
+    def spill(
+        self, packed: dict[Any, dict[str, Any]], values: dict[Any, Any], *, budget: int, each: int
+    ) -> Blobs:
+        """Move values out of `packed` into blobs, largest first, until what stays inline is within
+        `budget` bytes and no value over `each`: each moved one becomes a reference (its serde
+        type, the blob's SHA-256 and size). Returns the blobs to store. `values`: the originals."""
+        sizes = {key: len(json.dumps(item, ensure_ascii=False)) for key, item in packed.items()}
+        total = sum(sizes.values())
+        blobs: Blobs = {}
+        for key in sorted(sizes, key=lambda k: sizes[k], reverse=True):
+            if total <= budget and sizes[key] <= each:
+                break
+            item = packed[key]
+            kind, data = (
+                self.serde.dumps_typed(values[key])
+                if "json" in item
+                else (item["type"], base64.b64decode(item["b64"]))
+            )
+            digest = hashlib.sha256(data).hexdigest()
+            blobs[digest] = data
+            packed[key] = {"type": kind, "blob": digest, "size": len(data)}
+            total -= sizes[key]
+        return blobs
 
     def state(
         self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], Blobs]:
+        """The checkpoint as a ctxapp state document, and the blobs its large values went to."""
         configurable = config["configurable"]
         rest = {key: value for key, value in checkpoint.items() if key != "channel_values"}
+        values: dict[Any, Any] = {
+            ("channel", key): value for key, value in checkpoint["channel_values"].items()
+        }
+        values |= {"checkpoint": rest, "metadata": get_checkpoint_metadata(config, metadata)}
+        packed = {key: self.pack(value) for key, value in values.items()}
+        blobs = self.spill(packed, values, budget=CHECKPOINT_INLINE_BYTES, each=VALUE_INLINE_BYTES)
         document = {
             "thread_id": str(configurable["thread_id"]),
             "checkpoint_ns": configurable.get("checkpoint_ns", ""),
             "checkpoint_id": checkpoint["id"],
             "parent_checkpoint_id": configurable.get("checkpoint_id"),
-            "checkpoint": self.pack(rest),
-            "channel_values": {key: self.pack(value) for key, value in checkpoint["channel_values"].items()},
-            "metadata": self.pack(get_checkpoint_metadata(config, metadata)),
+            "checkpoint": packed["checkpoint"],
+            "channel_values": {key: packed[("channel", key)] for key in checkpoint["channel_values"]},
+            "metadata": packed["metadata"],
         }
-        return {"schema_version": 1, "working_memory": {"langgraph": document}}
+        return {"schema_version": 1, "working_memory": {"langgraph": document}}, blobs
 
     def checkpoint_tuple(
-        self, state: dict[str, Any], writes_index: dict[tuple[str, str], list[PendingWrite]]
+        self,
+        state: dict[str, Any],
+        writes_index: dict[tuple[str, str], list[PackedWrite]],
+        blobs: Blobs | None = None,
     ) -> CheckpointTuple:
         document = state["working_memory"]["langgraph"]
         thread_id, checkpoint_ns = document["thread_id"], document["checkpoint_ns"]
-        writes = writes_index.get((checkpoint_ns, document["checkpoint_id"]), [])
-        checkpoint = self.unpack(document["checkpoint"])
+        writes = self.pending_writes(writes_index.get((checkpoint_ns, document["checkpoint_id"]), []), blobs)
+        checkpoint = self.unpack(document["checkpoint"], blobs)
         checkpoint["channel_values"] = {
-            key: self.unpack(value) for key, value in document["channel_values"].items()
+            key: self.unpack(value, blobs) for key, value in document["channel_values"].items()
         }
         parent = document.get("parent_checkpoint_id")
         return CheckpointTuple(
@@ -128,7 +175,7 @@ class Codec:
                 }
             },
             checkpoint=checkpoint,
-            metadata=self.unpack(document["metadata"]),
+            metadata=self.unpack(document["metadata"], blobs),
             parent_config=(
                 {
                     "configurable": {
@@ -145,9 +192,9 @@ class Codec:
 
     def checkpoint_body(
         self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
-    ) -> tuple[str, dict[str, Any]]:
-        """(agent, keyword arguments of Client.checkpoint_create) for one `put`."""
-        state = self.state(config, checkpoint, metadata)
+    ) -> tuple[str, dict[str, Any], Blobs]:
+        """(agent, keyword arguments of Client.checkpoint_create, blobs to store first) for one `put`."""
+        state, blobs = self.state(config, checkpoint, metadata)
         step = metadata.get("step")
         body: dict[str, Any] = {
             "reason": _reason(state["working_memory"]["langgraph"]["checkpoint_ns"]),
@@ -155,27 +202,32 @@ class Codec:
             "produced_by": checkpoint["id"],
             "state": state,
         }
-        return self.agent(config["configurable"]["thread_id"]), body
+        return self.agent(config["configurable"]["thread_id"]), body, blobs
 
     def writes_payload(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], Blobs]:
+        """A writes event's payload, and the blobs its large values went to."""
         configurable = config["configurable"]
-        return {
+        values = {index: value for index, (_, value) in enumerate(writes)}
+        packed = {index: self.pack(value) for index, value in values.items()}
+        blobs = self.spill(packed, values, budget=WRITES_INLINE_BYTES, each=WRITES_INLINE_BYTES)
+        payload = {
             "checkpoint_ns": configurable.get("checkpoint_ns", ""),
             "checkpoint_id": configurable["checkpoint_id"],
             "task_id": task_id,
             "task_path": task_path,
             "writes": [
-                [WRITES_IDX_MAP.get(channel, index), channel, self.pack(value)]
-                for index, (channel, value) in enumerate(writes)
+                [WRITES_IDX_MAP.get(channel, index), channel, packed[index]]
+                for index, (channel, _) in enumerate(writes)
             ],
         }
+        return payload, blobs
 
-    def writes_index(self, payloads: list[dict[str, Any]]) -> dict[tuple[str, str], list[PendingWrite]]:
-        """Pending writes per (namespace, checkpoint id), from the payloads of
-        `agent.langgraph.writes` events in stream order: a regular write is kept once per (task,
-        index), a special one replaced."""
+    def writes_index(self, payloads: list[dict[str, Any]]) -> dict[tuple[str, str], list[PackedWrite]]:
+        """Pending writes per (namespace, checkpoint id), still packed (see `pending_writes`), from
+        the payloads of `agent.langgraph.writes` events in stream order: a regular write is kept
+        once per (task, index), a special one replaced."""
         stored: dict[tuple[str, str], dict[tuple[str, int], tuple[str, str, Any, str]]] = {}
         for payload in payloads:
             key = (payload.get("checkpoint_ns", ""), payload.get("checkpoint_id", ""))
@@ -187,13 +239,24 @@ class Codec:
                 bucket[inner] = (payload["task_id"], channel, value, payload.get("task_path", ""))
         return {
             key: [
-                (task_id, channel, self.unpack(value))
+                (task_id, channel, value)
                 for (task_id, channel, value, _path) in (
                     bucket[inner] for inner in sorted(bucket, key=lambda k: writes_sort_key(bucket[k][3], *k))
                 )
             ]
             for key, bucket in stored.items()
         }
+
+    def pending_writes(self, packed: list[PackedWrite], blobs: Blobs | None = None) -> list[PendingWrite]:
+        return [(task_id, channel, self.unpack(value, blobs)) for task_id, channel, value in packed]
+
+
+def blob_refs(document: dict[str, Any]) -> set[str]:
+    """The blobs a saver's state document or writes payload refers to."""
+    packed: list[Any] = [document.get("checkpoint"), document.get("metadata")]
+    packed += list((document.get("channel_values") or {}).values())
+    packed += [write[2] for write in document.get("writes") or [] if len(write) > 2]
+    return {item["blob"] for item in packed if isinstance(item, dict) and "blob" in item}
 
 
 def _matches(item: dict[str, Any], checkpoint_ns: str | None) -> bool:
@@ -286,6 +349,32 @@ def all_checkpoints(agent: str) -> Steps:
         return []
 
 
+def _blob_key(agent_id: str, digest: str) -> str:
+    """How `known` remembers that the agent holds a blob (beside the agent ids it holds)."""
+    return f"blob:{agent_id}:{digest}"
+
+
+def blobs_forget(agent_id: str, known: set[str]) -> None:
+    """Forget what the agent was known to hold (it was deleted, or rewritten)."""
+    known.discard(agent_id)
+    known.difference_update({key for key in known if key.startswith(f"blob:{agent_id}:")})
+
+
+def blobs_store(agent: str, agent_id: str, blobs: Blobs, known: set[str]) -> Steps:
+    """Store the blobs the agent is not known to hold (the same bytes again would store nothing,
+    but would be sent again: a large value unchanged from step to step is sent once)."""
+    for digest, data in blobs.items():
+        if _blob_key(agent_id, digest) not in known:
+            yield Call("blob_put", (agent, digest, data))
+            known.add(_blob_key(agent_id, digest))
+
+
+def blobs_fetch(agent: str, refs: set[str], blobs: Blobs) -> Steps:
+    """Read into `blobs` those of `refs` it lacks."""
+    for digest in sorted(refs - blobs.keys()):
+        blobs[digest] = yield Call("blob_get", (agent, digest))
+
+
 def all_writes(agent: str) -> Steps:
     """The payloads of every writes event of the agent, in stream order."""
     payloads: list[dict[str, Any]] = []
@@ -343,7 +432,8 @@ def _agent_tuples(
         checkpoint_id=checkpoint_id,
         before=before,
     )
-    index: dict[tuple[str, str], list[PendingWrite]] | None = None
+    index: dict[tuple[str, str], list[PackedWrite]] | None = None
+    blobs: Blobs = {}
     count = 0
     for row in rows:
         if limit is not None and count >= limit:
@@ -352,11 +442,14 @@ def _agent_tuples(
         document = state["working_memory"]["langgraph"]
         if checkpoint_ns is not None and document["checkpoint_ns"] != checkpoint_ns:
             continue
-        if not _filter_ok(codec.unpack(document["metadata"]), filter):
+        yield from blobs_fetch(agent, blob_refs({"metadata": document["metadata"]}), blobs)
+        if not _filter_ok(codec.unpack(document["metadata"], blobs), filter):
             continue
         if index is None:
             index = codec.writes_index((yield from all_writes(agent)))
-        yield codec.checkpoint_tuple(state, index)
+        writes = index.get((document["checkpoint_ns"], document["checkpoint_id"]), [])
+        yield from blobs_fetch(agent, blob_refs(document) | blob_refs({"writes": writes}), blobs)
+        yield codec.checkpoint_tuple(state, index, blobs)
         count += 1
     return count
 
@@ -399,10 +492,10 @@ def put_steps(
     metadata: CheckpointMetadata,
     known: set[str],
 ) -> Steps:
-    """One checkpoint. Before the first of a thread this saver has not seen, an event creates the
-    thread's agent if it does not exist yet (an event's POST creates its agent; a checkpoint's
-    does not), so no request fails."""
-    agent, body = codec.checkpoint_body(config, checkpoint, metadata)
+    """One checkpoint, its large values stored first as blobs it refers to. Before the first of a
+    thread this saver has not seen, an event creates the thread's agent if it does not exist yet
+    (an event's POST creates its agent; a checkpoint's does not), so no request fails."""
+    agent, body, blobs = codec.checkpoint_body(config, checkpoint, metadata)
     thread_id = config["configurable"]["thread_id"]
     agent_id = codec.agent_id(thread_id)
     created = Call("event_emit", (agent, THREAD_EVENT, {"thread_id": str(thread_id)}))
@@ -410,22 +503,40 @@ def put_steps(
         yield created
         known.add(agent_id)
     try:
+        yield from blobs_store(agent, agent_id, blobs, known)
         yield Call("checkpoint_create", (agent,), body)
     except NotFound:  # the thread was deleted elsewhere since this saver saw it
+        blobs_forget(agent_id, known)
         yield created
+        known.add(agent_id)
+        yield from blobs_store(agent, agent_id, blobs, known)
         yield Call("checkpoint_create", (agent,), body)
 
 
 def put_writes_steps(
-    codec: Codec, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+    codec: Codec,
+    config: RunnableConfig,
+    writes: Sequence[tuple[str, Any]],
+    task_id: str,
+    task_path: str,
+    known: set[str],
 ) -> Steps:
-    agent = codec.agent(config["configurable"]["thread_id"])
-    yield Call("event_emit", (agent, WRITES_EVENT, codec.writes_payload(config, writes, task_id, task_path)))
+    """One writes event, its large values stored first as blobs it refers to."""
+    thread_id = config["configurable"]["thread_id"]
+    agent, agent_id = codec.agent(thread_id), codec.agent_id(thread_id)
+    payload, blobs = codec.writes_payload(config, writes, task_id, task_path)
+    try:
+        yield from blobs_store(agent, agent_id, blobs, known)
+    except NotFound:  # no such thread (yet, or any more): its event creates its agent
+        blobs_forget(agent_id, known)
+        yield Call("event_emit", (agent, THREAD_EVENT, {"thread_id": str(thread_id)}))
+        yield from blobs_store(agent, agent_id, blobs, known)
+    yield Call("event_emit", (agent, WRITES_EVENT, payload))
 
 
 def delete_thread_steps(codec: Codec, thread_id: Any, known: set[str]) -> Steps:
-    """Delete the thread's agent: its checkpoints and writes events with it."""
-    known.discard(codec.agent_id(thread_id))
+    """Delete the thread's agent: its checkpoints, writes events and blobs with it."""
+    blobs_forget(codec.agent_id(thread_id), known)
     try:
         yield Call("agent_delete", (codec.agent(thread_id),))
     except NotFound:

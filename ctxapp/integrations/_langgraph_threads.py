@@ -12,16 +12,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from ctxapp.client import NotFound
 from ctxapp.integrations._langgraph_core import (
     THREAD_EVENT,
     WRITES_EVENT,
+    Blobs,
     Call,
     Codec,
     Steps,
     all_checkpoints,
     all_writes,
+    blob_refs,
+    blobs_fetch,
+    blobs_forget,
     delete_thread_steps,
     is_langgraph_checkpoint,
     thread_agents,
@@ -30,10 +35,16 @@ from ctxapp.integrations._langgraph_core import (
 
 @dataclass
 class _Stored:
-    """A thread as stored: each checkpoint's row and state, oldest first, and its writes."""
+    """A thread as stored: each checkpoint's row and state, oldest first, its writes, and the
+    blobs they refer to."""
 
     checkpoints: list[tuple[dict[str, Any], dict[str, Any]]]
     writes: list[dict[str, Any]]
+    blobs: Blobs
+
+    def refs(self) -> set[str]:
+        found = {ref for _, state in self.checkpoints for ref in blob_refs(_document(state))}
+        return found | {ref for payload in self.writes for ref in blob_refs(payload)}
 
 
 def _thread_read(agent: str) -> Steps:
@@ -42,7 +53,9 @@ def _thread_read(agent: str) -> Steps:
     for row in rows:
         if is_langgraph_checkpoint(row):
             checkpoints.append((row, (yield Call("checkpoint_get", (agent, row["seq"])))["state"]))
-    return _Stored(checkpoints, (yield from all_writes(agent)))
+    stored = _Stored(checkpoints, (yield from all_writes(agent)), {})
+    yield from blobs_fetch(agent, stored.refs(), stored.blobs)
+    return stored
 
 
 def _document(state: dict[str, Any]) -> dict[str, Any]:
@@ -57,6 +70,8 @@ def _thread_write(agent: str, stored: _Stored, thread_id: str | None = None) -> 
         return
     named = thread_id if thread_id is not None else _document(stored.checkpoints[0][1])["thread_id"]
     yield Call("event_emit", (agent, THREAD_EVENT, {"thread_id": named}))
+    for digest in sorted(stored.refs()):
+        yield Call("blob_put", (agent, digest, stored.blobs[digest]))
     for row, state in stored.checkpoints:
         if thread_id is not None:
             state = {**state, "working_memory": {"langgraph": {**_document(state), "thread_id": thread_id}}}
@@ -71,6 +86,7 @@ def _keeping(stored: _Stored, keep: set[tuple[str, str]]) -> _Stored:
     return _Stored(
         [(row, state) for row, state in stored.checkpoints if _key(_document(state)) in keep],
         [payload for payload in stored.writes if _key(payload) in keep],
+        stored.blobs,
     )
 
 
@@ -78,10 +94,14 @@ def _key(document: dict[str, Any]) -> tuple[str, str]:
     return (document.get("checkpoint_ns", ""), document.get("checkpoint_id", ""))
 
 
-def _thread_rewrite(agent: str, stored: _Stored, keep: set[tuple[str, str]]) -> Steps:
-    """Keep only `keep` of the stored thread (nothing left: the thread is deleted)."""
+def _thread_rewrite(
+    agent: str, stored: _Stored, keep: set[tuple[str, str]], forget: tuple[str, set[str]]
+) -> Steps:
+    """Keep only `keep` of the stored thread (nothing left: the thread is deleted). `forget`:
+    the thread's agent id and the saver's `known`, which no longer holds what it held."""
     if keep == {_key(_document(state)) for _, state in stored.checkpoints}:
         return
+    blobs_forget(*forget)
     try:
         yield Call("agent_delete", (agent,))
     except NotFound:
@@ -110,10 +130,10 @@ def prune_steps(codec: Codec, thread_ids: Sequence[Any], strategy: str, known: s
         for _, state in stored.checkpoints:
             ns, checkpoint_id = _key(_document(state))
             newest[ns] = max(newest.get(ns, ""), checkpoint_id)
-        yield from _thread_rewrite(agent, stored, set(newest.items()))
+        yield from _thread_rewrite(agent, stored, set(newest.items()), (codec.agent_id(thread_id), known))
 
 
-def delete_for_runs_steps(codec: Codec, run_ids: Sequence[str]) -> Steps:
+def delete_for_runs_steps(codec: Codec, run_ids: Sequence[str], known: set[str]) -> Steps:
     """Remove, from every thread, the checkpoints whose metadata `run_id` is one of `run_ids`,
     with their writes."""
     doomed = {str(run_id) for run_id in run_ids}
@@ -124,6 +144,6 @@ def delete_for_runs_steps(codec: Codec, run_ids: Sequence[str]) -> Steps:
         keep = {
             _key(_document(state))
             for _, state in stored.checkpoints
-            if str(codec.unpack(_document(state)["metadata"]).get("run_id")) not in doomed
+            if str(codec.unpack(_document(state)["metadata"], stored.blobs).get("run_id")) not in doomed
         }
-        yield from _thread_rewrite(agent, stored, keep)
+        yield from _thread_rewrite(agent, stored, keep, (unquote(agent), known))

@@ -12,16 +12,22 @@ ctxapp's memory search.
     retriever = CtxappRetriever(client=Client(url, key), k=5, session=history.session_id)
     docs = retriever.invoke("parcel delayed at customs")  # this and the user's earlier sessions
 
-Roles: HumanMessage ↔ user, AIMessage ↔ assistant (its `tool_calls` ↔ ctxapp tool calls, arguments
-as JSON text), ToolMessage ↔ tool (`tool_call_id`), SystemMessage ↔ system; a ChatMessage keeps
-its role when ctxapp knows it. A message's LangChain type, id and name, and content that is a list
-of parts (stored as JSON text), are kept in the ctxapp message's `metadata.langchain` so they come
-back as they went in.
+Every LangChain message class, chunks included, comes back as it went in, field for field (tested
+against langchain-core's InMemoryChatMessageHistory). The role is ctxapp's: HumanMessage ↔ user,
+AIMessage ↔ assistant (its `tool_calls` ↔ ctxapp tool calls, arguments as JSON text),
+ToolMessage ↔ tool (`tool_call_id`), SystemMessage ↔ system, FunctionMessage ↔ tool (answering
+its function's name); a ChatMessage keeps its role when ctxapp knows it, else it is a user turn.
+Everything else LangChain's own serialization (`message_to_dict`) holds (the class, id, name,
+additional_kwargs, response_metadata, usage_metadata, invalid_tool_calls, tool call chunks, a
+ToolMessage's artifact and status, content given as a list of parts) is kept in the ctxapp
+message's `metadata.langchain`, so it must be JSON and, with the rest of the metadata, within
+the server's CTXAPP_MAX_JSON_FIELD_BYTES (64 KiB by default).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -30,11 +36,16 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.documents import Document
 from langchain_core.messages import (
     AIMessage,
+    AIMessageChunk,
     BaseMessage,
     ChatMessage,
+    FunctionMessage,
     HumanMessage,
+    RemoveMessage,
     SystemMessage,
     ToolMessage,
+    message_to_dict,
+    messages_from_dict,
 )
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict
@@ -43,66 +54,126 @@ from ctxapp.client import AsyncClient, Client
 
 __all__ = ["CtxappChatMessageHistory", "CtxappRetriever", "message_from_ctxapp", "message_to_ctxapp"]
 
-ROLE_OF_TYPE = {"human": "user", "ai": "assistant", "tool": "tool", "system": "system"}
+NAME_MAX_LENGTH = 200  # a ctxapp message's `name`
 CTXAPP_ROLES = {"user", "assistant", "tool", "system"}
+TYPE_OF_ROLE = {"user": "human", "assistant": "ai", "tool": "tool", "system": "system"}
+# Fields a message class takes from ctxapp's own columns rather than from `metadata.langchain`.
+COLUMN_FIELDS = frozenset({"content", "type", "tool_call_id"})
+
+
+def _role(message: BaseMessage) -> str:
+    if isinstance(message, HumanMessage):
+        return "user"
+    if isinstance(message, AIMessage):
+        return "assistant"
+    if isinstance(message, ToolMessage | FunctionMessage):
+        return "tool"
+    if isinstance(message, SystemMessage):
+        return "system"
+    if isinstance(message, ChatMessage) and message.role in CTXAPP_ROLES:
+        return message.role
+    return "user"
+
+
+def _kept_fields(message: BaseMessage) -> dict[str, Any]:
+    """The message's fields as LangChain serializes them, but for those ctxapp's columns hold and
+    those at their class default (so a plain message adds little to the metadata)."""
+    data: dict[str, Any] = message_to_dict(message)["data"]
+    fields = type(message).model_fields
+    kept = {}
+    for name, value in data.items():
+        if name in COLUMN_FIELDS:
+            continue
+        default = fields[name].get_default(call_default_factory=True) if name in fields else None
+        if name in fields and not fields[name].is_required() and value == default:
+            continue
+        kept[name] = value
+    if isinstance(message, AIMessage):
+        kept.pop("tool_calls", None)  # ctxapp's tool_calls column (a chunk derives them from its chunks)
+        if isinstance(message, AIMessageChunk) and message.tool_call_chunks:
+            kept.pop("invalid_tool_calls", None)
+    return kept
+
+
+def _tool_calls(message: AIMessage) -> list[dict[str, Any]]:
+    """The message's tool calls as ctxapp's: a call LangChain made without an id gets one here,
+    which ctxapp needs to pair it with its answer; the message's metadata says it had none."""
+    return [
+        {
+            "id": call.get("id") or f"lc_{uuid.uuid4().hex}",
+            "type": "function",
+            "function": {"name": call["name"], "arguments": json.dumps(call["args"], ensure_ascii=False)},
+        }
+        for call in message.tool_calls
+    ]
 
 
 def message_to_ctxapp(message: BaseMessage) -> dict[str, Any]:
-    """One LangChain message as a ctxapp message body. Pure."""
-    kept: dict[str, Any] = {"type": message.type}
-    if message.id:
-        kept["id"] = message.id
-    if message.name:
-        kept["name"] = message.name
+    """One LangChain message as a ctxapp message body. Pure, but for the id a tool call without
+    one is given. A RemoveMessage is refused (ValueError): it tells LangGraph's `add_messages`
+    to drop a message, it is not one, and a ctxapp session is append-only."""
+    if isinstance(message, RemoveMessage):
+        raise ValueError(
+            "A RemoveMessage is not a message to store; ctxapp sessions are append-only "
+            "(clear() starts the history over)."
+        )
+    langchain: dict[str, Any] = {"type": message.type, "data": _kept_fields(message)}
     content = message.content
     if not isinstance(content, str):
-        kept["content_parts"] = True
+        langchain["content_parts"] = True
         content = json.dumps(content, ensure_ascii=False)
-    role = ROLE_OF_TYPE.get(message.type)
-    if role is None and isinstance(message, ChatMessage):
-        role = message.role if message.role in CTXAPP_ROLES else "user"
-        kept["role"] = message.role
-    body: dict[str, Any] = {"role": role or "user", "content": content, "metadata": {"langchain": kept}}
+    body: dict[str, Any] = {"role": _role(message), "content": content, "metadata": {"langchain": langchain}}
+    if isinstance(message.name, str) and 0 < len(message.name) <= NAME_MAX_LENGTH:
+        body["name"] = message.name  # searchable as the speaker
     if isinstance(message, AIMessage) and message.tool_calls:
-        body["tool_calls"] = [
-            {
-                "id": call.get("id") or f"call_{index}",
-                "type": "function",
-                "function": {"name": call["name"], "arguments": json.dumps(call["args"], ensure_ascii=False)},
-            }
-            for index, call in enumerate(message.tool_calls)
-        ]
+        body["tool_calls"] = _tool_calls(message)
+        ids = [call.get("id") for call in message.tool_calls]
+        if None in ids or "" in ids:
+            langchain["tool_call_ids"] = ids
     if isinstance(message, ToolMessage):
         body["tool_call_id"] = message.tool_call_id
+    elif isinstance(message, FunctionMessage):
+        body["tool_call_id"] = message.name
     return body
 
 
 def message_from_ctxapp(item: dict[str, Any]) -> BaseMessage:
-    """A ctxapp message (as the API returns it) as a LangChain message. Pure."""
+    """A ctxapp message (as the API returns it) as a LangChain message. Pure.
+
+    A message this adapter wrote comes back as the class and fields it had; one written by another
+    client as the LangChain class of its role."""
     kept = (item.get("metadata") or {}).get("langchain") or {}
+    role = item.get("role")
     content: Any = item.get("content") or ""
     if kept.get("content_parts"):
         content = json.loads(content)
-    extra: dict[str, Any] = {key: kept[key] for key in ("id", "name") if kept.get(key)}
-    role = item.get("role")
-    if kept.get("role"):
-        return ChatMessage(content=content, role=kept["role"], **extra)
-    if role == "assistant":
-        calls = [
+    # Older versions kept only the id, name and a ChatMessage's role, beside the type.
+    data: dict[str, Any] = dict(
+        kept.get("data") or {k: kept[k] for k in ("id", "name", "role") if kept.get(k)}
+    )
+    kind = kept.get("type") or ("chat" if "role" in data else TYPE_OF_ROLE.get(str(role), "human"))
+    data["content"] = content
+    if kind in ("ai", "AIMessageChunk") and not data.get("tool_call_chunks"):
+        calls = item.get("tool_calls") or []
+        ids = kept.get("tool_call_ids") or [call["id"] for call in calls]
+        data["tool_calls"] = [
             {
-                "id": call["id"],
+                "id": call_id or None,
                 "name": call["function"]["name"],
                 "args": _arguments(call["function"].get("arguments")),
                 "type": "tool_call",
             }
-            for call in item.get("tool_calls") or []
+            for call, call_id in zip(calls, ids, strict=False)
         ]
-        return AIMessage(content=content, tool_calls=calls, **extra)
-    if role == "tool":
-        return ToolMessage(content=content, tool_call_id=item.get("tool_call_id") or "", **extra)
-    if role == "system":
-        return SystemMessage(content=content, **extra)
-    return HumanMessage(content=content, **extra)
+    if kind in ("tool", "ToolMessageChunk"):
+        data["tool_call_id"] = item.get("tool_call_id") or ""
+    if kind in ("function", "FunctionMessageChunk"):
+        data.setdefault("name", item.get("tool_call_id") or "")
+    try:
+        return messages_from_dict([{"type": kind, "data": data}])[0]
+    except ValueError:  # a class this langchain-core does not know: its role's
+        data = {key: data[key] for key in ("content", "id", "name") if key in data}
+        return messages_from_dict([{"type": TYPE_OF_ROLE.get(str(role), "human"), "data": data}])[0]
 
 
 def _arguments(raw: Any) -> dict[str, Any]:

@@ -17,14 +17,19 @@ Mapping (docs/integrations.md, "LangChain and LangGraph"):
   `working_memory.langgraph` holds the thread, namespace, checkpoint id and parent id, the
   checkpoint (channel values one by one) and its metadata. A value that is plain JSON is stored as
   JSON (`{"json": …}`, readable and diffable); anything else goes through LangGraph's own serde
-  (JsonPlusSerializer) as `{"type": …, "b64": …}`. `reason` is `langgraph` plus the namespace,
+  (JsonPlusSerializer) as `{"type": …, "b64": …}`. A value too large for the state (over 1 MiB
+  packed, or past 3 MiB of the checkpoint's values, largest first) is stored as a blob of the
+  agent (`PUT /api/v1/agents/{agent}/blobs/{sha256}`) and the state keeps
+  `{"type": …, "blob": <sha256>, "size": …}`. `reason` is `langgraph` plus the namespace,
   `produced_by` the checkpoint id, `step` the metadata's step;
 - `put_writes` records one `agent.langgraph.writes` event on the agent's stream (checkpoint id,
-  namespace, task id and path, and the writes in the same encoding); `get_tuple` and `list` read
+  namespace, task id and path, and the writes in the same encoding, a value past the event's
+  160 KiB, largest first, as a blob reference); `get_tuple` and `list` read
   them back keyed by (namespace, checkpoint id, task id, index), wherever they sit in the stream,
   sorted as LangGraph sorts them, a regular write kept once per (task, index) and a special one
   (error, interrupt…) replaced;
-- `list(None)` lists every thread (agents with the prefix); `delete_thread` deletes the agent;
+- `list(None)` lists every thread (agents with the prefix); `delete_thread` deletes the agent
+  (its checkpoints, events and blobs);
   `copy_thread`, `prune` and `delete_for_runs` rewrite whole threads (_langgraph_threads.py).
 """
 
@@ -115,7 +120,8 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         self.client = client
         self.async_client = async_client
         self.codec = Codec(self.serde, agent_prefix)
-        self._known: set[str] = set()  # agent ids known to exist (no lookup before their reads)
+        # Agent ids known to exist (no lookup before their reads), and the blobs each holds (blob:…).
+        self._known: set[str] = set()
 
     # --- helpers -----------------------------------------------------------------------------
     @property
@@ -194,7 +200,7 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        self._run(put_writes_steps(self.codec, config, writes, task_id, task_path))
+        self._run(put_writes_steps(self.codec, config, writes, task_id, task_path, self._known))
 
     def delete_thread(self, thread_id: str) -> None:
         self._run(delete_thread_steps(self.codec, thread_id, self._known))
@@ -206,7 +212,7 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         self._run(prune_steps(self.codec, thread_ids, strategy, self._known))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        self._run(delete_for_runs_steps(self.codec, run_ids))
+        self._run(delete_for_runs_steps(self.codec, run_ids, self._known))
 
     # --- async ---------------------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -243,7 +249,7 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        await self._arun(put_writes_steps(self.codec, config, writes, task_id, task_path))
+        await self._arun(put_writes_steps(self.codec, config, writes, task_id, task_path, self._known))
 
     async def adelete_thread(self, thread_id: str) -> None:
         await self._arun(delete_thread_steps(self.codec, thread_id, self._known))
@@ -255,7 +261,7 @@ class CtxappSaver(BaseCheckpointSaver[str]):
         await self._arun(prune_steps(self.codec, thread_ids, strategy, self._known))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await self._arun(delete_for_runs_steps(self.codec, run_ids))
+        await self._arun(delete_for_runs_steps(self.codec, run_ids, self._known))
 
     # --- shared --------------------------------------------------------------------------------
     @staticmethod

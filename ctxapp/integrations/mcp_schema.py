@@ -1,61 +1,130 @@
 """The parts every ctxapp MCP tool is made of: the REST request a call becomes (`Call`), a tool's
-JSON schema, annotations and request builder (`ToolSpec`), and the helpers that build its
-arguments' schemas and its request. No Django, no SDK server: mcp_tools.py assembles the tools.
+JSON schema, annotations and request builder (`ToolSpec`), where the server enforces each
+argument's bounds (`Bound`), and the helpers that build its arguments' schemas and its request.
+No Django, no SDK server: mcp_tools.py assembles the tools, mcp_bounds.py (on the server) reads
+the bounds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import Tool, ToolAnnotations
 
-# The bounds of the REST input serializers (tests/test_mcp.py holds them equal).
-SEARCH_MAX_LIMIT = 100
-SEARCH_MAX_NEIGHBOURS = 5
-QUERY_MAX_LENGTH = 4000
-FACTS_MAX_LIMIT = 1000
-NAME_MAX_LENGTH = 200
+# What a REST error says when it names no field: never all a tool's caller is told.
+GENERIC_REFUSAL = "The request body is not valid."
 
 
 @dataclass(frozen=True)
 class Call:
-    """One REST request under /api/v1: what a tool call becomes."""
+    """One REST request under /api/v1: what a tool call becomes. `fields` names the tool argument
+    of each REST field (path) the call renamed or moved (`type` → `fact_type`, `scope.agent` →
+    `agent`), so that the server's errors name what the caller sent."""
 
     method: str
     path: str
     body: dict[str, Any] | None = None
     params: dict[str, Any] | None = None
+    fields: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Where the server enforces an argument's bounds: a field of a REST input serializer
+    (`where` = "module:Class.Inner") or of a model ("memory.models:Session"). The schema listed
+    to a client states them as mcp_bounds.py reads them there, so it cannot drift from them."""
+
+    where: str
+    field: str
+
+
+class RestError(ToolError):
+    """The REST API refused a tool's request: its error code, message and details."""
+
+    def __init__(self, code: str, message: str, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.details = dict(details or {})
 
 
 def tool_error(code: str, message: str) -> ToolError:
     return ToolError(f"{code}: {message}")
 
 
-def string_arg(
-    description: str, *, max_length: int | None = None, enum: Sequence[str] = (), default: str | None = None
-) -> dict[str, Any]:
+def _field_problems(detail: Any, path: str = "") -> list[tuple[str, str]]:
+    """(field path, first problem) of a REST error's `details.fields`, nested fields dotted."""
+    if isinstance(detail, Mapping):
+        found: list[tuple[str, str]] = []
+        for key, value in detail.items():
+            found += _field_problems(value, f"{path}.{key}" if path else str(key))
+        return found
+    if isinstance(detail, list) and detail:
+        if isinstance(detail[0], Mapping | list):
+            return _field_problems(detail[0], path)
+        return [(path, str(detail[0]))]
+    return [(path, str(detail))] if detail else []
+
+
+def refusal_text(call: Call, error: RestError) -> str:
+    """The REST error as the tool's `code: message`: every field named as the tool's argument
+    (`fact_type`, not `type`), every bad field told, never only the generic message."""
+
+    def argument(path: str) -> str:
+        return call.fields.get(path, path)
+
+    problems = _field_problems(error.details.get("fields"))
+    paths = [path for path, _ in problems]
+    parts: list[str] = []
+    told: set[str] = set()
+    head, sep, rest = error.message.partition(": ")
+    if error.message and error.message != GENERIC_REFUSAL:
+        if sep and (head in paths or head in call.fields):
+            parts.append(f"{argument(head)}: {rest}")
+            told.add(head)
+        elif paths:  # a message about the first field that does not say which: say it
+            parts.append(f"{argument(paths[0])}: {error.message}")
+            told.add(paths[0])
+        else:
+            parts.append(error.message)
+    for path, problem in problems:
+        if path not in told:
+            told.add(path)
+            parts.append(f"{argument(path)}: {problem}" if path not in ("", "non_field_errors") else problem)
+    return f"{error.code}: {'; '.join(parts) or error.message}"
+
+
+def string_arg(description: str, *, enum: Sequence[str] = (), default: str | None = None) -> dict[str, Any]:
+    """A string argument; its bounds come from the server (ToolSpec.bounds), an `enum` only when
+    the value is the tool's own (not a REST field's)."""
     schema: dict[str, Any] = {"type": "string", "description": description}
     if default is not None:
         schema["default"] = default
-    if max_length is not None:
-        schema["maxLength"] = max_length
     if enum:
         schema["enum"] = list(enum)
     return schema
 
 
-def integer_arg(
-    description: str, *, minimum: int, maximum: int, default: int | None = None
-) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "integer", "description": description, "minimum": minimum}
-    schema["maximum"] = maximum
+def integer_arg(description: str, *, default: int | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer", "description": description}
     if default is not None:
         schema["default"] = default
     return schema
+
+
+def number_arg(description: str, *, default: float | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "number", "description": description}
+    if default is not None:
+        schema["default"] = default
+    return schema
+
+
+# What a tool's schema says of an argument, from where the server enforces it (mcp_bounds.py).
+Resolver = Callable[[Sequence[Bound]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -65,6 +134,7 @@ class ToolSpec:
     properties: dict[str, dict[str, Any]]
     request: Callable[[dict[str, Any]], Call]
     scope: str  # the API key scope its REST route needs: `read` tools change nothing
+    bounds: Mapping[str, Sequence[Bound]]  # per argument: where the server enforces its bounds
     path_arguments: tuple[str, ...] = ()  # parts of the route's URL (required)
     required: tuple[str, ...] = ()  # required body fields
     idempotent: bool = True  # the same call again changes nothing more
@@ -81,8 +151,13 @@ class ToolSpec:
             open_world_hint=False,
         )
 
-    def listed(self) -> Tool:
-        schema: dict[str, Any] = {"type": "object", "properties": self.properties}
+    def listed(self, resolve: Resolver) -> Tool:
+        """The tool as listed to a client, each argument with the bounds the server enforces."""
+        properties = {
+            name: _with_bounds(schema, resolve(self.bounds[name])) if name in self.bounds else schema
+            for name, schema in self.properties.items()
+        }
+        schema: dict[str, Any] = {"type": "object", "properties": properties}
         schema |= {"required": [*self.path_arguments, *self.required], "additionalProperties": False}
         return Tool(
             name=self.name,
@@ -100,21 +175,35 @@ class ToolSpec:
                 "validation_error",
                 f"{unknown[0]}: Unknown field. Known: {', '.join(sorted(self.properties))}.",
             )
-        for name in self.path_arguments:
-            value = arguments.get(name)
-            if value is None:
+        for name in (*self.path_arguments, *self.required):
+            if arguments.get(name) is None:
                 raise tool_error("validation_error", f"{name}: This field is required.")
+        for name in self.path_arguments:
+            value = arguments[name]
             if not isinstance(value, str) or not value:
                 raise tool_error("validation_error", f"{name}: Must be a non-empty string.")
         return self.request(arguments)
 
 
+def _with_bounds(schema: dict[str, Any], bounds: dict[str, Any]) -> dict[str, Any]:
+    """An argument's schema with the server's bounds; an array's `items` merged, not replaced."""
+    merged = {**schema, **{key: value for key, value in bounds.items() if key != "items"}}
+    if "items" in bounds:
+        merged["items"] = {**schema.get("items", {}), **bounds["items"]}
+    return merged
+
+
 def given(
-    arguments: dict[str, Any], names: Sequence[str], rename: dict[str, str] | None = None
+    arguments: dict[str, Any], names: Sequence[str], rename: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """The body fields among `arguments` (as given: the REST serializer judges them)."""
     rename = rename or {}
     return {rename.get(name, name): arguments[name] for name in names if name in arguments}
+
+
+def fields_of(rename: Mapping[str, str], prefix: str = "") -> dict[str, str]:
+    """A Call's `fields` for arguments sent as `rename[argument]` (under `prefix`, e.g. `scope.`)."""
+    return {prefix + field: argument for argument, field in rename.items()}
 
 
 def segment(value: str) -> str:

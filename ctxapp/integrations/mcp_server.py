@@ -33,11 +33,13 @@ from django.http import HttpResponse
 from django.template.response import SimpleTemplateResponse
 from django.urls import Resolver404, resolve
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.types import Tool
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.request import Request
 
 from ctxapp.api_errors import error_body, exception_handler, handler404, too_large_response
-from ctxapp.integrations.mcp_schema import Call, tool_error
+from ctxapp.integrations.mcp_bounds import bounds_resolve
+from ctxapp.integrations.mcp_schema import Call, RestError, ToolSpec
 from ctxapp.integrations.mcp_tools import build_server, current_backend
 from memory.api import throttles
 from memory.api.auth import ApiKeyAuthentication
@@ -63,8 +65,11 @@ class ServiceBackend:
         body = json.loads(response.content) if response.content else None
         if response.status_code >= 400:
             error = (body or {}).get("error") or {}
-            raise tool_error(error.get("code", "error"), error.get("message", ""))
+            raise RestError(error.get("code", "error"), error.get("message", ""), error.get("details"))
         return body
+
+    async def tools(self, specs: list[ToolSpec]) -> list[Tool]:
+        return [spec.listed(bounds_resolve) for spec in specs]
 
     def _view_response(self, call: Call) -> HttpResponse:
         """The REST view's answer to `call`, as /api/v1 would give it (without counting it again)."""

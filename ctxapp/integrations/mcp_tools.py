@@ -23,36 +23,53 @@ import hashlib
 import json
 import logging
 import re
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Protocol
 
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.types import CallToolResult, TextContent, Tool
 
-from ctxapp.client import Client, CtxappError
+from ctxapp.client import Client, CtxappError, NetworkError
 from ctxapp.client._core import Request, operation
+from ctxapp.client.errors import error_from_response
 from ctxapp.integrations.mcp_schema import (
-    FACTS_MAX_LIMIT,
-    NAME_MAX_LENGTH,
-    QUERY_MAX_LENGTH,
-    SEARCH_MAX_LIMIT,
-    SEARCH_MAX_NEIGHBOURS,
+    Bound,
     Call,
+    RestError,
     ToolSpec,
+    fields_of,
     given,
     integer_arg,
+    number_arg,
+    refusal_text,
     required_string,
     segment,
     string_arg,
     tool_error,
 )
 from ctxapp.integrations.mcp_user_memory import (
-    MEMORY_TYPES,
     USER_ARG,
+    USER_BOUND,
+    USER_MEMORY_INPUT,
     USER_MEMORY_TOOLS,
     user_memory_remember,
 )
+
+# Where the REST API enforces the tools' arguments (mcp_bounds.py reads them there).
+SEARCH = "memory.api.memory:MemorySearchApi.InputSerializer"
+SCOPE = "memory.api.memory:ScopeSerializer"
+MESSAGE = "memory.api.message_inputs:MessageInputSerializer"
+FACT = "memory.api.decay:FactsApi.InputSerializer"
+FACTS_QUERY = "memory.api.decay:FactsApi.ListQuerySerializer"
+SESSION_CREATE = "memory.api.sessions:SessionListCreateApi.InputSerializer"
+CONTEXT = "memory.api.context:SessionContextApi.InputSerializer"
+EXPERIENCE = "memory.api.experiences:ExperienceListApi.InputSerializer"
+SESSION_ID = Bound("memory.models:Session", "public_id")
+AGENT_ID = Bound("memory.models:Agent", "external_id")
+SCOPE_FIELDS = {"agent": "agent", "user_id": "user_id", "session": "session", "sessions": "sessions"}
+FACT_FIELDS = {"fact_type": "type"}
 
 INSTRUCTIONS = (
     "ctxapp is the agent's memory. Start a session with session_start, store each turn with remember, "
@@ -65,12 +82,17 @@ INSTRUCTIONS = (
 
 
 class Backend(Protocol):
-    """Where a tool's REST request is answered. Errors come back as ToolError('code: message')."""
+    """Where a tool's REST request is answered. Errors come back as RestError (code, message,
+    details) or ToolError('code: message')."""
 
     async def send(self, call: Call) -> Any: ...
 
     async def scopes(self) -> frozenset[str]:
         """The scopes of the caller's API key (`read`, `write`, `admin`)."""
+        ...
+
+    async def tools(self, specs: list[ToolSpec]) -> list[Tool]:
+        """The tools as listed to the client, with the bounds the server enforces."""
         ...
 
 
@@ -86,10 +108,10 @@ def fact_key(fact_type: str, content: str) -> str:
 
 def _search(arguments: dict[str, Any]) -> Call:
     body = given(arguments, ("query", "kinds", "limit", "neighbours"))
-    scope = given(arguments, ("agent", "user_id", "session", "sessions"))
+    scope = given(arguments, tuple(SCOPE_FIELDS))
     if scope:
         body["scope"] = scope
-    return Call("POST", "/memory/search", body=body)
+    return Call("POST", "/memory/search", body=body, fields=fields_of(SCOPE_FIELDS, "scope."))
 
 
 def _remember(arguments: dict[str, Any]) -> Call:
@@ -105,11 +127,11 @@ def _remember(arguments: dict[str, Any]) -> Call:
     for name in ("user_id", "subject", "memory_type"):
         if name in arguments:
             raise tool_error("validation_error", f"{name}: Only with kind=user_memory.")
-    body = given(arguments, ("key", "content", "fact_type"), {"fact_type": "type"})
+    body = given(arguments, ("key", "content", "fact_type"), FACT_FIELDS)
     body.setdefault("type", "constraint")
     if "key" not in body and isinstance(body.get("content"), str) and isinstance(body["type"], str):
         body["key"] = fact_key(body["type"], body["content"])
-    return Call("POST", f"/sessions/{session}/facts", body=body)
+    return Call("POST", f"/sessions/{session}/facts", body=body, fields=fields_of(FACT_FIELDS))
 
 
 def _decay_report(arguments: dict[str, Any]) -> Call:
@@ -120,16 +142,18 @@ def _decay_report(arguments: dict[str, Any]) -> Call:
 SESSION_ARG = string_arg("The session id (`sess_…`) from session_start.")
 AGENT_ARG = string_arg("The agent's external id (your name for it).")
 
-ID_ARGUMENTS = {"session": SESSION_ARG, "agent": AGENT_ARG}
+ID_ARGUMENTS = {"session": (SESSION_ARG, SESSION_ID), "agent": (AGENT_ARG, AGENT_ID)}
 
 
 def _by_id(name: str, description: str, route: tuple[str, str, str], *, scope: str) -> ToolSpec:
     """A tool whose one argument is the id in its route (`route`: method, path template, argument)."""
     method, template, argument = route
+    schema, bound = ID_ARGUMENTS[argument]
     return ToolSpec(
         name=name,
         description=description,
-        properties={argument: ID_ARGUMENTS[argument]},
+        properties={argument: schema},
+        bounds={argument: (bound,)},
         scope=scope,
         request=lambda a: Call(method, template.format(segment(a[argument]))),
         path_arguments=(argument,),
@@ -141,38 +165,33 @@ TOOLS: tuple[ToolSpec, ...] = (
         name="memory_search",
         description=(
             "Search the agent's memory by meaning and keywords: earlier conversation turns (also from "
-            "past sessions), session summaries, tracked facts and stored experiences. Scope: `session` "
-            'with sessions="all" (default) searches every session of that session\'s user (or agent, when '
-            'it has no user), sessions="current" only that session; `agent` and `user_id` narrow to that '
-            "agent's / user's sessions; without any of them the whole tenant is searched. Returns "
-            "`results`, best first: kind, id, session, seq, occurred_at, speaker, text, score and each "
-            "signal's contribution."
+            "past sessions), session summaries, tracked facts, stored experiences and what is known "
+            'about users. Scope: `session` with sessions="all" (default) searches every session of '
+            'that session\'s user (or agent, when it has no user), sessions="current" only that '
+            "session; `agent` and `user_id` narrow to that agent's / user's sessions; without any of "
+            "them the whole tenant is searched. Returns `results`, best first: kind, id, session, seq, "
+            "occurred_at, speaker, text, score and each signal's contribution."
         ),
         properties={
-            "query": string_arg("What to look for (non-empty).", max_length=QUERY_MAX_LENGTH),
+            "query": string_arg("What to look for (non-empty)."),
             "session": string_arg("Search around this session (see `sessions`)."),
             "sessions": string_arg(
                 "`all`: every session of the session's user (or agent); `current`: only `session`.",
-                enum=("all", "current"),
                 default="all",
             ),
             "agent": string_arg("Only this agent's sessions."),
             "user_id": string_arg("Only this user's sessions."),
             "kinds": {
                 "type": "array",
-                "items": {"type": "string", "enum": ["message", "summary", "fact", "experience"]},
-                "minItems": 1,
-                "description": "Which kinds of memory to search (default: all four).",
+                "items": {"type": "string"},
+                "description": "Which kinds of memory to search (default: all).",
             },
-            "limit": integer_arg(
-                "How many results at most.", minimum=1, maximum=SEARCH_MAX_LIMIT, default=10
-            ),
-            "neighbours": integer_arg(
-                "Turns to include either side of each message hit.",
-                minimum=0,
-                maximum=SEARCH_MAX_NEIGHBOURS,
-                default=0,
-            ),
+            "limit": integer_arg("How many results at most.", default=10),
+            "neighbours": integer_arg("Turns to include either side of each message hit.", default=0),
+        },
+        bounds={
+            **{name: (Bound(SEARCH, name),) for name in ("query", "kinds", "limit", "neighbours")},
+            **{name: (Bound(SCOPE, field),) for name, field in SCOPE_FIELDS.items()},
         },
         required=("query",),
         scope="read",
@@ -190,33 +209,36 @@ TOOLS: tuple[ToolSpec, ...] = (
         ),
         properties={
             "session": string_arg("The session id (`sess_…`) from session_start; not for kind=user_memory."),
-            "content": string_arg("The message text, the fact's text, or the memory about the user."),
+            "content": string_arg(
+                "The message text, the fact's text, or the memory about the user (non-empty)."
+            ),
             "kind": string_arg(
                 "`message`: a conversation turn; `fact`: a fact to keep in view in the session; "
                 "`user_memory`: a memory about the user across sessions.",
                 enum=("message", "fact", "user_memory"),
                 default="message",
             ),
-            "role": string_arg(
-                "Who said it (kind=message).", enum=("user", "assistant", "system", "tool"), default="user"
-            ),
+            "role": string_arg("Who said it (kind=message).", default="user"),
             "fact_type": string_arg(
                 "The fact's type (kind=fact), lowercase: constraint, decision, goal, preference, …",
-                max_length=64,
                 default="constraint",
             ),
-            "key": string_arg(
-                "The fact's key (kind=fact); default: derived from its type and text.",
-                max_length=NAME_MAX_LENGTH,
-            ),
+            "key": string_arg("The fact's key (kind=fact); default: derived from its type and text."),
             "user_id": USER_ARG | {"description": "The user the memory is about (kind=user_memory)."},
             "subject": string_arg(
-                "What the memory is about, e.g. `home.city` (kind=user_memory); a new value replaces it.",
-                max_length=NAME_MAX_LENGTH,
+                "What the memory is about, e.g. `home.city` (kind=user_memory); a new value replaces it."
             ),
-            "memory_type": string_arg(
-                "The user memory's type (kind=user_memory).", enum=MEMORY_TYPES, default="fact"
-            ),
+            "memory_type": string_arg("The user memory's type (kind=user_memory).", default="fact"),
+        },
+        bounds={
+            "session": (SESSION_ID,),
+            "content": (Bound(MESSAGE, "content"), Bound(FACT, "content"), Bound(USER_MEMORY_INPUT, "text")),
+            "role": (Bound(MESSAGE, "role"),),
+            "fact_type": (Bound(FACT, "type"),),
+            "key": (Bound(FACT, "key"),),
+            "user_id": (USER_BOUND,),
+            "subject": (Bound(USER_MEMORY_INPUT, "subject"),),
+            "memory_type": (Bound(USER_MEMORY_INPUT, "type"),),
         },
         required=("content",),
         scope="write",
@@ -235,6 +257,11 @@ TOOLS: tuple[ToolSpec, ...] = (
             "input": string_arg("The upcoming user message (what the prompt is for)."),
             "model": string_arg("The model the prompt is for (its budget); default: the session's model."),
         },
+        bounds={
+            "session": (SESSION_ID,),
+            "input": (Bound(CONTEXT, "input"),),
+            "model": (Bound(CONTEXT, "model"),),
+        },
         scope="write",
         idempotent=False,
         request=lambda a: Call(
@@ -251,14 +278,14 @@ TOOLS: tuple[ToolSpec, ...] = (
             "pass its `id` to remember, context_build, decay_report and session_end."
         ),
         properties={
-            "agent": AGENT_ARG | {"maxLength": NAME_MAX_LENGTH},
-            "user_id": string_arg("The user the session is with.", max_length=NAME_MAX_LENGTH),
-            "model": string_arg("The model the agent uses (its token budget).", max_length=NAME_MAX_LENGTH),
+            "agent": AGENT_ARG,
+            "user_id": string_arg("The user the session is with."),
+            "model": string_arg("The model the agent uses (its token budget)."),
             "key": string_arg(
-                "Your own id for this conversation, unique per agent: the same key returns the same session.",
-                max_length=NAME_MAX_LENGTH,
+                "Your own id for this conversation, unique per agent: the same key returns the same session."
             ),
         },
+        bounds={name: (Bound(SESSION_CREATE, name),) for name in ("agent", "user_id", "model", "key")},
         required=("agent",),
         scope="write",
         idempotent=False,
@@ -277,17 +304,15 @@ TOOLS: tuple[ToolSpec, ...] = (
             "exact duplicate merges into the existing experience (`outcome`)."
         ),
         properties={
-            "problem": string_arg("What went wrong or was asked (non-empty).", max_length=10_000),
-            "solution": string_arg("What worked.", max_length=20_000),
-            "cause": string_arg("Why it happened.", max_length=10_000),
-            "confidence": {
-                "type": "number",
-                "minimum": 0,
-                "maximum": 1,
-                "default": 0.5,
-                "description": "How sure you are that the solution works, 0 to 1.",
-            },
-            "user_id": string_arg("The user it is about (default: every user).", max_length=NAME_MAX_LENGTH),
+            "problem": string_arg("What went wrong or was asked (non-empty)."),
+            "solution": string_arg("What worked."),
+            "cause": string_arg("Why it happened."),
+            "confidence": number_arg("How sure you are that the solution works, 0 to 1.", default=0.5),
+            "user_id": string_arg("The user it is about (default: every user)."),
+        },
+        bounds={
+            name: (Bound(EXPERIENCE, name),)
+            for name in ("problem", "solution", "cause", "confidence", "user_id")
         },
         required=("problem",),
         scope="write",
@@ -312,7 +337,12 @@ TOOLS: tuple[ToolSpec, ...] = (
         properties={
             "session": SESSION_ARG,
             "cursor": string_arg("The `next_cursor` of the previous page."),
-            "limit": integer_arg("Facts per page (default 100).", minimum=1, maximum=FACTS_MAX_LIMIT),
+            "limit": integer_arg("Facts per page (default 100)."),
+        },
+        bounds={
+            "session": (SESSION_ID,),
+            "cursor": (Bound(FACTS_QUERY, "cursor"),),
+            "limit": (Bound(FACTS_QUERY, "limit"),),
         },
         scope="read",
         request=_decay_report,
@@ -327,12 +357,19 @@ def tools_allowed(scopes: frozenset[str]) -> list[ToolSpec]:
     return [spec for spec in TOOLS if "admin" in scopes or spec.scope in scopes]
 
 
+RECENT_MESSAGES = 50  # the messages of a session's resource: its newest
+SESSIONS_LISTED = 50
+SESSIONS_URI = "ctxapp://sessions"
+MESSAGES_URI = "ctxapp://sessions/{session}/messages"
+
+
 class CtxappMCPServer(MCPServer):
-    """MCPServer whose tools are `TOOLS`: listed for the caller's key, each call one REST request."""
+    """MCPServer whose tools are `TOOLS`: listed for the caller's key, each call one REST request.
+    Its resources (the newest sessions, a session's recent messages) are REST reads too."""
 
     async def list_tools(self) -> list[Tool]:
         backend = _backend()
-        return [spec.listed() for spec in tools_allowed(await backend.scopes())]
+        return await backend.tools(tools_allowed(await backend.scopes()))
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> CallToolResult:
         try:
@@ -359,12 +396,57 @@ async def _tool_call(name: str, arguments: dict[str, Any]) -> Any:
         raise tool_error("not_found", f"No tool named {name!r}.")
     if spec not in tools_allowed(await backend.scopes()):
         raise tool_error("forbidden", f"This API key lacks the '{spec.scope}' scope this tool needs.")
-    return await backend.send(spec.call(arguments))
+    call = spec.call(arguments)
+    try:
+        return await backend.send(call)
+    except RestError as exc:
+        raise ToolError(refusal_text(call, exc)) from None
+
+
+async def _read(call: Call) -> str:
+    """A resource's content: the REST answer as JSON text (a refusal as ResourceError)."""
+    try:
+        return json.dumps(await _backend().send(call), indent=2)
+    except ToolError as exc:
+        raise ResourceError(str(exc)) from None
+
+
+async def sessions_resource() -> str:
+    """The newest sessions (id, agent, user, status, message count …), newest first."""
+    return await _read(Call("GET", "/sessions", params={"limit": SESSIONS_LISTED}))
+
+
+async def session_messages_resource(session: str) -> str:
+    """The session's most recent messages, oldest first."""
+    if not session:
+        raise ResourceError("validation_error: session: Must be a non-empty string.")
+    try:
+        found = await _backend().send(Call("GET", f"/sessions/{segment(session)}"))
+    except ToolError as exc:
+        raise ResourceError(str(exc)) from None
+    after = max(0, int(found.get("last_seq") or 0) - RECENT_MESSAGES)
+    params = {"after": after, "limit": RECENT_MESSAGES}
+    return await _read(Call("GET", f"/sessions/{segment(session)}/messages", params=params))
 
 
 def build_server() -> MCPServer:
-    """The MCP server with ctxapp's tools; each call uses the backend its transport set."""
-    return CtxappMCPServer("ctxapp", instructions=INSTRUCTIONS, version=_version())
+    """The MCP server with ctxapp's tools and resources; each call uses the backend its transport set."""
+    server = CtxappMCPServer("ctxapp", instructions=INSTRUCTIONS, version=_version())
+    server.resource(
+        SESSIONS_URI,
+        name="sessions",
+        description=f"The {SESSIONS_LISTED} newest sessions of the key's tenant (or agent), as JSON: "
+        "`items` (id, agent, user_id, status, last_seq, message_count …), newest first.",
+        mime_type="application/json",
+    )(sessions_resource)
+    server.resource(
+        MESSAGES_URI,
+        name="session_messages",
+        description=f"A session's {RECENT_MESSAGES} most recent messages, as JSON: `items` (seq, role, "
+        "content, tool calls, occurred_at), oldest first.",
+        mime_type="application/json",
+    )(session_messages_resource)
+    return server
 
 
 def _version() -> str:
@@ -378,11 +460,31 @@ def _version() -> str:
 
 
 class ToolClient(Client):
-    """The Python client, with the one operation the tools need: any request under /api/v1."""
+    """The Python client, with the operations the tools need: any request under /api/v1, the
+    key's scopes, and a request to the server's own MCP endpoint (its tool list)."""
 
     @operation
     def tool_request(call: Call) -> Request[Any]:
         return Request(call.method, call.path, params=call.params, json=call.body)
+
+    @operation
+    def tenant_scopes() -> Request[Any]:
+        return Request("GET", "/tenant", parse=lambda body: body["scopes"])
+
+    def mcp_request(self, method: str) -> Any:
+        """One JSON-RPC request to the server's streamable HTTP endpoint (stateless JSON mode)."""
+        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {}}
+        headers = {
+            "Authorization": f"Bearer {self.api_key}",
+            "Accept": "application/json, text/event-stream",
+        }
+        response = self._http.post(f"{self.base_url}/mcp", json=body, headers=headers)
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        answer = response.json()
+        if "error" in answer:
+            raise CtxappError(str(answer["error"].get("message", "")), code="mcp_error")
+        return answer["result"]
 
 
 class ClientBackend:
@@ -391,32 +493,60 @@ class ClientBackend:
     def __init__(self, client: ToolClient) -> None:
         self.client = client
         self._scopes: frozenset[str] | None = None
+        self._tools: list[Tool] | None = None
 
     async def send(self, call: Call) -> Any:
         try:
             return await asyncio.to_thread(self.client.tool_request, call)
         except CtxappError as exc:
-            raise tool_error(exc.code, exc.message) from None
+            raise RestError(exc.code, exc.message, exc.details) from None
 
     async def scopes(self) -> frozenset[str]:
         if self._scopes is None:
             try:
                 tenant = await self.send(Call("GET", "/tenant"))
                 self._scopes = frozenset(tenant["scopes"])
-            except ToolError as exc:
-                if not str(exc).startswith("forbidden:"):
+            except RestError as exc:
+                if exc.code != "forbidden":
                     raise
                 # GET /tenant needs `read`; a key refused it has neither read nor admin: write only.
                 self._scopes = frozenset({"write"})
         return self._scopes
 
+    async def tools(self, specs: list[ToolSpec]) -> list[Tool]:
+        """The server's own list (its /mcp endpoint), so the bounds are those it enforces."""
+        if self._tools is None:
+            listed = await asyncio.to_thread(self.client.mcp_request, "tools/list")
+            self._tools = [Tool.model_validate(tool) for tool in listed["tools"]]
+        return self._tools
 
-def run_stdio(*, url: str, api_key: str) -> None:
-    """Serve the tools on stdin/stdout, calling the REST API at `url` with `api_key`."""
+
+def key_refusal(client: ToolClient) -> str | None:
+    """Why the server refuses this key (or cannot be reached), in one line; None when it is usable."""
+    try:
+        client.tenant_scopes()
+    except CtxappError as exc:
+        if exc.code == "forbidden":  # a write-only key: the tools it may call still work
+            return None
+        if isinstance(exc, NetworkError):
+            return f"ctxapp mcp: cannot reach the ctxapp server at {client.base_url}: {exc.message}"
+        return f"ctxapp mcp: {client.base_url} refused the API key ({exc.code}): {exc.message}"
+    return None
+
+
+def run_stdio(*, url: str, api_key: str) -> int:
+    """Serve the tools on stdin/stdout, calling the REST API at `url` with `api_key`. A key the
+    server refuses, or a server it cannot reach, is said in one line on stderr (exit status 2)
+    before anything is served: an MCP host shows a server's stderr when it fails to start."""
     # One line per HTTP request at INFO would fill the host's log of this server's stderr.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     server = build_server()
     client = ToolClient(url, api_key)
     with client:
+        refused = key_refusal(client)
+        if refused is not None:
+            print(refused, file=sys.stderr)
+            return 2
         current_backend.set(ClientBackend(client))
         server.run("stdio")
+    return 0

@@ -7,22 +7,28 @@ from __future__ import annotations
 from typing import Any
 
 from ctxapp.integrations.mcp_schema import (
-    FACTS_MAX_LIMIT,
-    NAME_MAX_LENGTH,
+    Bound,
     Call,
     ToolSpec,
+    fields_of,
     given,
     integer_arg,
+    number_arg,
     required_string,
     segment,
     string_arg,
     tool_error,
 )
 
-USER_ARG = string_arg("The user's id (the `user_id` of their sessions).", max_length=NAME_MAX_LENGTH)
+USER_ARG = string_arg("The user's id (the `user_id` of their sessions).")
 MEMORY_ARG = string_arg("The user memory's id (`umem_…`), from memory_list.")
-MEMORY_TYPES = ("profile", "preference", "decision", "constraint", "plan", "fact")
-USER_MEMORY_TEXT_MAX_LENGTH = 4000  # memory/services/user_memory/store.py MAX_TEXT_CHARS
+# Where the REST API enforces the arguments (mcp_bounds.py reads them there).
+USER_MEMORY_INPUT = "memory.api.users:UserMemoryListApi.InputSerializer"
+USER_MEMORY_FILTER = "memory.api.users:UserMemoryListApi.FilterSerializer"
+USER_MEMORY_PATCH = "memory.api.users:UserMemoryDetailApi.PatchSerializer"
+USER_BOUND = Bound("memory.models:UserMemory", "user_id")
+MEMORY_BOUND = Bound("memory.models:UserMemory", "public_id")
+REMEMBER_FIELDS = {"content": "text", "memory_type": "type"}
 
 
 def user_memories_path(arguments: dict[str, Any], memory: str | None = None) -> str:
@@ -37,8 +43,8 @@ def user_memory_remember(arguments: dict[str, Any]) -> Call:
             raise tool_error("validation_error", f"{name}: Not with kind=user_memory (it outlives sessions).")
     required_string(arguments, "subject", " (kind=user_memory)")
     names = ("subject", "content", "memory_type")
-    body = given(arguments, names, {"content": "text", "memory_type": "type"})
-    return Call("POST", user_memories_path(arguments), body=body)
+    body = given(arguments, names, REMEMBER_FIELDS)
+    return Call("POST", user_memories_path(arguments), body=body, fields=fields_of(REMEMBER_FIELDS))
 
 
 def _memory_list(arguments: dict[str, Any]) -> Call:
@@ -67,13 +73,13 @@ USER_MEMORY_TOOLS: tuple[ToolSpec, ...] = (
         properties={
             "user_id": USER_ARG,
             "as_of": string_arg("An ISO 8601 moment, e.g. 2026-03-01T00:00:00Z: the memories current then."),
-            "type": string_arg("Only memories of this type.", enum=MEMORY_TYPES),
+            "type": string_arg("Only memories of this type."),
             "cursor": string_arg("The `next` of the previous page."),
-            "limit": integer_arg(
-                "Memories per page (default: the server's page size, CTXAPP_PAGE_SIZE).",
-                minimum=1,
-                maximum=FACTS_MAX_LIMIT,
-            ),
+            "limit": integer_arg("Memories per page (default: the server's page size, CTXAPP_PAGE_SIZE)."),
+        },
+        bounds={
+            "user_id": (USER_BOUND,),
+            **{name: (Bound(USER_MEMORY_FILTER, name),) for name in ("as_of", "type", "cursor", "limit")},
         },
         scope="read",
         request=_memory_list,
@@ -89,14 +95,14 @@ USER_MEMORY_TOOLS: tuple[ToolSpec, ...] = (
         properties={
             "user_id": USER_ARG,
             "memory": MEMORY_ARG,
-            "text": string_arg("The corrected text (non-empty).", max_length=USER_MEMORY_TEXT_MAX_LENGTH),
-            "type": string_arg("The corrected type.", enum=MEMORY_TYPES),
-            "confidence": {
-                "type": "number",
-                "minimum": 0,
-                "maximum": 1,
-                "description": "How sure the memory is, 0 to 1.",
-            },
+            "text": string_arg("The corrected text (non-empty)."),
+            "type": string_arg("The corrected type."),
+            "confidence": number_arg("How sure the memory is, 0 to 1."),
+        },
+        bounds={
+            "user_id": (USER_BOUND,),
+            "memory": (MEMORY_BOUND,),
+            **{name: (Bound(USER_MEMORY_PATCH, name),) for name in ("text", "type", "confidence")},
         },
         scope="write",
         request=_memory_update,
@@ -109,6 +115,7 @@ USER_MEMORY_TOOLS: tuple[ToolSpec, ...] = (
             "stay). Cannot be undone. Returns the erased ids."
         ),
         properties={"user_id": USER_ARG, "memory": MEMORY_ARG},
+        bounds={"user_id": (USER_BOUND,), "memory": (MEMORY_BOUND,)},
         scope="write",
         destructive=True,
         request=_memory_forget,

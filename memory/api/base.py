@@ -29,7 +29,7 @@ from rest_framework.views import APIView
 from memory.api import throttles
 from memory.api.strict_strings import string_type_errors
 from memory.exceptions import IdempotencyConflict, IdempotencyInProgress, InvalidInput
-from memory.models import IdempotencyRecord, Tenant
+from memory.models import Agent, IdempotencyRecord, Session, Tenant
 from memory.selectors.sessions import session_by_key
 from memory.services.agent_access import names_check
 
@@ -37,6 +37,10 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 MAX_BIGINT = 2**63 - 1  # PostgreSQL bigint: the bound of every integer input stored or compared as one
+# The longest id the API is given in a body, as its column holds it: a longer one names nothing.
+ID_MAX_LENGTH = Agent._meta.get_field("external_id").max_length  # an agent's id, a user's
+SESSION_ID_MAX_LENGTH = Session._meta.get_field("public_id").max_length
+CURSOR_MAX_LENGTH = 64  # an encoded primary key (encode_cursor) is far shorter
 # In a session route, the session id `by-key` means "the session of the `agent` and `key` query
 # parameters": the application's own id of the conversation instead of ours.
 SESSION_BY_KEY = "by-key"
@@ -351,7 +355,7 @@ class TenantApiView(APIView):
 
 
 class CursorSerializer(serializers.Serializer):
-    cursor = serializers.CharField(required=False, allow_blank=True)
+    cursor = serializers.CharField(required=False, allow_blank=True, max_length=CURSOR_MAX_LENGTH)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=1000)
 
 

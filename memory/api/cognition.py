@@ -8,6 +8,8 @@ tenant's) answers 404.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 from django.urls import path
@@ -199,6 +201,62 @@ class AgentCheckpointDetailApi(AgentScopedView):
         return Response(checkpoint_out(checkpoint, cognition.checkpoint_state(checkpoint=checkpoint)))
 
 
+BLOB_FIELDS: dict[str, serializers.Field] = {
+    "sha256": serializers.CharField(),
+    "size": serializers.IntegerField(help_text="Bytes."),
+    "created_at": serializers.DateTimeField(),
+}
+
+
+class AgentBlobApi(AgentScopedView):
+    """A large value kept beside the agent's checkpoints and events, by the SHA-256 of its bytes."""
+
+    class InputSerializer(BodySerializer):
+        class Meta:
+            ref_name = "AgentBlobInput"
+
+        base64 = serializers.CharField(
+            allow_blank=True,
+            trim_whitespace=False,
+            help_text="The bytes, base64 (standard alphabet, padded). Bounded by CTXAPP_MAX_BODY_BYTES.",
+        )
+
+        def validate_base64(self, value: str) -> bytes:
+            try:
+                return base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise serializers.ValidationError("Must be base64 (standard alphabet, padded).") from None
+
+    BlobSerializer = inline_serializer("AgentBlob", BLOB_FIELDS)
+    BlobDataSerializer = inline_serializer(
+        "AgentBlobData", {**BLOB_FIELDS, "base64": serializers.CharField(help_text="The bytes, base64.")}
+    )
+
+    @staticmethod
+    def _out(blob: Any) -> dict[str, Any]:
+        return {"sha256": blob.sha256, "size": blob.size, "created_at": blob.created_at.isoformat()}
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={201: BlobSerializer, 200: BlobSerializer},
+        summary="Store a blob under the SHA-256 of its bytes",
+        description="201 when stored, 200 when the agent already holds these bytes (nothing written). "
+        "A SHA-256 that is not the data's → 422. Checkpoints and events carry the reference, not the "
+        "bytes (CtxappSaver keeps large LangGraph values so). Deleted with the agent.",
+    )
+    def put(self, request: Any, agent: str, sha256: str) -> Response:
+        data = self.validate(self.InputSerializer)
+        blob, created = cognition.blob_put(
+            tenant=self.tenant, agent=self.agent(agent), sha256=sha256, data=data["base64"]
+        )
+        return Response(self._out(blob), status=201 if created else 200)
+
+    @extend_schema(responses=BlobDataSerializer, summary="A blob's bytes (base64)")
+    def get(self, request: Any, agent: str, sha256: str) -> Response:
+        blob = cognition.blob_get(tenant=self.tenant, agent=self.agent(agent), sha256=sha256)
+        return Response({**self._out(blob), "base64": base64.b64encode(bytes(blob.data)).decode()})
+
+
 class AgentCheckpointDiffApi(AgentScopedView):
     class QuerySerializer(serializers.Serializer):
         class Meta:
@@ -337,4 +395,5 @@ urlpatterns = [
         name="api-agent-recovered-state",
     ),
     path("agents/<str:agent>/reducers", AgentReducersApi.as_view(), name="api-agent-reducers"),
+    path("agents/<str:agent>/blobs/<str:sha256>", AgentBlobApi.as_view(), name="api-agent-blob"),
 ]

@@ -21,6 +21,7 @@ from memory.api.context_shapes import (
     ModelOutputSerializer,
     built_context_out,
 )
+from memory.api.message_inputs import MessageTextField
 from memory.exceptions import InvalidInput, NotFound
 from memory.models import Session, SessionContextPolicy
 from memory.services import context, jobs, model_profiles, rolling_summary, tokens
@@ -181,8 +182,16 @@ class SessionContextApi(TenantApiView):
 
     @extend_schema_serializer(component_name="ContextBuildInput")
     class InputSerializer(BodySerializer):
-        input = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, default="")
-        model = serializers.CharField(required=False, allow_blank=True, default="")
+        input = MessageTextField(
+            required=False, allow_blank=True, trim_whitespace=False, default="",
+            help_text="The upcoming user message; at most CTXAPP_MESSAGE_MAX_BYTES of UTF-8, as a message.",
+        )  # fmt: skip
+        model = serializers.CharField(
+            required=False,
+            allow_blank=True,
+            default="",
+            max_length=Session._meta.get_field("model_name").max_length,
+        )
         system_parts = SystemPartSerializer(many=True, required=False)
         tools = serializers.ListField(child=serializers.DictField(), required=False)
         open_questions = serializers.ListField(child=serializers.CharField(), required=False)

@@ -88,7 +88,7 @@ class FactsApi(TenantApiView):
         key = serializers.CharField(
             max_length=200, help_text="Unique within the session; registering it again updates it."
         )
-        type = serializers.RegexField(r"^[a-z][a-z0-9_]{0,63}$", help_text=FACT_TYPE_HELP)
+        type = serializers.RegexField(r"^[a-z][a-z0-9_]{0,63}$", max_length=64, help_text=FACT_TYPE_HELP)
         content = serializers.CharField(max_length=decay.MAX_FACT_CONTENT)
         scope = serializers.ChoiceField(choices=FactScope.choices, default=FactScope.SESSION)
 

@@ -11,21 +11,39 @@ import dataclasses
 from typing import Any, cast
 
 from django.urls import path
-from drf_spectacular.utils import extend_schema, extend_schema_serializer
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 
 from memory.api.agent_scope import bound_agent
-from memory.api.base import BodySerializer, TenantApiView
+from memory.api.base import ID_MAX_LENGTH, SESSION_ID_MAX_LENGTH, BodySerializer, TenantApiView
 from memory.api.shapes import IsoDateTimeField
 from memory.services import memory_search, message_indexing, ranking
 from memory.services.agent_access import names_check
 
 
+# A plain string in the OpenAPI document: an enum there would be a second component for the
+# choices a hit's `kind` already names (drf-spectacular warns). The MCP schema lists them.
+@extend_schema_field({"type": "string", "description": f"One of {', '.join(memory_search.KINDS)}."})
+class KindField(serializers.ChoiceField):
+    """One of the kinds memory search knows; an unknown one is refused listing them all."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        known = ", ".join(memory_search.KINDS)
+        refusal = f'Unknown kind "{{input}}"; kinds are {known}.'
+        super().__init__(choices=memory_search.KINDS, error_messages={"invalid_choice": refusal}, **kwargs)
+
+
 class ScopeSerializer(BodySerializer):
-    agent = serializers.CharField(required=False, help_text="Only this agent's sessions (404 if unknown).")
-    user_id = serializers.CharField(required=False, allow_blank=True, help_text="Only this user's sessions.")
-    session = serializers.CharField(required=False, help_text="A session id (404 if unknown).")
+    agent = serializers.CharField(
+        required=False, max_length=ID_MAX_LENGTH, help_text="Only this agent's sessions (404 if unknown)."
+    )
+    user_id = serializers.CharField(
+        required=False, allow_blank=True, max_length=ID_MAX_LENGTH, help_text="Only this user's sessions."
+    )
+    session = serializers.CharField(
+        required=False, max_length=SESSION_ID_MAX_LENGTH, help_text="A session id (404 if unknown)."
+    )
     sessions = serializers.ChoiceField(
         choices=memory_search.SESSIONS_CHOICES,
         default="all",
@@ -138,7 +156,8 @@ class MemorySearchApi(TenantApiView):
         query = serializers.CharField(max_length=4000, help_text="What to look for (non-empty).")
         scope = ScopeSerializer(required=False)
         kinds = serializers.ListField(
-            child=serializers.CharField(), required=False, allow_empty=False,
+            child=KindField(),
+            required=False, allow_empty=False, max_length=len(memory_search.KINDS),
             help_text="Any of message, summary, fact, experience, user_memory (default: all).",
         )  # fmt: skip
         limit = serializers.IntegerField(

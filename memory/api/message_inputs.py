@@ -52,16 +52,34 @@ class StrictCharField(serializers.CharField):
         return data
 
 
+def message_size_check(text: str) -> str:
+    """`text`, if it fits a message (CTXAPP_MESSAGE_MAX_BYTES of UTF-8), else ValidationError."""
+    limit = settings.CTXAPP.message_max_bytes
+    # Cheap bound first: a UTF-8 character is at most 4 bytes.
+    if len(text) * 4 > limit and len(text.encode()) > limit:
+        raise serializers.ValidationError(
+            f"Is longer than the limit of {limit} bytes (UTF-8); split it or store it as an artifact."
+        )
+    return text
+
+
 class ContentField(StrictCharField):
+    @property
+    def max_bytes(self) -> int:
+        """The bound in UTF-8 bytes (the MCP tools' schemas state it: ctxapp/integrations/mcp_bounds.py)."""
+        return int(settings.CTXAPP.message_max_bytes)
+
     def to_internal_value(self, data: Any) -> str:
-        text = super().to_internal_value(data)
-        limit = settings.CTXAPP.message_max_bytes
-        # Cheap bound first: a UTF-8 character is at most 4 bytes.
-        if len(text) * 4 > limit and len(text.encode()) > limit:
-            raise serializers.ValidationError(
-                f"Is longer than the limit of {limit} bytes (UTF-8); split it or store it as an artifact."
-            )
-        return text
+        return message_size_check(super().to_internal_value(data))
+
+
+class MessageTextField(serializers.CharField):
+    """Text that stands for a message (a context build's upcoming input): bounded as one."""
+
+    max_bytes = ContentField.max_bytes
+
+    def to_internal_value(self, data: Any) -> str:
+        return message_size_check(super().to_internal_value(data))
 
 
 def tool_calls_errors(value: Any) -> list[str]:
@@ -157,7 +175,10 @@ class MessageInputSerializer(serializers.Serializer):
     """One message as appended; `.validated_data` is a MessageInput."""
 
     role = RoleField()
-    content = ContentField()
+    content = ContentField(
+        help_text="Required (non-empty) for roles `user` and `system`, and for `assistant` "
+        "without tool_calls."
+    )
     turn_id = StrictCharField(max_length=200)
     tool_call_id = StrictCharField(max_length=200, help_text="Required for role `tool`.")
     tool_calls = ToolCallsField(
@@ -204,6 +225,12 @@ def _cross_field_errors(data: dict[str, Any], errors: dict[str, list[str]]) -> l
         found.append(("tool_calls", "Only an assistant message may carry tool calls."))
     if role == MessageRole.TOOL and not data.get("tool_call_id") and "tool_call_id" not in errors:
         found.append(("tool_call_id", "A tool message must name the tool call it answers (tool_call_id)."))
+    # A turn says something: only an assistant's call of tools, and a tool's answer, may be empty.
+    if not data.get("content") and "content" not in errors:
+        if role in (MessageRole.USER, MessageRole.SYSTEM):
+            found.append(("content", f"A {role} message needs content (a non-empty string)."))
+        elif role == MessageRole.ASSISTANT and not data.get("tool_calls"):
+            found.append(("content", "An assistant message needs content, or tool_calls."))
     return found
 
 

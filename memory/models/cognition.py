@@ -113,6 +113,26 @@ class Checkpoint(models.Model):
         return f"{self.public_id} (#{self.seq})"
 
 
+class AgentBlob(models.Model):
+    """A large value an agent keeps beside its checkpoints and events, which carry a reference to
+    it (its SHA-256) instead of the bytes: a LangGraph channel value too large for a checkpoint
+    state or an event payload (ctxapp/integrations/_langgraph_core.py). Addressed by content, so
+    storing the same bytes again stores nothing; deleted with its agent."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="blobs")
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveBigIntegerField()
+    data = models.BinaryField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints: ClassVar = [models.UniqueConstraint(fields=["agent", "sha256"], name="agentblob_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id}/{self.sha256[:12]}"
+
+
 class CheckpointPolicy(TenantPolicyBase):
     """Checkpoint retention: keep the last N, plus one per hour and one per day for a while."""
 
@@ -238,6 +258,7 @@ class AgentReducer(models.Model):
 
 __all__ = [
     "STATE_SCHEMA_VERSION",
+    "AgentBlob",
     "AgentReducer",
     "Checkpoint",
     "CheckpointPolicy",

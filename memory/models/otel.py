@@ -14,18 +14,30 @@ __all__ = ["OtelConversation", "OtelHeldSpan", "OtelSpan"]
 
 
 class OtelConversation(models.Model):
-    """The ctxapp session a `gen_ai.conversation.id` of an agent maps to (created on first sight)."""
+    """The ctxapp session a `gen_ai.conversation.id` of an agent maps to (created on first sight).
+
+    A trace that names no conversation is one by its trace id; `history_digest` is then the
+    digest of its session's messages in order (otel_ingest.ingest.history_digests), so a later
+    trace whose input history extends them continues that session."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="+")
     conversation_id = models.CharField(max_length=255)
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
+    history_digest = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         constraints: ClassVar = [
             models.UniqueConstraint(
                 fields=["tenant", "agent", "conversation_id"], name="otelconversation_unique"
+            )
+        ]
+        indexes: ClassVar = [
+            models.Index(
+                fields=["tenant", "agent", "history_digest"],
+                condition=~models.Q(history_digest=""),
+                name="otelconversation_history",
             )
         ]
 

@@ -99,3 +99,59 @@ def test_a_failed_span_shows_its_status_and_message(api_a: APIClient, web_alice:
     assert "book_flight" in row and "250.0 ms" in row
     assert '>error</span> <span class="hint">airline API timed out</span>' in row
     assert "1 failed" in html
+
+
+def _trace_list_status(html: str) -> str:
+    (row,) = html.split('data-testid="trace-list"', 1)[1].split("</table>", 1)[0].split("<tr><td>")[1:]
+    return row.rsplit("<td>", 1)[1].split("</td>", 1)[0]
+
+
+def test_a_tool_span_shows_its_tools_name_even_when_it_carries_a_model(
+    api_a: APIClient, web_alice: Client
+) -> None:
+    trace = "4bf92f3577b34da6a3ce929d0e0e4737"
+    chat = [{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+            {"key": "gen_ai.request.model", "value": {"stringValue": "gpt-4o"}}]  # fmt: skip
+    # Some instrumentations put the run's model on every span of it, the tool's too.
+    tool = [*chat[1:], {"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool"}},
+            {"key": "gen_ai.tool.name", "value": {"stringValue": "search_trains"}}]  # fmt: skip
+    spans = [
+        {"traceId": trace, "spanId": "00f067aa0ba902b1", "name": "chat gpt-4o", "attributes": chat,
+         "startTimeUnixNano": "1000000", "endTimeUnixNano": "9000000"},
+        {"traceId": trace, "spanId": "00f067aa0ba902b2", "parentSpanId": "00f067aa0ba902b1",
+         "name": "execute_tool search_trains", "attributes": tool,
+         "startTimeUnixNano": "2000000", "endTimeUnixNano": "3000000"},
+    ]  # fmt: skip
+    assert (
+        api_a.post(
+            "/v1/traces", {"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}, format="json"
+        ).json()
+        == {}
+    )
+    chat_row, tool_row = _rows(web_alice.get(f"/traces/{trace}/").content.decode())
+    assert "<td>gpt-4o</td>" in chat_row
+    assert "<td>search_trains</td>" in tool_row and "gpt-4o" not in tool_row
+
+
+def test_a_trace_whose_spans_set_no_status_is_not_called_ok(
+    api_a: APIClient, web_alice: Client, tenant_a: Tenant
+) -> None:
+    _send_run(api_a)  # the SDK leaves every span's status unset
+    session = Session.objects.get(tenant=tenant_a)
+    html = web_alice.get(f"/sessions/{session.public_id}/").content.decode()
+    assert _trace_list_status(html) == '<span class="badge">unset</span>'
+
+    trace = "4bf92f3577b34da6a3ce929d0e0e4738"
+    attrs = [{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+             {"key": "gen_ai.conversation.id", "value": {"stringValue": "conv-ok"}}]  # fmt: skip
+    span = {"traceId": trace, "spanId": "00f067aa0ba902b9", "name": "chat", "attributes": attrs,
+            "startTimeUnixNano": "1000000", "endTimeUnixNano": "2000000", "status": {"code": 1}}  # fmt: skip
+    assert (
+        api_a.post(
+            "/v1/traces", {"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}, format="json"
+        ).json()
+        == {}
+    )
+    ok_session = Session.objects.get(tenant=tenant_a, metadata__otel__conversation_id="conv-ok")
+    html = web_alice.get(f"/sessions/{ok_session.public_id}/").content.decode()
+    assert _trace_list_status(html) == '<span class="badge ok">ok</span>'

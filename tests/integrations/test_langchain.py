@@ -6,8 +6,24 @@ import asyncio
 from typing import Any
 
 import pytest
+from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ChatMessage,
+    ChatMessageChunk,
+    FunctionMessage,
+    FunctionMessageChunk,
+    HumanMessage,
+    HumanMessageChunk,
+    RemoveMessage,
+    SystemMessage,
+    SystemMessageChunk,
+    ToolMessage,
+    ToolMessageChunk,
+)
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
@@ -59,6 +75,114 @@ def test_a_history_round_trips_every_message_type_in_one_batch(server: str, alic
     assert rows[2].tool_calls[0]["function"] == {"name": "track", "arguments": '{"parcel": 991}'}
     assert rows[3].tool_call_id == "call_1"
     assert len({m.created_at for m in rows}) == 1  # one batch append: one write
+
+
+# One of every message class of langchain-core, chunks included, each with the fields it can carry.
+EVERY_CLASS: list[BaseMessage] = [
+    SystemMessage("You track parcels.", id="sys-1", additional_kwargs={"cache": "ephemeral"}),
+    HumanMessage([{"type": "text", "text": "Where is 991?"}], id="h-1", name="dana"),
+    AIMessage(
+        "Checking.",
+        id="run-1",
+        tool_calls=[
+            {"id": None, "name": "track", "args": {"parcel": 991}, "type": "tool_call"},
+            {"id": "call_2", "name": "eta", "args": {"city": "Lyon", "days": [1, 2]}, "type": "tool_call"},
+        ],
+        invalid_tool_calls=[
+            {
+                "id": "call_3",
+                "name": "refund",
+                "args": "{oops",
+                "error": "bad JSON",
+                "type": "invalid_tool_call",
+            }
+        ],
+        additional_kwargs={"refusal": None, "reasoning": {"summary": ["look it up"]}},
+        response_metadata={"model_name": "gpt-4o", "finish_reason": "tool_calls", "logprobs": None},
+        usage_metadata={
+            "input_tokens": 31,
+            "output_tokens": 12,
+            "total_tokens": 43,
+            "input_token_details": {"cache_read": 8},
+        },
+    ),
+    ToolMessage("In Lyon.", tool_call_id="call_2", artifact={"rows": [{"city": "Lyon"}]}, status="error"),
+    ToolMessage([{"type": "text", "text": "ok"}], tool_call_id="call_2", name="eta", id="t-2"),
+    AIMessageChunk(
+        "It is ",
+        id="run-2",
+        tool_call_chunks=[{"name": "track", "args": '{"parcel": 9', "id": None, "index": 0}],
+        usage_metadata={"input_tokens": 5, "output_tokens": 1, "total_tokens": 6},
+        response_metadata={"model_provider": "openai"},
+    ),
+    AIMessageChunk("in Lyon.", chunk_position="last"),
+    HumanMessageChunk("and 992?", name="dana"),
+    SystemMessageChunk("Be brief."),
+    ToolMessageChunk("pending", tool_call_id="call_2", artifact=[1, 2], status="success"),
+    FunctionMessage("42", name="answer"),
+    FunctionMessageChunk("43", name="answer", id="f-2"),
+    ChatMessage("note for the operator", role="operator"),
+    ChatMessage("a reply under a ctxapp role", role="assistant"),
+    ChatMessageChunk("critique", role="critic"),
+]
+
+
+@pytest.mark.filterwarnings("ignore:The class `InMemoryChatMessageHistory` was deprecated")
+def test_every_message_class_comes_back_as_the_in_memory_history_keeps_it(
+    server: str, alice_key: str
+) -> None:
+    reference = InMemoryChatMessageHistory()
+    reference.add_messages(EVERY_CLASS)
+    history = CtxappChatMessageHistory(Client(server, alice_key), agent="parcel-bot")
+    history.add_messages(EVERY_CLASS)
+
+    loaded = CtxappChatMessageHistory(Client(server, alice_key), session_id=history.session_id).messages
+    assert [type(m) for m in loaded] == [type(m) for m in reference.messages]
+    for mine, theirs in zip(loaded, reference.messages, strict=True):
+        assert mine.model_dump() == theirs.model_dump(), type(theirs).__name__
+    assert loaded == reference.messages
+    assert loaded[2].tool_calls[0]["id"] is None  # not a made-up id
+
+    rows = list(Message.objects.filter(session__public_id=history.session_id).order_by("seq"))
+    assert [m.role for m in rows] == [
+        "system", "user", "assistant", "tool", "tool", "assistant", "assistant", "user", "system", "tool",
+        "tool", "tool", "user", "assistant", "user",
+    ]  # fmt: skip
+    assert rows[2].tool_calls[1]["id"] == "call_2" and rows[2].tool_calls[0]["id"]  # ctxapp pairs by id
+    assert (rows[1].name, rows[10].tool_call_id) == ("dana", "answer")
+
+
+def test_a_remove_message_is_refused_not_stored(server: str, alice_key: str) -> None:
+    history = CtxappChatMessageHistory(Client(server, alice_key), agent="parcel-bot")
+    with pytest.raises(ValueError, match="RemoveMessage"):
+        history.add_messages([HumanMessage("hello"), RemoveMessage(id="h-1")])
+    assert history.session_id is None or not Message.objects.filter(session__public_id=history.session_id)
+
+
+@pytest.mark.filterwarnings("ignore:RunnableWithMessageHistory is deprecated")
+@pytest.mark.filterwarnings("ignore:The class `InMemoryChatMessageHistory` was deprecated")
+def test_a_streamed_reply_is_recorded_as_the_ai_turn(server: str, alice_key: str) -> None:
+    def chain_with(history: Any) -> RunnableWithMessageHistory:
+        model = GenericFakeChatModel(messages=iter([AIMessage("Hello Dana, how can I help?", id="r-1")]))
+        prompt = ChatPromptTemplate.from_messages([MessagesPlaceholder("history"), ("human", "{question}")])
+        return RunnableWithMessageHistory(
+            prompt | model, lambda _: history, input_messages_key="question", history_messages_key="history"
+        )
+
+    reference = InMemoryChatMessageHistory()
+    ours = CtxappChatMessageHistory(Client(server, alice_key), agent="greeter")
+    config = {"configurable": {"session_id": "dana"}}
+    for history in (reference, ours):
+        streamed = list(chain_with(history).stream({"question": "I am Dana."}, config))
+        assert "".join(str(chunk.content) for chunk in streamed) == "Hello Dana, how can I help?"
+
+    assert ours.messages == reference.messages
+    assert isinstance(ours.messages[1], AIMessageChunk)
+    session = Session.objects.get(public_id=ours.session_id)
+    assert [(m.role, m.content) for m in Message.objects.filter(session=session).order_by("seq")] == [
+        ("user", "I am Dana."),
+        ("assistant", "Hello Dana, how can I help?"),
+    ]
 
 
 def test_clear_ends_the_session_and_continues_in_a_new_one(server: str, alice_key: str) -> None:

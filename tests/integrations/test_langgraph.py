@@ -4,7 +4,9 @@ interrupted and resume from ctxapp, all against a live server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import operator
+import os
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypedDict
 
@@ -15,11 +17,12 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES, BASE_CAPABILITIES
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 
 from ctxapp.client import AsyncClient, Client
 from ctxapp.integrations.langgraph import CtxappSaver
-from memory.models import Agent, Checkpoint, Event, Membership, MembershipRole, Tenant
+from memory.models import Agent, AgentBlob, Checkpoint, Event, Membership, MembershipRole, Tenant
 
 WHEN = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
 
@@ -332,3 +335,63 @@ def test_a_thread_deleted_by_another_saver_can_be_written_again(server: str, ali
     first.put(config, _checkpoint(n=2), {"source": "input", "step": -1}, {})
     found = other.get_tuple(config)
     assert found is not None and found.checkpoint["channel_values"] == {"n": 2}
+
+
+def test_a_value_of_16_mib_is_kept_as_in_memory_saver_keeps_it(server: str, alice_key: str) -> None:
+    """A checkpoint value and a pending write far over a state's and an event's limits: stored as
+    blobs of the thread, the checkpoint and the writes event carry their digest."""
+    big = os.urandom(16 * 1024 * 1024)  # incompressible, through LangGraph's serde
+    notes = "n" * (300 * 1024)  # plain JSON, over an event payload's 256 KiB
+    saver, reference = CtxappSaver(Client(server, alice_key, timeout=300)), InMemorySaver()
+    config = {"configurable": {"thread_id": "big", "checkpoint_ns": ""}}
+    one = _checkpoint("1", big=big, n=1)
+    two = {**_checkpoint("2", big=big, notes=notes, n=2), "channel_versions": {"big": 1, "notes": 1, "n": 2}}
+    for each in (saver, reference):  # InMemorySaver keeps the values of the versions said new
+        first = each.put(config, one, {"source": "input", "step": -1}, one["channel_versions"])
+        each.put_writes(first, [("big", big), ("notes", notes), ("n", 2)], task_id="task-1")
+        # The next step: the large value unchanged, and a new one.
+        second = each.put(first, two, {"source": "loop", "step": 0}, {"notes": 1, "n": 2})
+
+    for cfg in (first, second):
+        mine, theirs = saver.get_tuple(cfg), reference.get_tuple(cfg)
+        assert mine is not None and theirs is not None
+        assert mine.checkpoint["channel_values"] == theirs.checkpoint["channel_values"]
+        assert sorted(mine.pending_writes or []) == sorted(theirs.pending_writes or [])
+        assert mine.metadata == theirs.metadata
+    assert [t.checkpoint["id"] for t in saver.list(config)] == ["2", "1"]
+
+    # The event log and the checkpoints carry references; each value's bytes are stored once.
+    writes = Event.objects.get(agent__external_id="langgraph-big", type="agent.langgraph.writes")
+    assert len(json.dumps(writes.payload)) < 4096
+    # A checkpoint keeps a value up to 1 MiB inline (readable, stored as a delta), not 16 MiB.
+    sizes = [len(c.payload) for c in Checkpoint.objects.filter(agent__external_id="langgraph-big")]
+    assert len(sizes) == 2 and max(sizes) < 1024 * 1024
+    blobs = AgentBlob.objects.filter(agent__external_id="langgraph-big")
+    kept = sorted(b.size for b in blobs)  # as LangGraph's serde gives them: the bytes, msgpack for the text
+    assert len(kept) == 2 and kept[0] >= len(notes) and kept[1] == len(big)
+    saver.delete_thread("big")
+    assert not AgentBlob.objects.exists()
+
+
+def test_a_graph_whose_state_grows_past_an_events_limit_runs_and_resumes(server: str, alice_key: str) -> None:
+    class Doc(TypedDict):
+        pages: Annotated[list[str], operator.add]
+
+    def write(state: Doc) -> dict[str, Any]:
+        return {"pages": [f"page {len(state['pages'])} " + "x" * (400 * 1024)]}
+
+    def build(saver: Any) -> Any:
+        builder = StateGraph(Doc)
+        builder.add_node("write", write)
+        builder.add_edge(START, "write")
+        builder.add_edge("write", END)
+        return builder.compile(checkpointer=saver)
+
+    config = {"configurable": {"thread_id": "doc-1"}}
+    reference = build(InMemorySaver())
+    graph = build(CtxappSaver(Client(server, alice_key, timeout=120)))
+    for _ in range(3):  # each run adds a 400 KiB page: 1.2 MiB of state at the end
+        assert graph.invoke({"pages": []}, config) == reference.invoke({"pages": []}, config)
+    fresh = build(CtxappSaver(Client(server, alice_key, timeout=120)))  # another process, nothing cached
+    assert fresh.get_state(config).values == reference.get_state(config).values
+    assert len(fresh.get_state(config).values["pages"]) == 3

@@ -188,3 +188,44 @@ def test_bad_operations_are_refused_whole(server: str, alice_key: str) -> None:
     with pytest.raises(CtxappError) as denied:
         reader.put(("a",), "k", {"v": 1})
     assert denied.value.status == 403
+
+
+def _postgres_store_code(store: BaseStore) -> dict[str, Any]:
+    """Calls written for PostgresStore: setup() first, then puts and searches. Only `text` is
+    indexed, so the misleading `note` does not draw a search its way."""
+    if hasattr(store, "setup"):
+        store.setup()
+    notes = ("notes", "alice")
+    store.put(notes, "a", {"text": "Alice is allergic to peanuts", "note": "travel flights seats"})
+    store.put(notes, "b", {"text": "Alice prefers window seats on flights", "note": "allergy peanuts food"})
+    store.put(notes, "c", {"text": "Alice's cat is called Miso", "note": "food"}, index=["note"])
+    return {
+        "allergy": _shown(store.search(notes, query="food allergy", limit=3)),
+        "flights": _shown(store.search(notes, query="seat on a plane", limit=1)),
+    }
+
+
+def test_postgres_store_index_configuration_is_honoured(server: str, alice_key: str) -> None:
+    index = {"dims": EMBEDDING_DIMENSIONS, "embed": _embed, "fields": ["text"]}
+    expected = _postgres_store_code(InMemoryStore(index=index))  # type: ignore[arg-type]
+    assert expected["allergy"][0][1] == "a" and expected["flights"][0][1] == "b"
+    ours = _postgres_store_code(CtxappStore(Client(server, alice_key), index=index))  # type: ignore[arg-type]
+    assert ours == expected
+    # embed as PostgresStore's "provider:model" string, and its own index settings: accepted; the
+    # embedding is ctxapp's own, so the answers are the same.
+    as_named = CtxappStore(
+        Client(server, alice_key),
+        index={
+            "dims": 1536,
+            "embed": "openai:text-embedding-3-small",
+            "fields": ["text"],
+            "distance_type": "cosine",
+        },
+    )
+    assert as_named.search(("notes", "alice"), query="food allergy", limit=3) == CtxappStore(
+        Client(server, alice_key),
+        index=index,  # type: ignore[arg-type]
+    ).search(("notes", "alice"), query="food allergy", limit=3)
+    for bad in ({"fields": "text"}, {"embed": "text-embedding-3-small"}, {"dims": 0}, {"dimension": 3}):
+        with pytest.raises(ValueError):
+            CtxappStore(Client(server, alice_key), index=bad)  # type: ignore[arg-type]

@@ -13,11 +13,13 @@ The modules, lowest first (each imports only those above it):
 - `storage`: full/delta encoding of a checkpoint and its verified reconstruction;
 - `state`: the current state (get, put, patch) and the per-process cache of recent states;
 - `checkpoints`: take, get, list, diff, restore (uses memory/services/state_fold.py for the fold);
-- `pruning`: retention.
+- `pruning`: retention;
+- `blobs`: large values kept beside checkpoints and events, by content digest.
 
 This package re-exports the names the rest of the code uses: `from memory.services import cognition`.
 """
 
+from memory.services.cognition.blobs import blob_get, blob_put
 from memory.services.cognition.checkpoints import (
     CheckpointDiff,
     checkpoint_create,
@@ -72,6 +74,8 @@ __all__ = [
     "StateView",
     "_recent_states",
     "agents_with_prunable_checkpoints",
+    "blob_get",
+    "blob_put",
     "checkpoint_create",
     "checkpoint_diff",
     "checkpoint_get",

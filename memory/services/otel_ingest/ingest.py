@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from memory.exceptions import AgentMismatch, DomainError, InvalidInput
 from memory.models import (
     Agent,
     Message,
+    MessageRole,
     OtelConversation,
     OtelSpan,
     Session,
@@ -47,6 +49,47 @@ OPERATION_NAME = re.compile(r"[^a-z0-9_]+")
 class _Conversation:
     session: Session
     seen: Counter[str]
+    digest: str = ""  # history_digests of the session's messages, in seq order
+
+
+def history_digests(marks: Iterable[str], start: str = "") -> list[str]:
+    """The digest of each prefix of a conversation (its messages' fingerprints, in order), from
+    the digest `start` of what came before. Two conversations whose digests are equal have the
+    same messages in the same order."""
+    digests: list[str] = []
+    for mark in marks:
+        start = hashlib.sha256(f"{start}\x1f{mark}".encode()).hexdigest()
+        digests.append(start)
+    return digests
+
+
+def _mark(message: Any) -> str:
+    return fingerprint(message.role, message.content, message.tool_call_id, message.tool_calls)
+
+
+def _continued_session(
+    *, tenant: Tenant, agent: Agent, history: list[sessions.MessageInput], user_id: str
+) -> Session | None:
+    """The open session of the agent whose messages are the start of `history` (a trace that
+    names no conversation but re-sends one), the longest such start; None when none is. A start
+    without an answer of the assistant is not evidence enough of one conversation."""
+    digests = history_digests(_mark(message) for message in history)
+    answered = next((i for i, m in enumerate(history) if m.role == MessageRole.ASSISTANT), len(history))
+    candidates = digests[answered:]
+    if not candidates:
+        return None
+    rows = list(
+        OtelConversation.objects.select_for_update(of=("self",))
+        .select_related("session", "session__agent")
+        .filter(tenant=tenant, agent=agent, history_digest__in=candidates, session__status=SessionStatus.OPEN)
+        .order_by("-id")
+    )
+    if not rows:
+        return None
+    longest = max(candidates.index(row.history_digest) for row in rows)
+    found = [row.session for row in rows if candidates.index(row.history_digest) == longest]
+    # Two users' conversations may have begun alike: the user's own, if the span says who.
+    return next((session for session in found if user_id and session.user_id == user_id), found[0])
 
 
 def _span_operation(attrs: dict[str, Any]) -> str:
@@ -68,8 +111,11 @@ def _has_genai(attrs: dict[str, Any], span: Span) -> bool:
 
 def _conversation(
     *, tenant: Tenant, agent: Agent, conversation_id: str, user_id: str, model: str,
-    cache: dict[tuple[int, str], _Conversation],
+    cache: dict[tuple[int, str], _Conversation], history: list[sessions.MessageInput] | None = None,
 ) -> _Conversation:  # fmt: skip
+    """The conversation's session, opened on first sight. `history`: the conversation is a trace
+    that names none, whose first call re-sent this history; the session it extends, if any,
+    continues (see _continued_session)."""
     key = (agent.pk, conversation_id)
     found = cache.get(key)
     if found is not None and found.session.status == SessionStatus.OPEN:
@@ -81,6 +127,12 @@ def _conversation(
         .first()
     )
     session = row.session if row is not None else None
+    if row is None and history:
+        session = _continued_session(tenant=tenant, agent=agent, history=history, user_id=user_id)
+        if session is not None:
+            row = OtelConversation.objects.create(
+                tenant=tenant, agent=agent, conversation_id=conversation_id, session=session
+            )
     if session is None or session.status != SessionStatus.OPEN:
         try:
             with transaction.atomic():
@@ -107,13 +159,14 @@ def _conversation(
                 .get(tenant=tenant, agent=agent, conversation_id=conversation_id)
             )
             session = row.session
-    seen: Counter[str] = Counter(
+    marks = [
         fingerprint(role, content, tool_call_id, tool_calls)
-        for role, content, tool_call_id, tool_calls in Message.objects.filter(session=session).values_list(
-            "role", "content", "tool_call_id", "tool_calls"
-        )
-    )
-    cache[key] = _Conversation(session=session, seen=seen)
+        for role, content, tool_call_id, tool_calls in Message.objects.filter(session=session)
+        .order_by("seq")
+        .values_list("role", "content", "tool_call_id", "tool_calls")
+    ]
+    digests = history_digests(marks)
+    cache[key] = _Conversation(session=session, seen=Counter(marks), digest=digests[-1] if digests else "")
     return cache[key]
 
 
@@ -167,12 +220,19 @@ def _trace_hints_recorded(*, tenant: Tenant, hints: dict[str, dict[str, str]]) -
     rows = OtelConversation.objects.filter(
         tenant=tenant, session_id__in=set(sessions_of.values())
     ).values_list("session_id", "conversation_id", "agent__external_id")
-    known = {session_id: (conversation, agent) for session_id, conversation, agent in rows}
+    known: dict[int, dict[str, str]] = {}  # per session: its conversations and their agents
+    for session_id, conversation, agent in rows:
+        known.setdefault(session_id, {})[conversation] = agent
     for trace, session_id in sessions_of.items():
-        if session_id in known:
-            conversation, agent = known[session_id]
-            hints[trace].setdefault("agent", agent)
-            hints[trace].setdefault("conversation", conversation)
+        conversations = known.get(session_id)
+        if not conversations:
+            continue
+        # A trace that names no conversation is its own (its session may continue an earlier one's).
+        conversation = trace if trace in conversations else next(iter(conversations))
+        hints[trace].setdefault("agent", conversations[conversation])
+        hints[trace].setdefault("conversation", conversation)
+        if conversation == trace:
+            hints[trace]["unnamed"] = "yes"
 
 
 def traces_ingest(
@@ -263,12 +323,16 @@ def _spans_record(
     *, tenant: Tenant, spans: list[Received], hints: dict[str, dict[str, str]], result: IngestResult
 ) -> None:
     spans = sorted(spans, key=lambda item: item.span.end_time_unix_nano or item.span.start_time_unix_nano)
+    histories = _trace_histories(spans, hints)
     cache: dict[tuple[int, str], _Conversation] = {}
     agents: dict[str, Agent] = {}
     for item in spans:
         try:
             with transaction.atomic():
-                _span_ingest(tenant=tenant, item=item, hints=hints, cache=cache, agents=agents, result=result)
+                _span_ingest(
+                    tenant=tenant, item=item, hints=hints, cache=cache, agents=agents, result=result,
+                    history=histories.get(item.trace_hex),
+                )  # fmt: skip
         except (DomainError, DataError) as exc:
             # The savepoint rolled back: sessions and agents it created no longer exist. A
             # DataError (a value the database cannot store) is the span's fault, not ours.
@@ -276,6 +340,27 @@ def _spans_record(
             agents.clear()
             reason = exc.message if isinstance(exc, DomainError) else "a value cannot be stored"
             result.reject(f"span {item.span.span_id.hex() or '?'}: {reason}")
+
+
+def _trace_histories(
+    spans: list[Received], hints: dict[str, dict[str, str]]
+) -> dict[str, list[sessions.MessageInput]]:
+    """Per trace that names no conversation: the input history of its first call (the span that
+    started first among those with input messages), which may extend an earlier trace's."""
+    histories: dict[str, tuple[int, list[sessions.MessageInput]]] = {}
+    for item in spans:
+        if "conversation" in hints.get(item.trace_hex, {}) or not holding.well_formed(item.span):
+            continue
+        attrs = span_attributes(item.span)
+        if attrs.get("gen_ai.conversation.id") or attrs.get("session.id"):
+            continue
+        start = item.span.start_time_unix_nano
+        if item.trace_hex in histories and histories[item.trace_hex][0] <= start:
+            continue
+        inputs, _ = span_messages(attrs, item.span, _span_operation(attrs), item.span.span_id.hex())
+        if inputs:
+            histories[item.trace_hex] = (start, inputs)
+    return {trace: inputs for trace, (_, inputs) in histories.items()}
 
 
 def _span_ingest(
@@ -286,6 +371,7 @@ def _span_ingest(
     cache: dict[tuple[int, str], _Conversation],
     agents: dict[str, Agent],
     result: IngestResult,
+    history: list[sessions.MessageInput] | None = None,
 ) -> None:
     span, resource, bound_agent = item.span, item.resource, item.bound_agent
     trace_hex, span_hex = span.trace_id.hex(), span.span_id.hex()
@@ -302,12 +388,12 @@ def _span_ingest(
     agent = _span_agent(
         tenant=tenant, attrs=attrs, hint=hint, resource=resource, agents=agents, bound_agent=bound_agent
     )
-    conversation_id = as_text(
+    named = (
         attrs.get("gen_ai.conversation.id")
         or attrs.get("session.id")
-        or hint.get("conversation")
-        or trace_hex
-    )[:CONVERSATION_ID_MAX_LENGTH]
+        or (None if hint.get("unnamed") else hint.get("conversation"))
+    )
+    conversation_id = as_text(named or trace_hex)[:CONVERSATION_ID_MAX_LENGTH]
     model = as_text(attrs.get("gen_ai.request.model") or attrs.get("gen_ai.response.model"))
     conversation = _conversation(
         tenant=tenant,
@@ -316,6 +402,7 @@ def _span_ingest(
         user_id=as_text(attrs.get("user.id") or attrs.get("enduser.id")),
         model=model,
         cache=cache,
+        history=None if named else history,
     )
     session = conversation.session
     inputs, outputs = span_messages(attrs, span, operation, span_hex)
@@ -324,9 +411,12 @@ def _span_ingest(
     )
     recorded = sessions.messages_append(tenant=tenant, session=session, items=new) if new else []
     for message in new:
-        conversation.seen[
-            fingerprint(message.role, message.content, message.tool_call_id, message.tool_calls)
-        ] += 1
+        conversation.seen[_mark(message)] += 1
+    if new and not named:  # a later trace that re-sends this history continues the session
+        conversation.digest = history_digests(map(_mark, new), conversation.digest)[-1]
+        OtelConversation.objects.filter(tenant=tenant, session=session).update(
+            history_digest=conversation.digest
+        )
     OtelSpan.objects.filter(tenant=tenant, trace_id=trace_hex, span_id=span_hex).update(session=session)
     usage = _usage(attrs)
     payload = _span_payload(

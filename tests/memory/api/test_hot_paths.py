@@ -187,7 +187,11 @@ def test_a_continued_fold_equals_the_fold_of_the_whole_stream(api_a: Any, tenant
         if step in (2, 4):
             note = {"type": "agent.note", "payload": {"text": f"note {step}"}}
             assert api_a.post("/api/v1/agents/bot/events", note, format="json").status_code == 201
-            message = api_a.post(f"/api/v1/sessions/{session}/messages", {"role": "user"}, format="json")
+            message = api_a.post(
+                f"/api/v1/sessions/{session}/messages",
+                {"role": "user", "content": f"turn {step}"},
+                format="json",
+            )
             assert message.status_code == 201
     newest = Checkpoint.objects.filter(agent=agent).order_by("-seq").first()
     assert newest is not None

@@ -29,7 +29,7 @@ def test_a_batch_is_parsed_whole_and_every_bad_field_is_named():
     fields = bad.value.details["fields"]
     assert set(fields) == {"messages[1].tool_call_id", "messages[2].tool_calls", "messages[3]"}
     with pytest.raises(InvalidInput) as extra:
-        message_inputs_validate({"messages": [{"role": "user"}], "session": "x"})
+        message_inputs_validate({"messages": [{"role": "user", "content": "hi"}], "session": "x"})
     assert "session" in extra.value.details["fields"]
     with pytest.raises(InvalidInput):
         message_inputs_validate([{"role": "user"}])
@@ -44,12 +44,18 @@ def test_tool_call_arguments_may_be_a_json_string_or_an_object():
 def test_fields_are_strict_json_types_and_each_error_says_how_to_fix_it():
     cases = {
         "content": ({"role": "user", "content": 5}, "Must be a string."),
-        "turn_id": ({"role": "user", "turn_id": "t" * 201}, "Must be at most 200 characters."),
-        "parent_seq": ({"role": "user", "parent_seq": "5"}, "Must be a positive integer"),
-        "metadata": ({"role": "user", "metadata": []}, "Must be an object."),
-        "artifact_refs": ({"role": "user", "artifact_refs": {}}, "Must be a list."),
-        "occurred_at": ({"role": "user", "occurred_at": "2024-01-01T10:00:00"}, "Must carry a time zone"),
-        "colour": ({"role": "user", "colour": "red"}, "Unknown field. Known:"),
+        "turn_id": (
+            {"role": "user", "content": "hi", "turn_id": "t" * 201},
+            "Must be at most 200 characters.",
+        ),
+        "parent_seq": ({"role": "user", "content": "hi", "parent_seq": "5"}, "Must be a positive integer"),
+        "metadata": ({"role": "user", "content": "hi", "metadata": []}, "Must be an object."),
+        "artifact_refs": ({"role": "user", "content": "hi", "artifact_refs": {}}, "Must be a list."),
+        "occurred_at": (
+            {"role": "user", "content": "hi", "occurred_at": "2024-01-01T10:00:00"},
+            "Must carry a time zone",
+        ),
+        "colour": ({"role": "user", "content": "hi", "colour": "red"}, "Unknown field. Known:"),
         "role": ({"content": "no role"}, "Must be one of assistant, system, tool, user; got None."),
     }
     for field, (body, message) in cases.items():
@@ -61,6 +67,7 @@ def test_fields_are_strict_json_types_and_each_error_says_how_to_fix_it():
         message_inputs_validate(
             {
                 "role": "user",
+                "content": "hi",
                 "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": ""}}],
             }
         )
@@ -82,3 +89,21 @@ def test_a_valid_message_becomes_a_typed_message_input_with_defaults_for_nulls()
     )
     assert not is_batch
     assert item == MessageInput(role="tool", content="", tool_call_id="c1", occurred_at=when)
+
+
+def test_a_turn_that_says_nothing_is_refused_but_a_call_of_tools_or_a_tool_answer_may_be_empty():
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    empty = [{"role": "user"}, {"role": "user", "content": ""}, {"role": "user", "content": None},
+             {"role": "system"}, {"role": "assistant"}, {"role": "assistant", "content": ""}]  # fmt: skip
+    for body in empty:
+        with pytest.raises(InvalidInput) as bad:
+            message_inputs_validate(body)
+        assert list(bad.value.details["fields"]) == ["content"], body
+        assert "needs content" in bad.value.message, body
+    with pytest.raises(InvalidInput) as in_batch:
+        message_inputs_validate({"messages": [{"role": "user", "content": "hi"}, {"role": "user"}]})
+    assert list(in_batch.value.details["fields"]) == ["messages[1].content"]
+    [calls], _ = message_inputs_validate({"role": "assistant", "tool_calls": [call]})
+    assert calls.content == "" and calls.tool_calls == [call]
+    [answer], _ = message_inputs_validate({"role": "tool", "tool_call_id": "c1", "content": ""})
+    assert answer.content == ""

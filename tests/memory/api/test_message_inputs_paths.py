@@ -170,7 +170,7 @@ def test_the_fast_path_follows_a_changed_serializer_limit():
     """The limits are read from the serializer's fields, not restated: change one, both follow."""
     field = _FIELDS["turn_id"]
     assert field is _MESSAGE_VALIDATOR.fields["turn_id"]
-    body = {"role": "user", "turn_id": "x" * 10}
+    body = {"role": "user", "content": "hi", "turn_id": "x" * 10}
     original = field.max_length
     field.max_length = 5
     try:

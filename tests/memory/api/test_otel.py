@@ -23,6 +23,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from rest_framework.test import APIClient
 
 from memory.models import Event, Message, OtelHeldSpan, OtelSpan, Session, Tenant, TokenUsageReport
@@ -709,3 +710,128 @@ def test_a_child_and_its_root_sent_at_the_same_time_land_together(server: str) -
     }
     assert Session.objects.filter(tenant=tenant).count() == 6
     assert Message.objects.filter(tenant=tenant).count() == 12  # each child's question and tool call
+
+
+# --- an app instrumented by OpenInference or OpenLLMetry alone: no agent span, no conversation id --
+
+SYSTEM = {"role": "system", "content": "You track parcels."}
+ASK = {"role": "user", "content": "Where is parcel 991?"}
+TRACK = {"id": "call_1", "type": "function", "function": {"name": "track", "arguments": '{"id": 991}'}}
+CALL = {"role": "assistant", "tool_calls": [TRACK]}
+RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "In Lyon, out for delivery."}
+ANSWER = {"role": "assistant", "content": "It is in Lyon, out for delivery."}
+FOLLOW_UP = {"role": "user", "content": "When will it arrive?"}
+LAST = {"role": "assistant", "content": "Today before 6 pm."}
+# Each model call is its own trace, re-sending the whole history: (input, output) of each.
+CALLS = [([SYSTEM, ASK], CALL), ([SYSTEM, ASK, CALL, RESULT], ANSWER),
+         ([SYSTEM, ASK, CALL, RESULT, ANSWER, FOLLOW_UP], LAST)]  # fmt: skip
+CONVERSATION = [SYSTEM, ASK, CALL, RESULT, ANSWER, FOLLOW_UP, LAST]
+
+
+def _flattened(prefix: str, message: dict[str, Any], call_keys: tuple[str, str, str]) -> dict[str, Any]:
+    """An OpenAI-style message as an instrumentation's indexed attributes under `prefix`;
+    `call_keys`: its names of a tool call's id, name and arguments."""
+    attrs = {
+        f"{prefix}.{key}": message[key] for key in ("role", "content", "tool_call_id") if message.get(key)
+    }
+    for n, call in enumerate(message.get("tool_calls", [])):
+        values = (call["id"], call["function"]["name"], call["function"]["arguments"])
+        attrs |= {
+            f"{prefix}.tool_calls.{n}.{key}": value for key, value in zip(call_keys, values, strict=True)
+        }
+    return attrs
+
+
+def _openllmetry_attributes(inputs: list[dict[str, Any]], output: dict[str, Any]) -> dict[str, Any]:
+    """What OpenLLMetry's OpenAI instrumentation sets on a chat span (its legacy attributes, the
+    default): gen_ai.prompt.N.* per input, gen_ai.completion.0.* for the choice."""
+    attrs: dict[str, Any] = {
+        "gen_ai.system": "openai", "llm.request.type": "chat", "gen_ai.request.model": "gpt-4o-mini",
+        "gen_ai.response.model": "gpt-4o-mini", "gen_ai.usage.prompt_tokens": 40,
+        "gen_ai.usage.completion_tokens": 9,
+        "gen_ai.completion.0.finish_reason": "tool_calls" if output.get("tool_calls") else "stop",
+    }  # fmt: skip
+    keys = ("id", "name", "arguments")
+    for index, message in enumerate(inputs):
+        attrs |= _flattened(f"gen_ai.prompt.{index}", message, keys)
+    return attrs | _flattened("gen_ai.completion.0", output, keys)
+
+
+def _openinference_attributes(inputs: list[dict[str, Any]], output: dict[str, Any]) -> dict[str, Any]:
+    """What OpenInference's OpenAI instrumentation sets on an LLM span: llm.input_messages.N.message.*,
+    llm.output_messages.0.message.*, the model and token counts, input.value and output.value."""
+    attrs: dict[str, Any] = {
+        "openinference.span.kind": "LLM", "llm.system": "openai", "llm.provider": "openai",
+        "llm.model_name": "gpt-4o-mini", "llm.token_count.prompt": 40, "llm.token_count.completion": 9,
+        "input.mime_type": "application/json",
+        "input.value": json.dumps({"model": "gpt-4o-mini", "messages": inputs}),
+        "output.value": json.dumps({"choices": [{"message": output}]}),
+    }  # fmt: skip
+    keys = ("tool_call.id", "tool_call.function.name", "tool_call.function.arguments")
+    for index, message in enumerate(inputs):
+        attrs |= _flattened(f"llm.input_messages.{index}.message", message, keys)
+    return attrs | _flattened("llm.output_messages.0.message", output, keys)
+
+
+def _model_call(tracer: Any, instrumentor: str, inputs: list[dict[str, Any]], output: dict[str, Any]) -> None:
+    """One model call of an app with no span of its own around it: a root span, its own trace."""
+    shaped = _openllmetry_attributes if instrumentor == "openllmetry" else _openinference_attributes
+    name = "openai.chat" if instrumentor == "openllmetry" else "ChatCompletion"
+    with tracer.start_as_current_span(name, kind=SpanKind.CLIENT) as span:
+        for key, value in shaped(inputs, output).items():
+            span.set_attribute(key, value)
+
+
+def _rows_of(session: Session) -> list[tuple[str, str, str, list[str]]]:
+    return [(m.role, m.content, m.tool_call_id, [c["id"] for c in m.tool_calls]) for m in _messages(session)]
+
+
+def _expected(messages: list[dict[str, Any]]) -> list[tuple[str, str, str, list[str]]]:
+    return [(m["role"], m.get("content") or "", m.get("tool_call_id", ""),
+             [c["id"] for c in m.get("tool_calls", [])]) for m in messages]  # fmt: skip
+
+
+@pytest.mark.parametrize("instrumentor", ["openllmetry", "openinference"])
+@pytest.mark.django_db(transaction=True)
+def test_traces_that_resend_a_conversation_continue_its_session(server: str, instrumentor: str) -> None:
+    tenant = Tenant.objects.create(name="Alice's team", slug="alice")
+    _, key = api_key_create(tenant=tenant, name="otel")
+    provider = TracerProvider(resource=Resource.create({"service.name": "parcel-app"}))
+    provider.add_span_processor(SimpleSpanProcessor(_exporter(server, key)))  # each span as it ends
+    tracer = provider.get_tracer("test")
+    other_ask = {"role": "user", "content": "Where is parcel 992?"}
+    other_answer = {"role": "assistant", "content": "Parcel 992 was delivered."}
+
+    _model_call(tracer, instrumentor, *CALLS[0])
+    _model_call(tracer, instrumentor, [SYSTEM, other_ask], other_answer)  # another conversation meanwhile
+    for inputs, output in CALLS[1:]:
+        _model_call(tracer, instrumentor, inputs, output)
+    # The other conversation goes on too, after the first one's history grew.
+    _model_call(tracer, instrumentor, [SYSTEM, other_ask, other_answer, FOLLOW_UP], LAST)
+    provider.shutdown()
+
+    assert OtelSpan.objects.filter(tenant=tenant).values("trace_id").distinct().count() == 5
+    sessions = list(Session.objects.filter(tenant=tenant).order_by("created_at"))
+    assert len(sessions) == 2, [_rows_of(s) for s in sessions]  # one per conversation, not per trace
+    first, other = sessions
+    assert first.agent.external_id == other.agent.external_id == "parcel-app"
+    assert _rows_of(first) == _expected(CONVERSATION)  # each message once, in order
+    assert _rows_of(other) == _expected([SYSTEM, other_ask, other_answer, FOLLOW_UP, LAST])
+    assert TokenUsageReport.objects.filter(session=first).count() == 3
+    assert Message.objects.filter(tenant=tenant).count() == 12
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_trace_that_starts_a_conversation_anew_gets_its_own_session(server: str) -> None:
+    """Only history that was answered counts: the same opening question twice is two conversations."""
+    tenant = Tenant.objects.create(name="Alice's team", slug="alice")
+    _, key = api_key_create(tenant=tenant, name="otel")
+    provider = TracerProvider(resource=Resource.create({"service.name": "parcel-app"}))
+    provider.add_span_processor(SimpleSpanProcessor(_exporter(server, key)))
+    tracer = provider.get_tracer("test")
+    for _ in range(2):
+        _model_call(tracer, "openllmetry", [SYSTEM, ASK], ANSWER)
+    provider.shutdown()
+    sessions = list(Session.objects.filter(tenant=tenant))
+    assert len(sessions) == 2
+    assert all(_rows_of(s) == _expected([SYSTEM, ASK, ANSWER]) for s in sessions)

@@ -48,6 +48,7 @@ def ids(api_a) -> dict[str, str]:
         "seq": "1",
         "user_id": "u1",
         "memory_id": memory["id"],
+        "sha256": "0" * 64,
     }
 
 
