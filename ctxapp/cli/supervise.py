@@ -75,10 +75,13 @@ def die_with_parent(parent_pid: int) -> Any:
     return preexec
 
 
-def spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+def spawn(argv: list[str], env: dict[str, str], name: str = "") -> subprocess.Popen[bytes]:
     # Each child leads its own session and process group: a Ctrl-C in the terminal reaches only
     # us, and we stop each child together with its own children (Celery's pool, uvicorn's workers).
     # Each child also gets SIGTERM if we die without stopping it (SIGKILL, OOM killer).
+    if name and "PGAPPNAME" not in env:
+        # libpq's application_name: pg_stat_activity and the server's log tell the processes apart.
+        env = {**env, "PGAPPNAME": f"ctxapp-{name}"}
     return subprocess.Popen(
         argv,
         env=env,
@@ -216,7 +219,7 @@ class Restarts:
             old = children[name]
             with contextlib.suppress(ProcessLookupError, PermissionError):  # its pool, uvicorn workers
                 os.killpg(old.pid, signal.SIGKILL)
-            children[name] = spawn(self.argvs[name], self.env)
+            children[name] = spawn(self.argvs[name], self.env, name)
             self.note_started(name)
             print(f"ctxapp: started the {name} process again (pid {children[name].pid}).", flush=True)
         return restarted

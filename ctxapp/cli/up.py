@@ -238,14 +238,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not cfg.redis_url:
             print("ctxapp: starting the embedded Redis engine …", flush=True)
             argvs["redis"] = embedded_redis.server_argv(data_dir)
-            children["redis"] = supervise.spawn(argvs["redis"], env)
+            children["redis"] = supervise.spawn(argvs["redis"], env, "redis")
             _wait_for_redis(data_dir, children["redis"])
         print("ctxapp: starting the web server, the Celery worker and the scheduler …", flush=True)
         argvs.update(web=web_argv(cfg, host, port), worker=worker_argv(cfg), beat=beat_argv(cfg))
         restarts = supervise.Restarts(argvs=argvs, env=env)
         for name, argv in argvs.items():
             if name not in children:
-                children[name] = supervise.spawn(argv, env)
+                children[name] = supervise.spawn(argv, env, name)
             restarts.note_started(name)
         supervise.up_file_write(data_dir, children)
         local = supervise.local_url(host, port)
