@@ -496,10 +496,10 @@ def run(args: argparse.Namespace) -> None:
             op.run(i)
     if args.statements:
         for op in ops:
-            before = stack.log.stat().st_size
+            offset = stack.log.stat().st_size
             op.run(0)
             print(f"\n{op.name}: the web's statements")
-            for line in statement_lines(stack, before, stack.log.stat().st_size, "ctxapp-web"):
+            for line in statement_lines(stack, offset, stack.log.stat().st_size, "ctxapp-web"):
                 print(f"  {line[: args.width]}")
         return
     if args.profile:
@@ -600,11 +600,11 @@ def profile(stack: Stack, op: Op, seconds: float, data: Path) -> None:
         f"\n{op.name}: {done} requests, {samples} samples of busy threads (py-spy leaves idle ones out) ({folded})"
     )
     print("inclusive:")
-    for frame, count in total.most_common(60):
-        print(f"  {100 * count / max(1, samples):5.1f} %  {frame}")
+    for frame, hits in total.most_common(60):
+        print(f"  {100 * hits / max(1, samples):5.1f} %  {frame}")
     print("self:")
-    for frame, count in own.most_common(25):
-        print(f"  {100 * count / max(1, samples):5.1f} %  {frame}")
+    for frame, hits in own.most_common(25):
+        print(f"  {100 * hits / max(1, samples):5.1f} %  {frame}")
 
 
 def main() -> None:
