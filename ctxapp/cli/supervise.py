@@ -187,7 +187,6 @@ class Restarts:
 
     argvs: dict[str, list[str]]
     env: dict[str, str]
-    readyz_url: str = ""
     started: dict[str, float] = dataclasses.field(default_factory=dict)
     failures: dict[str, int] = dataclasses.field(default_factory=dict)
     due: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -237,19 +236,6 @@ def stop_child(name: str, proc: subprocess.Popen[bytes], timeout: float) -> None
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
-
-
-def readyz_fetch(url: str, timeout: float) -> dict[str, Any] | None:
-    """One /readyz answer (200 or 503), or None when the web server does not answer."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return dict(json.loads(response.read()))
-    except urllib.error.HTTPError as exc:
-        with contextlib.suppress(ValueError):
-            return dict(json.loads(exc.read()))
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 def local_url(host: str, port: int) -> str:
