@@ -72,8 +72,8 @@ from ctxapp.client import Client  # noqa: E402
 from ctxapp.infra import embedded  # noqa: E402
 
 DEV = ROOT / "tests" / "data" / "dev" / "conversations_dev.locomo.json"
-LOG_PREFIX = "@@%a@@ "
-STATEMENT = re.compile(r"^@@([^@]*)@@ LOG:  (?:statement|execute [^:]*):")
+LOG_PREFIX = "@@%a@@%p@@ "
+STATEMENT = re.compile(r"^@@([^@]*)@@(\d+)@@ LOG:  (?:statement|execute [^:]*):")
 APPS = ("ctxapp-web", "ctxapp-worker", "ctxapp-beat")
 BENCH_APP = "ctxapp-bench"
 PREFIXES = [
@@ -266,7 +266,7 @@ def statement_lines(stack: Stack, start: int, end: int, app: str) -> list[str]:
         handle.seek(start)
         text = handle.read(end - start).decode(errors="replace")
     return [
-        line.split(": ", 1)[-1].split(":", 1)[-1].strip()
+        f"[{found[2]}] " + line[found.end() :].strip()
         for line in text.splitlines()
         if (found := STATEMENT.match(line)) and found[1] == app
     ]

@@ -24,7 +24,9 @@ class MemoryConfig(AppConfig):
                 uid = f"policy-{model.__name__}"
                 post_save.connect(policy_cache.policy_saved, sender=model, dispatch_uid=uid)
                 post_delete.connect(policy_cache.policy_saved, sender=model, dispatch_uid=f"{uid}-del")
-        post_migrate.connect(policy_cache.policies_migrated, dispatch_uid="policy-cache-migrated")
+        post_migrate.connect(
+            policy_cache.policies_migrated, sender=self, dispatch_uid="policy-cache-migrated"
+        )
         # Each request and each job reads the versions once, afresh.
         request_started.connect(policy_cache.unit_begin, dispatch_uid="policy-cache-request")
         task_prerun.connect(policy_cache.unit_begin, dispatch_uid="policy-cache-task", weak=False)

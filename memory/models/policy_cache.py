@@ -116,8 +116,8 @@ def _bump(tenant_id: int | None) -> None:
     key = EPOCH_KEY if tenant_id is None else _tenant_key(tenant_id)
     try:
         cache.set(key, uuid.uuid4().hex, timeout=None)
-    except Exception:
-        logger.warning("could not publish a tenant configuration change (%s)", key, exc_info=True)
+    except Exception as exc:  # e.g. `ctxapp up` migrates before it starts its Redis: nobody to tell yet
+        logger.warning("could not publish a tenant configuration change (%s): %s", key, exc)
 
 
 def _forget(tenant_id: int | None) -> None:
