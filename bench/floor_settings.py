@@ -1,6 +1,7 @@
-"""Settings of the framework-floor benchmark (bench/floor_urls.py): ctxapp's, plus one bench route.
+"""Settings of the framework-floor benchmarks (bench/floor_urls.py): ctxapp's, plus the floor routes.
 
-Only `bench/bench_peers.py --only floor` uses it; ctxapp's own URLs never mount the floor."""
+Only `bench/bench_peers.py --only floor` and `bench/bench_cost.py` use them; ctxapp's own URLs
+never mount the floor."""
 
 from ctxapp.settings import *  # noqa: F403
 

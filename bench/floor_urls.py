@@ -1,7 +1,9 @@
-"""The framework floor: the cheapest append a Django + DRF service behind ctxapp's edge can serve.
+"""The framework floor: the cheapest requests a Django + DRF service behind ctxapp's edge can serve.
 
-The URLs of `bench/bench_peers.py --only floor` only (never in production URLs): ctxapp's
-URLs, plus `POST /bench/floor/<session pk>`, a bare DRF `APIView` with the same middleware,
+The URLs of `bench/bench_peers.py --only floor` and `bench/bench_cost.py` only (never in production
+URLs): ctxapp's URLs, plus `GET /bench/floor` (authentication, permission and throttles, then an
+answer naming the key's tenant: no database) and `POST /bench/floor/<session pk>`, a bare DRF
+`APIView` with the same middleware,
 authentication (API key), permission and throttles (the REST_FRAMEWORK defaults every ctxapp view
 has), whose handler is one ORM `create()` of a message row: no seq counter, no event, no token
 count, no idempotency, no broadcast. ctxapp's REST append ÷ this is what ctxapp adds on top of
@@ -21,16 +23,23 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from memory.api import throttles
-from memory.models import Message
+from memory.models import Message, MessageEmbeddingStatus
 
 
-class FloorAppendApi(APIView):
-    """One INSERT behind the API's edge."""
+class FloorApi(APIView):
+    """Nothing behind the API's edge: what an authenticated GET costs before any work."""
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         # As ctxapp's API views: the failed-authentication check rides on the rate-limit count.
         throttles.auth_failures_defer(request)
         super().initial(request, *args, **kwargs)
+
+    def get(self, request: Request) -> Response:
+        return Response({"tenant": request.auth.tenant_id})  # type: ignore[union-attr]
+
+
+class FloorAppendApi(FloorApi):
+    """One INSERT behind the API's edge."""
 
     def post(self, request: Request, session_pk: int) -> Response:
         body: dict[str, Any] = request.data  # type: ignore[assignment]  # a JSON object
@@ -40,11 +49,14 @@ class FloorAppendApi(APIView):
             seq=uuid.uuid4().int >> 66,  # unique without a counter: the floor has none
             role=str(body["role"]),
             content=str(body["content"]),
+            # Nothing embeds it (no drain is sent): a pending row would wait for the index sweep.
+            embedding_status=MessageEmbeddingStatus.SKIPPED,
         )
         return Response({"seq": message.seq}, status=201)
 
 
 urlpatterns = [
+    path("bench/floor", FloorApi.as_view()),
     path("bench/floor/<int:session_pk>", FloorAppendApi.as_view()),
     path("", include("ctxapp.urls")),
 ]

@@ -11,6 +11,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+# Imported here, once: the checks below run in threads, and a first import of redis-py in two
+# threads at once (the cache's in one, the channel layer's in another) fails on a half-initialised module.
+import redis  # noqa: F401
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings

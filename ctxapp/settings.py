@@ -211,14 +211,17 @@ CHANNEL_LAYERS = {
     }
 }
 
-# API throttles and login lockouts count on this cache, shared by every process.
+# API throttles and login lockouts count on this cache, shared by every process. django-redis
+# keeps one connection pool per process: Django's own RedisCache makes a pool per cache instance,
+# and under ASGI every request gets its own instance, so each request opened a new connection
+# (~30 % of an authenticated GET, docs/benchmarks.md, bench_cost.py).
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": f"{QUEUE_PREFIX}:cache",
         # A Redis that stops answering must not hold requests: the throttles fail open.
-        "OPTIONS": {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT, "socket_timeout": REDIS_TIMEOUT},
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": REDIS_CONNECT_TIMEOUT, "SOCKET_TIMEOUT": REDIS_TIMEOUT},
     }
 }
 

@@ -59,8 +59,10 @@ def web_argv(cfg: CtxappSettings, host: str, port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _exec(argv: list[str]) -> int:
+def _exec(argv: list[str], name: str) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ctxapp.settings")
+    # libpq's application_name: pg_stat_activity and the server's log tell the processes apart.
+    os.environ.setdefault("PGAPPNAME", f"ctxapp-{name}")
     os.execv(argv[0], argv)
     return 0  # not reached
 
@@ -72,18 +74,18 @@ def cmd_web(args: argparse.Namespace) -> int:
     require_redis(cfg)
     if cfg.web_workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir(data_dir_of(cfg)))
-    return _exec(web_argv(cfg, args.host or cfg.host, port))
+    return _exec(web_argv(cfg, args.host or cfg.host, port), "web")
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     cfg = settings_load()
     prepare_database(cfg)
     require_redis(cfg)
-    return _exec(worker_argv(cfg, name=args.name))
+    return _exec(worker_argv(cfg, name=args.name), "worker")
 
 
 def cmd_beat(args: argparse.Namespace) -> int:
     cfg = settings_load()
     prepare_database(cfg)
     require_redis(cfg)
-    return _exec(beat_argv(cfg))
+    return _exec(beat_argv(cfg), "beat")

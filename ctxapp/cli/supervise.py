@@ -55,10 +55,13 @@ def lock_data_dir(data_dir: Path) -> Any:
     return lock
 
 
-def spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+def spawn(argv: list[str], env: dict[str, str], name: str = "") -> subprocess.Popen[bytes]:
     # Each child leads its own session and process group: a Ctrl-C in the terminal reaches only
     # us, and we stop each child together with its own children (Celery's pool, uvicorn's workers).
     # Each child also gets SIGTERM if we die without stopping it (SIGKILL, OOM killer).
+    if name and "PGAPPNAME" not in env:
+        # libpq's application_name: pg_stat_activity and the server's log tell the processes apart.
+        env = {**env, "PGAPPNAME": f"ctxapp-{name}"}
     return subprocess.Popen(
         argv,
         env=env,
@@ -164,7 +167,6 @@ class Restarts:
 
     argvs: dict[str, list[str]]
     env: dict[str, str]
-    readyz_url: str = ""
     started: dict[str, float] = dataclasses.field(default_factory=dict)
     failures: dict[str, int] = dataclasses.field(default_factory=dict)
     due: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -196,7 +198,7 @@ class Restarts:
             old = children[name]
             with contextlib.suppress(ProcessLookupError, PermissionError):  # its pool, uvicorn workers
                 os.killpg(old.pid, signal.SIGKILL)
-            children[name] = spawn(self.argvs[name], self.env)
+            children[name] = spawn(self.argvs[name], self.env, name)
             self.note_started(name)
             print(f"ctxapp: started the {name} process again (pid {children[name].pid}).", flush=True)
         return restarted
@@ -214,19 +216,6 @@ def stop_child(name: str, proc: subprocess.Popen[bytes], timeout: float) -> None
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
-
-
-def readyz_fetch(url: str, timeout: float) -> dict[str, Any] | None:
-    """One /readyz answer (200 or 503), or None when the web server does not answer."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return dict(json.loads(response.read()))
-    except urllib.error.HTTPError as exc:
-        with contextlib.suppress(ValueError):
-            return dict(json.loads(exc.read()))
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 def local_url(host: str, port: int) -> str:

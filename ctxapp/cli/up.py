@@ -180,7 +180,7 @@ def _watch(
     data_dir: Path,
 ) -> int:
     """Until a stop is requested: start a child that died again (with backoff), and restart a
-    worker that /readyz reports stalled (its heartbeat is overdue while jobs wait)."""
+    worker whose heartbeat is overdue (memory/services/job_health.py)."""
     next_poll = time.monotonic() + WEDGE_POLL_SECONDS
     while stop["signal"] is None:
         for name, proc in children.items():
@@ -199,14 +199,26 @@ def _restart_if_wedged(children: dict[str, subprocess.Popen[bytes]], restarts: s
     worker = children["worker"]
     if worker.poll() is not None or "worker" in restarts.due:
         return
-    answer = supervise.readyz_fetch(restarts.readyz_url, timeout=3.0) if restarts.readyz_url else None
-    jobs = (answer or {}).get("checks", {}).get("jobs", {})
+    stalled, age, deadline = _heartbeat()
     started = restarts.started.get("worker", time.monotonic())
-    if not jobs.get("stalled") or time.monotonic() - started < jobs.get("deadline_s", 60.0):
+    if not stalled or time.monotonic() - started < deadline:
         return
-    print(f"ctxapp: the worker runs no jobs ({jobs.get('error')}); restarting it.", flush=True)
+    print(f"ctxapp: the worker runs no jobs (no heartbeat for {age:.0f} s); restarting it.", flush=True)
     supervise.stop_child("worker", worker, WEDGED_STOP_SECONDS)
     restarts.schedule("worker", worker.returncode)
+
+
+def _heartbeat() -> tuple[bool, float, float]:
+    """(stalled, heartbeat age, deadline) from the shared cache, as /readyz's jobs check says it,
+    without a request to the web server or a statement to PostgreSQL (an idle `up` polled /readyz
+    every 5 s: ~1 statement per second). Redis unreachable: not stalled (nothing to go by)."""
+    from memory.services import job_health  # lazy: django-setup
+
+    try:
+        stalled, age = job_health.heartbeat_stalled()
+    except Exception:
+        return False, 0.0, 0.0
+    return stalled, age or 0.0, job_health.heartbeat_deadline_seconds()
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -238,14 +250,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not cfg.redis_url:
             print("ctxapp: starting the embedded Redis engine …", flush=True)
             argvs["redis"] = embedded_redis.server_argv(data_dir)
-            children["redis"] = supervise.spawn(argvs["redis"], env)
+            children["redis"] = supervise.spawn(argvs["redis"], env, "redis")
             _wait_for_redis(data_dir, children["redis"])
         print("ctxapp: starting the web server, the Celery worker and the scheduler …", flush=True)
         argvs.update(web=web_argv(cfg, host, port), worker=worker_argv(cfg), beat=beat_argv(cfg))
         restarts = supervise.Restarts(argvs=argvs, env=env)
         for name, argv in argvs.items():
             if name not in children:
-                children[name] = supervise.spawn(argv, env)
+                children[name] = supervise.spawn(argv, env, name)
             restarts.note_started(name)
         supervise.up_file_write(data_dir, children)
         local = supervise.local_url(host, port)
@@ -254,7 +266,6 @@ def cmd_up(args: argparse.Namespace) -> int:
         )
         _print_banner(local, report, first_run, data_dir, dataclasses.replace(cfg, host=host))
         supervise.server_file_write(data_dir, local)
-        restarts.readyz_url = f"{local}/readyz"
         exit_code = _watch(children, restarts, stop, data_dir)
     except Interrupted:
         pass

@@ -10,6 +10,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from memory.models import policy_cache
+
 KEY_PREFIX = "ctx_"
 
 
@@ -40,8 +42,10 @@ class TenantPolicyBase(models.Model):
 
     @classmethod
     def for_tenant(cls, tenant: Tenant) -> Self:
-        policy, _ = cls._default_manager.get_or_create(tenant=tenant)
-        return policy
+        """The tenant's row (created with the defaults on first use), read once per process while
+        the tenant's configuration version holds (memory/models/policy_cache.py). Shared by the
+        process: change it through its service or `save()`, never by setting attributes alone."""
+        return policy_cache.policy_get(cls, tenant)
 
 
 class ApiKeyScope(models.TextChoices):

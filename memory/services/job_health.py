@@ -1,12 +1,13 @@
 """Is any worker running jobs? A heartbeat job with a deadline, and the age of the job queue.
 
 Celery beat sends `memory.jobs.heartbeat` every HEARTBEAT_SECONDS; the worker that runs it
-stamps the time in the shared cache (Redis, or the database's cache table), so every web
-process reads the same answer and the jobs list stays free of heartbeats. A worker whose pool is wedged still
-answers Celery's ping from its main process, but runs no task: its heartbeat stops. /readyz
-reports the heartbeat's age with the oldest waiting job and the last finished one; `ctxapp up`
-restarts the worker when the heartbeat is older than CTXAPP_JOB_HEARTBEAT_DEADLINE_SECONDS, and
-docs/production.md gives the same test as a liveness probe.
+stamps the time in the shared cache (Redis), so every process reads the same answer and the
+jobs list stays free of heartbeats. A worker whose pool is wedged still answers Celery's ping
+from its main process, but runs no task: its heartbeat stops. /readyz reports the heartbeat's age
+with the oldest waiting job and the last finished one; `ctxapp up` reads the heartbeat from the
+cache itself (no request, no SQL) and restarts the worker when it is older than
+CTXAPP_JOB_HEARTBEAT_DEADLINE_SECONDS, and docs/production.md gives the same test as a liveness
+probe.
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ def heartbeat_last() -> datetime | None:
     return datetime.fromtimestamp(float(stamp), UTC) if stamp is not None else None
 
 
+def heartbeat_stalled(now: datetime | None = None) -> tuple[bool, float | None]:
+    """(stalled, the heartbeat's age in seconds): stalled when it is older than the deadline. No
+    heartbeat yet (a worker never ran one) is not stalled. One read of the shared cache, no SQL:
+    `ctxapp up` asks it every few seconds."""
+    age = _age(heartbeat_last(), now or timezone.now())
+    return age is not None and age > heartbeat_deadline_seconds(), age
+
+
 def _age(moment: datetime | None, now: datetime) -> float | None:
     return None if moment is None else round((now - moment).total_seconds(), 1)
 
@@ -54,9 +63,8 @@ def jobs_health() -> dict[str, Any]:
     last = JobIntent.objects.filter(status__in=[JobStatus.DONE, JobStatus.FAILED]).aggregate(
         last=Max("finished_at")
     )["last"]
-    heartbeat_age = _age(heartbeat_last(), now)
+    stalled, heartbeat_age = heartbeat_stalled(now)
     deadline = heartbeat_deadline_seconds()
-    stalled = heartbeat_age is not None and heartbeat_age > deadline
     report: dict[str, Any] = {
         "ok": not stalled,
         "oldest_queued_age_s": _age(oldest, now),

@@ -34,8 +34,6 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.db.models import Count, F
-from django.db.models.signals import post_save
-from django.dispatch import receiver
 from django.utils import timezone
 
 from memory.models import (
@@ -59,33 +57,13 @@ logger = logging.getLogger(__name__)
 
 DRAIN_TASK_NAME = "memory.index.drain"  # memory/tasks/memory.py
 
-# --- the tenant's policy, cached briefly (read on every append) ----------------------------------
-
-POLICY_CACHE_SECONDS = 10.0
-_policy_cache: dict[int, tuple[float, MemoryPolicy]] = {}
-_policy_lock = threading.Lock()
+# --- the tenant's policy ------------------------------------------------------------------------
 
 
 def memory_policy_get(*, tenant: Tenant) -> MemoryPolicy:
-    """The tenant's MemoryPolicy (created on first use), cached in this process for up to 10 s.
-
-    Saving a policy clears this process's copy at once; other processes see it within 10 s.
-    """
-    now = time.monotonic()
-    with _policy_lock:
-        cached = _policy_cache.get(tenant.pk)
-    if cached is not None and now - cached[0] < POLICY_CACHE_SECONDS:
-        return cached[1]
-    policy = MemoryPolicy.for_tenant(tenant)
-    with _policy_lock:
-        _policy_cache[tenant.pk] = (now, policy)
-    return policy
-
-
-@receiver(post_save, sender=MemoryPolicy)
-def _policy_saved(sender: type[MemoryPolicy], instance: MemoryPolicy, **kwargs: object) -> None:
-    with _policy_lock:
-        _policy_cache.pop(instance.tenant_id, None)
+    """The tenant's MemoryPolicy (created on first use), read once per process while the tenant's
+    configuration is unchanged (memory/models/policy_cache.py)."""
+    return MemoryPolicy.for_tenant(tenant)
 
 
 def message_index_fields(*, tenant: Tenant) -> dict[str, str]:
