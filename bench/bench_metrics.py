@@ -3,7 +3,7 @@
     python bench/bench_metrics.py [--builds 100000] [--events 500000] [--experiences 20000]
 
 Fills BudgetSample, Event and Experience rows with SQL (generate_series), then times
-`ctxapp.integrations.metrics.metrics_text()` (every database query of a scrape, plus the broker's queue depth)
+`ctxapp.metrics.metrics_text()` (every database query of a scrape, plus the broker's queue depth)
 20 times and prints the median and the worst.
 """
 
@@ -72,7 +72,7 @@ def main() -> None:
     setup_test_environment()
     databases = setup_databases(verbosity=0, interactive=False)
     try:
-        from ctxapp.integrations.metrics import metrics_text
+        from ctxapp.metrics import metrics_text
         from memory.models import Tenant
         from memory.services.sessions import session_create
 

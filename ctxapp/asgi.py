@@ -12,7 +12,8 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from ctxapp.integrations import mcp_server, metrics  # noqa: E402
+from ctxapp import metrics  # noqa: E402
+from ctxapp.mcp import http as mcp_http  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 MCP_PATHS = frozenset({"/mcp", "/mcp/"})
@@ -29,7 +30,7 @@ async def application(scope: Any, receive: Any, send: Any) -> None:
     if scope["type"] == "http" and scope["path"] in MCP_PATHS:
         # The MCP streamable HTTP transport (bearer key, then the SDK's transport): not Django.
         await metrics.observe_asgi(
-            "mcp", scope, send, lambda timed_send: mcp_server.http_app()(scope, receive, timed_send)
+            "mcp", scope, send, lambda timed_send: mcp_http.http_app()(scope, receive, timed_send)
         )
         return
     await router(scope, receive, send)

@@ -65,7 +65,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "ctxapp.integrations.metrics.RequestMetricsMiddleware",  # outermost: latency includes every other layer
+    "ctxapp.metrics.RequestMetricsMiddleware",  # outermost: latency includes every other layer
     "ctxapp.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "ctxapp.middleware.ContentSecurityPolicyMiddleware",  # django-csp's, skipping /api/ sooner

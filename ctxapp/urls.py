@@ -5,8 +5,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from ctxapp import health
-from ctxapp.integrations import metrics
+from ctxapp import health, metrics
 
 # /api/ is left out of the site-wide policy (it answers JSON); its one HTML page, Swagger UI, gets
 # its own: the split view serves the page's script from its own URL, so no inline script runs.

@@ -10,7 +10,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
-from ctxapp.integrations import metrics
+from ctxapp import metrics
 from memory.models import BudgetSample, Event, Message, Tenant
 
 pytestmark = pytest.mark.django_db

@@ -200,7 +200,7 @@ def do_enhance(client: Any, args: argparse.Namespace) -> Result:
 
 
 def do_register(client: Any, args: argparse.Namespace) -> Result:
-    from ctxapp.integrations.mcp_tools import fact_key  # lazy: startup-cost
+    from ctxapp.mcp.tools import fact_key  # lazy: startup-cost
 
     key = args.key or fact_key(args.type, args.text)
     fact = client.fact_register(args.session, key=key, type=args.type, content=args.text)

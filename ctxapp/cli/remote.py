@@ -34,7 +34,7 @@ def cmd_eval_recall(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    from ctxapp.integrations import mcp_tools  # lazy: startup-cost
+    from ctxapp.integrations import mcp_stdio  # lazy: startup-cost
 
     url, key = _target(args)
-    return mcp_tools.run_stdio(url=url, api_key=key)
+    return mcp_stdio.run_stdio(url=url, api_key=key)

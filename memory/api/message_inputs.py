@@ -66,7 +66,7 @@ def message_size_check(text: str) -> str:
 class ContentField(StrictCharField):
     @property
     def max_bytes(self) -> int:
-        """The bound in UTF-8 bytes (the MCP tools' schemas state it: ctxapp/integrations/mcp_bounds.py)."""
+        """The bound in UTF-8 bytes (the MCP tools' schemas state it: ctxapp/mcp/bounds.py)."""
         return int(settings.CTXAPP.message_max_bytes)
 
     def to_internal_value(self, data: Any) -> str:

@@ -25,9 +25,9 @@ from django.db import connection, transaction
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
-from ctxapp.integrations import mcp_server
-from ctxapp.integrations.mcp_server import ServiceBackend
-from ctxapp.integrations.mcp_tools import TOOLS
+from ctxapp.mcp import http as mcp_server
+from ctxapp.mcp.http import ServiceBackend
+from ctxapp.mcp.tools import TOOLS
 from memory.api.base import TenantApiView
 from memory.models import ApiKey, Experience, Session, SharingPolicy, Tenant, UserMemory
 from memory.services.rolling_summary import session_summarise

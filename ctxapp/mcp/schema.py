@@ -1,7 +1,7 @@
 """The parts every ctxapp MCP tool is made of: the REST request a call becomes (`Call`), a tool's
 JSON schema, annotations and request builder (`ToolSpec`), where the server enforces each
 argument's bounds (`Bound`), and the helpers that build its arguments' schemas and its request.
-No Django, no SDK server: mcp_tools.py assembles the tools, mcp_bounds.py (on the server) reads
+No Django, no SDK server: tools.py assembles the tools, bounds.py (on the server) reads
 the bounds.
 """
 
@@ -36,7 +36,7 @@ class Call:
 class Bound:
     """Where the server enforces an argument's bounds: a field of a REST input serializer
     (`where` = "module:Class.Inner") or of a model ("memory.models:Session"). The schema listed
-    to a client states them as mcp_bounds.py reads them there, so it cannot drift from them."""
+    to a client states them as bounds.py reads them there, so it cannot drift from them."""
 
     where: str
     field: str
@@ -123,7 +123,7 @@ def number_arg(description: str, *, default: float | None = None) -> dict[str, A
     return schema
 
 
-# What a tool's schema says of an argument, from where the server enforces it (mcp_bounds.py).
+# What a tool's schema says of an argument, from where the server enforces it (bounds.py).
 Resolver = Callable[[Sequence[Bound]], dict[str, Any]]
 
 

@@ -1,4 +1,4 @@
-"""The MCP server's streamable HTTP transport at `/mcp` in the ASGI app (the tools: mcp_tools.py).
+"""The MCP server's streamable HTTP transport at `/mcp` in the ASGI app (the tools: tools.py).
 
 Every request passes the same gate as /api/v1 before the SDK sees it: the bearer key's checks
 (hashed lookup, scopes, revocation, expiry), the failed-authentication throttle of the client
@@ -38,9 +38,9 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework.request import Request
 
 from ctxapp.api_errors import error_body, exception_handler, handler404, too_large_response
-from ctxapp.integrations.mcp_bounds import bounds_resolve
-from ctxapp.integrations.mcp_schema import Call, RestError, ToolSpec
-from ctxapp.integrations.mcp_tools import build_server, current_backend
+from ctxapp.mcp.bounds import bounds_resolve
+from ctxapp.mcp.schema import Call, RestError, ToolSpec
+from ctxapp.mcp.tools import build_server, current_backend
 from memory.api import throttles
 from memory.api.auth import ApiKeyAuthentication
 from memory.models import ApiKey

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctxapp.integrations.mcp_schema import (
+from ctxapp.mcp.schema import (
     Bound,
     Call,
     ToolSpec,
@@ -22,7 +22,7 @@ from ctxapp.integrations.mcp_schema import (
 
 USER_ARG = string_arg("The user's id (the `user_id` of their sessions).")
 MEMORY_ARG = string_arg("The user memory's id (`umem_…`), from memory_list.")
-# Where the REST API enforces the arguments (mcp_bounds.py reads them there).
+# Where the REST API enforces the arguments (bounds.py reads them there).
 USER_MEMORY_INPUT = "memory.api.users:UserMemoryListApi.InputSerializer"
 USER_MEMORY_FILTER = "memory.api.users:UserMemoryListApi.FilterSerializer"
 USER_MEMORY_PATCH = "memory.api.users:UserMemoryDetailApi.PatchSerializer"

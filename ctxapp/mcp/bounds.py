@@ -16,7 +16,7 @@ from typing import Any
 from django.db import models
 from rest_framework import serializers
 
-from ctxapp.integrations.mcp_schema import Bound
+from ctxapp.mcp.schema import Bound
 
 
 @functools.cache
