@@ -175,7 +175,7 @@ def test_the_recovered_state_reads_as_a_summary_with_the_document_on_expand(
     assert "Task" in between(summary, 'data-testid="recovered-events">', "</dd>")
     # the JSON is there, folded: inside <details>, after the summary
     details = page.split('<details class="json-details">', 1)[1].split("</details>", 1)[0]
-    assert 'data-testid="recovered-state"' in details and "&quot;generated_at&quot;" in details
+    assert 'data-testid="recovered-state"' in details and "&quot;operational&quot;" in details
 
 
 def test_login_lands_on_the_tenant_picked_last(
