@@ -1,8 +1,5 @@
-"""The fast path of message validation accepts and refuses exactly what the serializer does.
-
-`message_input_errors` tries a fast path built from the serializer's declared fields before the
-serializer itself; whatever the body, the answer (the MessageInput, or the errors by field path)
-must be the serializer's. Hypothesis generates valid, borderline and invalid bodies.
+"""Message validation answers as the serializer does, one message or a batch, with each error
+named by its field path. Hypothesis generates valid, borderline and invalid bodies.
 """
 
 from __future__ import annotations
@@ -18,10 +15,8 @@ from rest_framework import serializers
 
 from memory.api.base import MAX_BIGINT
 from memory.api.message_inputs import (
-    _FIELDS,
     _MESSAGE_VALIDATOR,
     ROLES,
-    _message_fast,
     message_input_errors,
     message_inputs_validate,
 )
@@ -128,11 +123,8 @@ def serializer_answer(body: Any) -> tuple[Any, dict[str, list[str]]]:
 @example({"role": "assistant", "tool_calls": [VALID_CALL], "parent_seq": MAX_BIGINT})
 @example({"role": "user", "turn_id": "x" * 201})
 @example({"role": "user", "content": None, "name": None, "session": 1})
-def test_both_paths_accept_and_refuse_the_same_bodies_with_the_same_errors(body):
+def test_a_message_is_answered_as_the_serializer_answers_it_with_each_field_named(body):
     expected = serializer_answer(body)
-    fast = _message_fast(body)
-    if fast is not None:  # the fast path accepted: the serializer accepts the same message
-        assert expected == (fast, {})
     assert message_input_errors(body) == expected
     prefixed = message_input_errors(body, prefix="messages[7].")
     assert prefixed == (expected[0], {f"messages[7].{name}": errors for name, errors in expected[1].items()})
@@ -153,29 +145,3 @@ def test_a_batch_is_refused_with_each_bad_message_named_as_the_serializer_names_
         assert refused.details["fields"] == expected
     else:
         assert is_batch and not expected and items == [item for item, _ in answers]
-
-
-def test_the_fast_path_takes_the_common_messages():
-    """Else it would only cost time: the valid bodies clients send every turn pass it."""
-    for body in (
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "", "tool_calls": [VALID_CALL], "turn_id": "t1"},
-        {"role": "tool", "content": "42", "tool_call_id": "c1", "parent_seq": 3},
-        {"role": "user", "content": "é" * 50, "metadata": {"k": 1}, "occurred_at": "2024-05-08T13:56:00Z"},
-    ):
-        assert _message_fast(body) == serializer_answer(body)[0] is not None
-
-
-def test_the_fast_path_follows_a_changed_serializer_limit():
-    """The limits are read from the serializer's fields, not restated: change one, both follow."""
-    field = _FIELDS["turn_id"]
-    assert field is _MESSAGE_VALIDATOR.fields["turn_id"]
-    body = {"role": "user", "content": "hi", "turn_id": "x" * 10}
-    original = field.max_length
-    field.max_length = 5
-    try:
-        assert _message_fast(body) is None
-        assert "turn_id" in message_input_errors(body)[1]
-    finally:
-        field.max_length = original
-    assert message_input_errors(body)[1] == {}
