@@ -86,8 +86,12 @@ def messages_append(
     # No savepoint of its own (two round trips inside a caller's transaction): nothing below
     # raises after a write but a database error, which aborts the whole transaction anyway.
     with transaction.atomic(savepoint=False):
+        # FOR NO KEY UPDATE, as an UPDATE of the row takes: appenders queue on it, while writes
+        # of rows that refer to the session (a build's budget sample, an event) only take
+        # FOR KEY SHARE in their foreign-key check and go on. FOR UPDATE blocked those, and a
+        # build holding its event stream then waiting on the session deadlocked with an append.
         locked = (
-            Session.objects.select_for_update(of=("self",))
+            Session.objects.select_for_update(no_key=True, of=("self",))
             .select_related("agent")
             .filter(tenant=tenant, status=SessionStatus.OPEN)
             .filter(**({"pk": session.pk} if session is not None else {"public_id": session_id}))
