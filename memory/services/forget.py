@@ -17,9 +17,9 @@ and re-derived (the digest is queued; the next context build summarises again); 
 user memories taken from it are deleted; events, context builds and stored responses quoting it
 are tombstoned or deleted.
 
-Both bump the tenant's ContentGeneration in the same transaction: every process's search corpus
-reads it with its version (memory_search/corpus.py), so no process serves the old text after
-commit. The tenant's word-statistics snapshot is dropped (it is rebuilt on demand).
+Both bump the tenant's ContentGeneration in the same transaction, for any process-local cache of
+the tenant's content to compare against (memory search keeps none: it reads every search's
+candidates from PostgreSQL).
 """
 
 from __future__ import annotations
@@ -46,8 +46,6 @@ from memory.models import (
     Message,
     OtelHeldSpan,
     OtelSpan,
-    SearchTermSnapshot,
-    SearchTermStat,
     Session,
     SessionDigest,
     StoreItem,
@@ -139,12 +137,6 @@ def _cache_entries_delete(hashes: set[str]) -> int:
     return EmbeddingCache.objects.filter(text_hash__in=doomed).delete()[0] if doomed else 0
 
 
-def _search_snapshot_drop(tenant: Tenant) -> None:
-    """Drop the tenant's word-statistics snapshot: it holds the lexemes of the erased text."""
-    SearchTermStat.objects.filter(tenant=tenant).delete()
-    SearchTermSnapshot.objects.filter(tenant=tenant).delete()
-
-
 def forget_user(*, tenant: Tenant, user_id: str, agent: Agent | None = None) -> ForgetReceipt:
     """Erase everything `tenant` holds of `user_id` (module docstring); idempotent.
 
@@ -184,7 +176,6 @@ def forget_user(*, tenant: Tenant, user_id: str, agent: Agent | None = None) -> 
             experiences=experiences,
         )
         content_generation_bump(tenant=tenant)
-        _search_snapshot_drop(tenant)
         recorder.event_append(
             tenant=tenant,
             type=FORGOTTEN_EVENT,
@@ -387,7 +378,6 @@ def message_redact(
         counts["embedding_cache"] = _cache_entries_delete({old_hash}) if changed else 0
         if any(counts.values()):
             content_generation_bump(tenant=tenant)
-            _search_snapshot_drop(tenant)
         recorder.event_append(
             tenant=tenant,
             type=REDACTED_EVENT,
