@@ -306,11 +306,12 @@ def main() -> None:
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     setup_django(keep=args.keep_database)
 
+    from memory.services.memory_search.term_stats import term_stats_refresh
+
     from memory.models import Message, Session, Tenant
     from memory.services import embedding
     from memory.services.context import context_build
     from memory.services.memory_search import SearchScope, memory_search
-    from memory.services.memory_search.term_stats import term_stats_refresh
     from memory.services.sessions import session_create
 
     samples = json.loads(Path(args.data).read_text())

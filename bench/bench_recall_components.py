@@ -28,7 +28,6 @@ import os
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -40,7 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 DEV = ROOT / "tests" / "data" / "dev"
 CACHE = Path(os.environ.get("CTXAPP_RANK_CACHE", "/tmp/ctxapp_rank_cache"))
-SETS = {"locomo": "conversations_dev.locomo.json", "ua": "user_assistant_dev.json"}
+# Each dev set: its files, read as one set of conversations (LoCoMo-style: every
+# conversations_dev*.locomo.json, so conversations added later count).
+SETS = {"locomo": "conversations_dev*.locomo.json", "ua": "user_assistant_dev.json"}
 
 from ctxapp.cli.evaluation_data import dia_key, evidence_ids, load, turn_text  # noqa: E402
 from memory.services import ranking  # noqa: E402
@@ -105,19 +106,26 @@ class Question:
     vector: np.ndarray
 
 
-def load_set(path: Path, vectors: Vectors) -> tuple[list[Conv], list[Question]]:
+def load_set(paths: list[Path], vectors: Vectors) -> tuple[list[Conv], list[Question]]:
     convs: list[Conv] = []
     questions: list[Question] = []
-    for number, conversation in enumerate(load(str(path))):
+    conversations = [c for path in paths for c in load(str(path))]
+    for number, conversation in enumerate(conversations):
         turns: list[Turn] = []
         for session_number, when, raw in conversation.sessions:
             for position, turn in enumerate(raw, start=1):
                 speaker = str(turn.get("speaker") or "")
                 text = ranking.index_text(content=turn_text(turn), speaker=speaker or None, occurred_at=when)
-                turns.append(Turn(dia_key(turn.get("dia_id")), f"s{session_number}", position, speaker, text, when))
+                turns.append(
+                    Turn(dia_key(turn.get("dia_id")), f"s{session_number}", position, speaker, text, when)
+                )
         own = vectors([t.text for t in turns])
         context_texts = [
-            (f"{ranking.window_text([turns[i - 1].text])}\n" if i and turns[i - 1].session == t.session else "")
+            (
+                f"{ranking.window_text([turns[i - 1].text])}\n"
+                if i and turns[i - 1].session == t.session
+                else ""
+            )
             + t.text
             for i, t in enumerate(turns)
         ]
@@ -152,7 +160,9 @@ def pool_indices(conv: Conv, q: Question, mode: str, contextual: bool) -> list[i
     dense = [int(i) for i in np.argsort(-cos, kind="stable")[: ranking.POOL_DENSE]]
     terms = set(ranking.tokenize(q.text))
     matching = [i for i, t in enumerate(conv.turns) if terms & own_terms(t.text)]
-    scores = ranking.bm25_pool(query=q.text, documents=[ranking.window_text([conv.turns[i].text]) for i in matching])
+    scores = ranking.bm25_pool(
+        query=q.text, documents=[ranking.window_text([conv.turns[i].text]) for i in matching]
+    )
     lexical = [matching[j] for j in np.argsort(-scores, kind="stable")[: ranking.POOL_LEXICAL]]
     chosen = dict.fromkeys(dense + lexical)
     for seed in dense[: ranking.POOL_NEIGHBOUR_SEEDS] + lexical[: ranking.POOL_NEIGHBOUR_SEEDS]:
@@ -164,7 +174,9 @@ def pool_indices(conv: Conv, q: Question, mode: str, contextual: bool) -> list[i
     return list(chosen)
 
 
-def candidates_of(conv: Conv, q: Question, indices: list[int], plan: Plan, contextual: bool) -> list[Candidate]:
+def candidates_of(
+    conv: Conv, q: Question, indices: list[int], plan: Plan, contextual: bool
+) -> list[Candidate]:
     cos = (conv.contextual if contextual else conv.vectors)[indices] @ q.vector
     out = []
     for i, c in zip(indices, cos.tolist(), strict=True):
@@ -177,7 +189,9 @@ def candidates_of(conv: Conv, q: Question, indices: list[int], plan: Plan, conte
                 if offset and (j := conv.by_position.get((t.session, t.position + offset))) is not None
             ]
             window = ranking.window_text(near)
-        out.append(Candidate(t.key, "message", t.text, t.session, t.position, t.occurred_at, c, t.speaker, window))
+        out.append(
+            Candidate(t.key, "message", t.text, t.session, t.position, t.occurred_at, c, t.speaker, window)
+        )
     return out
 
 
@@ -204,9 +218,12 @@ class Runner:
                 conv = self.convs[q.conv]
                 indices = self._pools.get((n, setting.contextual))
                 if indices is None:
-                    indices = self._pools[(n, setting.contextual)] = pool_indices(conv, q, self.pool, setting.contextual)
+                    indices = self._pools[(n, setting.contextual)] = pool_indices(
+                        conv, q, self.pool, setting.contextual
+                    )
                 ranked = ranking.rank(
-                    query=q.text, candidates=candidates_of(conv, q, indices, setting.plan, setting.contextual),
+                    query=q.text,
+                    candidates=candidates_of(conv, q, indices, setting.plan, setting.contextual),
                     plan=setting.plan,
                 )  # fmt: skip
                 keys = [r.candidate.key for r in ranked]
@@ -237,7 +254,7 @@ def bootstrap(diff: np.ndarray, *, seed: int, draws: int = 10_000) -> tuple[floa
 # Each component: the settings nested LOO chooses among, as changes of the base plan.
 def components(base: Plan) -> dict[str, list[Setting]]:
     def plans(**grid: list[Any]) -> list[Setting]:
-        (name, values), = grid.items()
+        ((name, values),) = grid.items()
         return [Setting(replace(base, **{name: v})) for v in values]
 
     return {
@@ -258,7 +275,11 @@ def components(base: Plan) -> dict[str, list[Setting]]:
         ],
         "contextual vector": [Setting(base, contextual=True)],
         "min-max fusion (dense 0.6/0.7, neighbour 0.5/0.75)": [
-            Setting(replace(base, fusion="minmax", dense_weight=d, lexical_weight=round(1 - d, 2), neighbour_weight=w))
+            Setting(
+                replace(
+                    base, fusion="minmax", dense_weight=d, lexical_weight=round(1 - d, 2), neighbour_weight=w
+                )
+            )
             for d in (0.6, 0.7)
             for w in (0.5, 0.75)
         ],
@@ -274,8 +295,12 @@ def removals(base: Plan) -> dict[str, Setting]:
         out["Snowball stemming"] = Setting(replace(base, stem=False))
     for name in ("speaker_weight", "date_weight", "length_weight", "current_cue_weight"):
         if getattr(base, name):
-            out[name] = Setting(replace(base, **{name: 0.0}))
+            out[name] = Setting(ranking.Plan.from_dict({**_plan_fields(base), name: 0.0}))
     return out
+
+
+def _plan_fields(plan: Plan) -> dict[str, Any]:
+    return {f: getattr(plan, f) for f in plan.__dataclass_fields__}
 
 
 def report(name: str, runner: Runner, base: Setting, settings: list[Setting], seed: int) -> dict[str, Any]:
@@ -293,7 +318,11 @@ def report(name: str, runner: Runner, base: Setting, settings: list[Setting], se
 
 
 def _diff(base: Plan, setting: Setting) -> dict[str, Any]:
-    changed = {f: getattr(setting.plan, f) for f in base.__dataclass_fields__ if getattr(setting.plan, f) != getattr(base, f)}
+    changed = {
+        f: getattr(setting.plan, f)
+        for f in base.__dataclass_fields__
+        if getattr(setting.plan, f) != getattr(base, f)
+    }
     if setting.contextual:
         changed["contextual"] = True
     return changed
@@ -303,21 +332,23 @@ def show(row: dict[str, Any]) -> None:
     g5, g10 = row["gain@5"], row["gain@10"]
     print(
         f"  {row['component']:42} held out R@5 {row['R@5']:5.1f} ({g5[0]:+.1f} [{g5[1]:+.1f}, {g5[2]:+.1f}])"
-        f"  R@10 {row['R@10']:5.1f} ({g10[0]:+.1f} [{g10[1]:+.1f}, {g10[2]:+.1f}])  picked {sorted(set(row['picked']))}",
+        f"  R@10 {row['R@10']:5.1f} ({g10[0]:+.1f} [{g10[1]:+.1f}, {g10[2]:+.1f}])"
+        f"  picked {sorted(set(row['picked']))}",
         flush=True,
     )
 
 
-def run_set(name: str, path: Path, vectors: Vectors, args: argparse.Namespace) -> dict[str, Any]:
+def run_set(name: str, paths: list[Path], vectors: Vectors, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
-    convs, questions = load_set(path, vectors)
+    convs, questions = load_set(paths, vectors)
     runner = Runner(convs, questions, args.pool)
     base_plan = ranking.RECIPE_PLAN if args.base == "recipe" else ranking.DEFAULT_PLAN
     base_plan = replace(base_plan, **json.loads(args.base_plan))
     base = Setting(base_plan)
     r = runner.recall(base)
     print(
-        f"\n== {name}: {path.name}, {len(convs)} conversations, {len(questions)} questions "
+        f"\n== {name}: {', '.join(p.name for p in paths)}, {len(convs)} conversations, "
+        f"{len(questions)} questions "
         f"(pool: {args.pool}; loaded in {time.perf_counter() - started:.0f} s) ==\n"
         f"  base ({args.base}) R@5 {r[:, 0].mean():5.1f}  R@10 {r[:, 1].mean():5.1f}",
         flush=True,
@@ -338,9 +369,13 @@ def run_set(name: str, path: Path, vectors: Vectors, args: argparse.Namespace) -
     by_category: dict[str, list[np.ndarray]] = defaultdict(list)
     for q, values in zip(questions, r, strict=True):
         by_category[q.category].append(values)
-    cats = {c: [round(float(np.mean([v[i] for v in vs])), 1) for i in range(2)] for c, vs in sorted(by_category.items())}
+    cats = {
+        c: [round(float(np.mean([v[i] for v in vs])), 1) for i in range(2)]
+        for c, vs in sorted(by_category.items())
+    }
     print("  by category (R@5, R@10): " + ", ".join(f"{c} {v[0]}/{v[1]}" for c, v in cats.items()))
-    return {"set": name, "questions": len(questions), "base": [round(float(r[:, i].mean()), 1) for i in range(2)],
+    base_figures = [round(float(r[:, i].mean()), 1) for i in range(2)]
+    return {"set": name, "questions": len(questions), "base": base_figures,
             "by_category": cats, "components": rows}  # fmt: skip
 
 
@@ -360,7 +395,8 @@ def main() -> None:
 
     django.setup()  # the embedder module imports models; no database is opened
     vectors = Vectors()
-    targets = [(n, DEV / SETS[n]) for n in args.sets.split(",") if n] + [(Path(f).stem, Path(f)) for f in args.file]
+    targets = [(n, sorted(DEV.glob(SETS[n]))) for n in args.sets.split(",") if n]
+    targets += [(Path(f).stem, [Path(f)]) for f in args.file]
     results = [run_set(name, path, vectors, args) for name, path in targets]
     if vectors.embedded:
         print(f"\n(embedded {vectors.embedded} new texts; cached in {vectors.path})")

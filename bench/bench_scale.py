@@ -280,12 +280,12 @@ def main() -> None:
     setup_django(keep=args.keep_database)
 
     from django.db import connection, connections
+    from memory.services.memory_search.term_stats import term_stats_refresh
 
     from memory.models import Message, Session, Tenant
     from memory.services import embedding, experience_search
     from memory.services.context import context_build
     from memory.services.memory_search import SearchScope, memory_search
-    from memory.services.memory_search.term_stats import term_stats_refresh
     from memory.services.sessions import session_create
 
     if args.ef_search:

@@ -26,6 +26,7 @@ from django.db.models import Q
 from memory.exceptions import InvalidInput
 from memory.models import Message, Session, Tenant, UserMemory
 from memory.services import memory_search, sharing
+from memory.services.embedding import QueryEmbedding
 from memory.services.message_indexing import memory_policy_get
 
 POSITIONS = ("start", "end")
@@ -163,6 +164,7 @@ class RecallRequest:
     window_seqs: set[int]
     exclude_ids: set[str]
     budget_tokens: int
+    query_vector: QueryEmbedding | None = None  # the build's embedding of `query`
 
 
 def context_recall(
@@ -178,6 +180,9 @@ def context_recall(
     query = (policy.query or request.query or "").strip()
     if not policy.enabled or policy.top_k <= 0 or not query or policy.budget_share <= 0:
         return []
+    shared = request.query_vector
+    # The build's vector serves when recall asks the build's own query (not an explicit one).
+    vector = shared.get() if shared is not None and shared.query.strip() == query[:4000] else None
     result = memory_search.memory_search(
         tenant=tenant,
         query=query[:4000],
@@ -189,6 +194,7 @@ def context_recall(
         ),
         limit=SEARCH_LIMIT,
         exclude_messages={(session.public_id, seq) for seq in request.window_seqs},
+        query_vector=vector,
     )
     hits = [hit for hit in result.results if _relevant(hit, policy)]
     if not hits:

@@ -35,7 +35,7 @@ from ctxapp.db_router import read_alias
 from memory.exceptions import InvalidInput
 from memory.models import Experience, ExperiencePolicy, ExperienceScope, Tenant
 from memory.services import sharing
-from memory.services.embedding import EmbedderError, embed_query
+from memory.services.embedding import EmbedderError, QueryEmbedding, embed_query
 from memory.services.experiences import experiences_touch, scope_filter, visible_filter
 from memory.services.search_hit import SearchHit
 
@@ -209,6 +209,7 @@ def experiences_search(
     kind: str | None = None,
     agent: str | None = None,
     readable: Q | None = None,
+    query_vector: QueryEmbedding | None = None,
 ) -> SearchResult:
     """Hybrid search of the tenant's experiences (optionally also one user's own; `agent`: only
     those that agent recorded). Read-only.
@@ -229,7 +230,11 @@ def experiences_search(
         readable=readable,
     )
     vector = None
-    if "vector" in plan["sources"]:
+    if "vector" in plan["sources"] and query_vector is not None and query_vector.query == query:
+        vector = query_vector.get()  # the context build's one embedding of its query
+        if vector is None:
+            warnings.append("vector search skipped: the embedder is unavailable")
+    elif "vector" in plan["sources"]:
         try:
             _, vector = embed_query(query)
         except EmbedderError as exc:
@@ -312,7 +317,13 @@ def memory_rank(*, hit: SearchHit, policy: ExperiencePolicy) -> RetrievedMemory:
 
 
 def experiences_for_context(
-    *, tenant: Any, session: Any, query: str, limit: int, max_chars: int
+    *,
+    tenant: Any,
+    session: Any,
+    query: str,
+    limit: int,
+    max_chars: int,
+    query_vector: QueryEmbedding | None = None,
 ) -> list[RetrievedMemory]:
     """The best experiences for `query`, at most `limit`, their texts within `max_chars` in total.
 
@@ -331,6 +342,7 @@ def experiences_for_context(
         user_id=session.user_id or "",
         limit=max(20, limit * 4),
         readable=sharing.experience_reader_filter(tenant=tenant, agent=session.agent.external_id),
+        query_vector=query_vector,
     )
     ranked = [memory_rank(hit=hit, policy=policy) for hit in result.hits]
     ranked = [m for m in ranked if m.similarity >= policy.context_min_similarity]

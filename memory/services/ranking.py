@@ -19,9 +19,10 @@ THE RECIPE (issue 35; docs/memory.md, "The ranker"), over the pool:
   same-session neighbours within ±radius, at full weight. The caller supplies those neighbours'
   text (`Candidate.window`, built with `window_text`).
 
-Components (each off unless the plan turns it on; a default is on only where nested
-leave-one-conversation-out showed a held-out gain, docs/memory.md has the table): speaker match,
-date match, the length prior, the current-state cue.
+Components beyond the recipe are on by default only where nested leave-one-conversation-out
+showed a held-out gain (docs/memory.md, "The ranker", has the table): Snowball stemming and the
+length prior are; window BM25, speaker match, date match, the current-state cue and min-max
+fusion are plan options, off.
 
 WHAT THE CALLER MUST SUPPLY: every candidate's `dense` cosine (None: no vector; it takes the
 pool's lowest), `text` (for messages `index_text(...)`, the string that was embedded), `group`
@@ -195,7 +196,7 @@ class Plan:
     k1: float = 1.2
     b: float = 0.75
     stem: bool = True  # Snowball-stem BM25's terms (False: the plain recipe's bare words)
-    window_radius: int = 2  # window BM25: a turn's document takes its neighbours within ±this
+    window_radius: int = 0  # window BM25: a turn's document takes its neighbours within ±this
     neighbour_weight: float = 0.75  # adds w · the best fused score within ±radius in the group
     neighbour_radius: int = 2
     speaker_weight: float = 0.0  # adds w (z units) to turns by a speaker the query names
@@ -205,7 +206,7 @@ class Plan:
     current_cue_weight: float = 0.0
     recency_half_life_days: float = 90.0
     # Informativeness prior: adds w · n / (n + length_saturation), n = the row's own terms.
-    length_weight: float = 0.0
+    length_weight: float = 1.0
     length_saturation: float = 4.0
 
     _RANGES = {
@@ -258,10 +259,10 @@ class Plan:
 
 DEFAULT_PLAN = Plan()
 # The plain recipe of issue 35, nothing added: what `ctxapp eval recall --baseline` compares with.
-RECIPE_PLAN = Plan(stem=False, window_radius=0)
+RECIPE_PLAN = Plan(stem=False, length_weight=0.0)
 # Distilled experiences alone (problem/solution texts): dense-led; the small lexical share keeps
 # rows without a vector (pending) and exact error strings findable (docs/experiences.md).
-EXPERIENCE_PLAN = Plan(dense_weight=0.95, lexical_weight=0.05, window_radius=0, neighbour_weight=0.0)
+EXPERIENCE_PLAN = Plan(dense_weight=0.95, lexical_weight=0.05, neighbour_weight=0.0, length_weight=0.0)
 
 
 PART_NAMES = ("dense", "lexical", "speaker", "date", "neighbour", "recency", "length")

@@ -82,7 +82,8 @@ def message_pool(
         params += [literal, *where.params, literal]
         pools.append("SELECT id, session_id, seq FROM dense")
         seeds.append(
-            f"(SELECT session_id, seq FROM dense ORDER BY distance, id LIMIT {ranking.POOL_NEIGHBOUR_SEEDS:d})"
+            "(SELECT session_id, seq FROM dense ORDER BY distance, id "
+            f"LIMIT {ranking.POOL_NEIGHBOUR_SEEDS:d})"
         )
     radius = ranking.POOL_NEIGHBOURS if plan.neighbour_weight > 0 else 0
     if radius:

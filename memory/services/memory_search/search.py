@@ -70,7 +70,9 @@ def memory_search(
     chosen_plan = plan or (ranking.EXPERIENCE_PLAN if kind_set == {"experience"} else ranking.DEFAULT_PLAN)
     candidates: list[ranking.Candidate] = []
     if "message" in kind_set:
-        candidates = message_pool(where=where, query=query, vector=vector.get(), config=config, plan=chosen_plan)
+        candidates = message_pool(
+            where=where, query=query, vector=vector.get(), config=config, plan=chosen_plan
+        )
     candidates += other_candidates(
         tenant=tenant, kinds=kind_set - {"message"}, session_pks=session_pks, scope=scope, query=query,
         vector=vector.get(), config=config, time_from=time_from, time_to=time_to, as_of=as_of,
