@@ -32,8 +32,9 @@ from memory.services.message_indexing import memory_policy_get
 POSITIONS = ("start", "end")
 SEARCH_LIMIT = 40  # hits a build's recall search asks for (the budget and the scores then cut)
 # A hit whose relevance (without the length prior) is this far under the best hit's is left out:
-# the scores' own drop decides how much to bring (docs/memory.md, "Recall across sessions").
-RELATIVE_GAP_DEFAULT = 0.9
+# the scores' own drop decides how much to bring (docs/memory.md, "Recall across sessions"). In
+# z-score units of the pool (ranking.py's fusion): the top 12 of a pool usually span about this.
+RELATIVE_GAP_DEFAULT = 3.0
 SOURCE_TURNS_MAX = 3  # turns a recalled user memory brings at most
 # name → (type, minimum, maximum) of the request's `recall` object
 RECALL_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
