@@ -26,7 +26,11 @@ every question in it (POST /sessions/{id}/context, the question as input, the te
 turns, and the source turns a recalled user memory brings), with the median recalled tokens and
 items per build.
 
-`--loo` chooses settings by leave-one-conversation-out: each conversation is scored with the
+`--baseline` ranks every question with issue 35's plain recipe too, computed locally
+(evaluation_baseline.py), and reports it beside ctxapp's figures with the paired bootstrap CI of
+the difference.
+
+`--loo` chooses settings by nested leave-one-conversation-out: each conversation is scored with the
 ranking plan (LOO_PLANS) and the recall cut (LOO_RECALL) that did best on the OTHER
 conversations, and the held-out figures are reported beside the in-sample ones (the server's
 defaults). With --json the last stdout line is one JSON object; --cleanup deletes the sessions
