@@ -3,11 +3,15 @@ the turn, and evidence written loosely still names the right turns."""
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
 import json
+from collections import Counter
 from pathlib import Path
+from types import ModuleType
 
 from ctxapp.cli.evaluation import message_of
-from ctxapp.cli.evaluation_data import evidence_ids, load, turn_text
+from ctxapp.cli.evaluation_data import dia_key, evidence_ids, load, turn_text
 
 
 def test_evidence_in_every_form_locomo_uses_names_the_same_turns() -> None:
@@ -53,3 +57,63 @@ def test_an_image_turn_is_stored_with_its_caption(tmp_path: Path) -> None:
     message = message_of(turns[0], when)
     assert "a painting of a sunset over a lake" in message["content"]
     assert message["name"] == "Caroline"
+
+
+DEV = Path(__file__).parent / "data" / "dev"
+# LoCoMo's numbers, as the dev files use them: 1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop,
+# 5 adversarial. The first file predates adversarial questions.
+REQUIRED_CATEGORIES = {
+    "conversations_dev.locomo.json": {1, 2, 3, 4},
+    "conversations_dev2.locomo.json": {1, 2, 3, 4, 5},
+}
+
+
+def _builder() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("build_locomo", DEV / "source" / "build_locomo.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_dev_conversation_reads_with_dated_sessions_and_evidence_that_names_its_turns() -> None:
+    assert sorted(p.name for p in DEV.glob("*.locomo.json")) == sorted(REQUIRED_CATEGORIES)
+    sample_ids: list[str] = []
+    for name, required in REQUIRED_CATEGORIES.items():
+        conversations = load(str(DEV / name))
+        assert len(conversations) >= 4, name
+        for conversation in conversations:
+            where = f"{name} {conversation.sample_id}"
+            sample_ids.append(conversation.sample_id)
+            dates = [when for _, when, _ in conversation.sessions]
+            assert len(dates) >= 10 and None not in dates, where
+            assert all(a < b for a, b in itertools.pairwise(dates)), where  # type: ignore[operator]
+            turns = {dia_key(t["dia_id"]) for _, _, session in conversation.sessions for t in session}
+            assert all(len(session) >= 16 for _, _, session in conversation.sessions), where
+            categories = Counter(q["category"] for q in conversation.questions)
+            assert set(categories) == required, (where, categories)
+            assert len(conversation.questions) >= 40, where
+            for question in conversation.questions:
+                evidence = evidence_ids(question)
+                assert evidence and evidence <= turns, (where, question["question"], evidence - turns)
+    assert len(sample_ids) == len(set(sample_ids)) >= 12  # pooled runs key results by sample id
+
+
+def test_the_second_dev_file_is_what_its_source_builds_and_passes_its_checks() -> None:
+    builder = _builder()
+    sources = sorted((DEV / "source").glob("locomo_c*.txt"))
+    built = [
+        builder.build(builder.parse(p.read_text(encoding="utf-8").splitlines(), p.name)) for p in sources
+    ]
+    committed = json.loads((DEV / "conversations_dev2.locomo.json").read_text(encoding="utf-8"))
+    assert built == committed, "run tests/data/dev/source/build_locomo.py after editing its source"
+    assert builder.problems(committed, required={1, 2, 3, 4, 5}) == []
+    # The checks catch what they are for: a question that copies its evidence, a missing turn.
+    broken = json.loads(json.dumps(committed[:1]))
+    first = broken[0]["qa"][0]
+    sessions = [v for k, v in broken[0]["conversation"].items() if isinstance(v, list)]
+    turn = next(t for session in sessions for t in session if t["dia_id"] == first["evidence"][0])
+    first["question"] = f"Why did they say {turn['text']}?"
+    broken[0]["qa"][1]["evidence"] = ["D99:1"]
+    found = builder.problems(broken, required={1, 2, 3, 4, 5})
+    assert any("repeats" in line for line in found) and any("names no turn" in line for line in found), found
