@@ -20,15 +20,17 @@ LOO_PLANS: tuple[dict[str, Any], ...] = (
     {"fusion": "minmax", "dense_weight": 0.7, "lexical_weight": 0.3, "neighbour_weight": 0.5},
     {"window_radius": 2},
 )
+# Recall cuts: how many turns (`top_k`) and how far under the best hit (`relative_gap`, z-score
+# units of the pool, ranking.py) a build brings.
 LOO_RECALL: tuple[dict[str, Any], ...] = (
     {},
-    {"top_k": 8},
-    {"top_k": 10},
-    {"top_k": 12},
-    {"top_k": 15},
-    {"top_k": 20},
-    {"top_k": 15, "relative_gap": 0.6},
-    {"top_k": 20, "relative_gap": 0.5},
+    {"relative_gap": 2.0},
+    {"relative_gap": 4.0},
+    {"relative_gap": 6.0},
+    {"top_k": 10, "relative_gap": 6.0},
+    {"top_k": 15, "relative_gap": 4.0},
+    {"top_k": 15, "relative_gap": 6.0},
+    {"top_k": 20, "relative_gap": 6.0},
 )
 RECALLED_TOKENS_TARGET = 1000  # a recall cut is chosen only if its median recalled tokens stay under this
 

@@ -245,7 +245,7 @@ def _experience_candidates(q: _KindQuery) -> list[ranking.Candidate]:
         "created_at",
     )
     tsquery = AnyLexemeQuery(q.query) if ranking.tokenize(q.query) else None
-    _, _, signals = search_candidates(base=base, vector=q.vector, tsquery=tsquery, per_source=OTHER_KIND_POOL)
+    signals = search_candidates(base=base, vector=q.vector, tsquery=tsquery, per_source=OTHER_KIND_POOL)
     by_pk = Experience.objects.defer(*DEFERRED).in_bulk(list(signals))
     rows = [by_pk[pk] for pk in signals]
     return _row_candidates("experience", rows, texts=[r.text for r in rows], vector=q.vector)
