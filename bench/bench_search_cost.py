@@ -64,6 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--profile", action="store_true", help="cProfile the repeated queries (own time)")
     args = parser.parse_args()
     setup_django()
     from django.db import connection
@@ -122,6 +123,15 @@ def main() -> None:
 
     measure("search, a new query (embedded)", clear_cache=True)
     measure("search, a repeated query (cache)", clear_cache=False)
+    if args.profile:
+        import cProfile
+        import pstats
+
+        profile = cProfile.Profile()
+        profile.enable()
+        measure("search, repeated, under cProfile", clear_cache=False)
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
     # The floor of the query embedding itself: one MiniLM int8 call on this thread.
     embedder = embedding.embedder_get()
     cpu = []

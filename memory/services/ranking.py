@@ -272,19 +272,19 @@ class Ranked:
     """A candidate, its score and each signal's contribution (they add up to the score). The
     contributions are gathered when first read: a search reads them for the few hits it keeps."""
 
-    __slots__ = ("_columns", "_contributions", "_index", "candidate", "score")
+    __slots__ = ("_contributions", "_index", "_parts", "candidate", "score")
 
-    def __init__(self, *, candidate: Candidate, score: float, columns: list[list[float]], index: int) -> None:
+    def __init__(self, *, candidate: Candidate, score: float, parts: np.ndarray, index: int) -> None:
         self.candidate = candidate
         self.score = score
-        self._columns = columns  # one list per PART_NAMES, shared by the whole ranking
+        self._parts = parts  # (len(PART_NAMES), candidates), shared by the whole ranking
         self._index = index
         self._contributions: dict[str, float] | None = None
 
     @property
     def contributions(self) -> dict[str, float]:
         if self._contributions is None:
-            values = [column[self._index] for column in self._columns]
+            values = [round(float(v), 6) + 0.0 for v in self._parts[:, self._index]]  # + 0.0: no -0.0
             self._contributions = dict(zip(PART_NAMES, values, strict=True))
         return self._contributions
 
@@ -346,20 +346,13 @@ def rank(*, query: str, candidates: list[Candidate], plan: Plan) -> list[Ranked]
     recency_part = _recency_part(query, candidates, plan)
     length_part = _length_part(candidates, plan)
 
-    parts = (dense_part, lexical_part, speaker_part, date_part, neighbour_part, recency_part, length_part)
-    columns = [_rounded(part) for part in parts]  # in PART_NAMES order
-    # A part that is zero throughout (a signal the plan leaves out) adds nothing to any sum.
-    summed = [column for column in columns if any(column)] or [[0.0] * len(candidates)]
-    scores = [round(sum(values), 6) for values in zip(*summed, strict=True)]
-    order = sorted(range(len(candidates)), key=lambda i: -scores[i])
-    return [Ranked(candidate=candidates[i], score=scores[i], columns=columns, index=i) for i in order]
-
-
-def _rounded(part: np.ndarray) -> list[float]:
-    """The part's values rounded to 6 decimals; a part of zeros needs no rounding."""
-    if not part.any() and not np.signbit(part).any():
-        return [0.0] * len(part)
-    return [round(v, 6) for v in part.tolist()]
+    parts = np.vstack(
+        (dense_part, lexical_part, speaker_part, date_part, neighbour_part, recency_part, length_part)
+    )  # in PART_NAMES order
+    scores = np.round(parts.sum(axis=0), 6) + 0.0
+    order = np.argsort(-scores, kind="stable")
+    values = scores.tolist()
+    return [Ranked(candidate=candidates[i], score=values[i], parts=parts, index=i) for i in order.tolist()]
 
 
 def _fused_parts(*, query: str, candidates: list[Candidate], plan: Plan) -> tuple[np.ndarray, np.ndarray]:
@@ -428,30 +421,32 @@ def _date_part(query: str, candidates: list[Candidate], plan: Plan) -> np.ndarra
 
 
 def _neighbour_part(candidates: list[Candidate], fused: np.ndarray, plan: Plan) -> np.ndarray:
-    """Each turn's share of the best fused score among its group's turns within the radius."""
+    """Each turn's share of the best fused score (at least 0) among its group's turns within the
+    radius: turns keyed by (group, position) in one sorted array, each offset a binary search."""
     part = np.zeros(len(candidates))
     if plan.neighbour_weight <= 0 or plan.neighbour_radius <= 0:
         return part
-    by_group: dict[str, list[tuple[int, int]]] = {}
-    for i, c in enumerate(candidates):
-        if c.group is not None and c.position is not None:
-            by_group.setdefault(c.group, []).append((c.position, i))
-    scores = fused.tolist()
-    radius = plan.neighbour_radius
-    for members in by_group.values():
-        members.sort()
-        for j, (pos, i) in enumerate(members):
-            # Sorted by position: the turns within the radius are next to j on either side.
-            best = 0.0
-            k = j - 1
-            while k >= 0 and pos - members[k][0] <= radius:
-                best = max(best, scores[members[k][1]])
-                k -= 1
-            k = j + 1
-            while k < len(members) and members[k][0] - pos <= radius:
-                best = max(best, scores[members[k][1]])
-                k += 1
-            part[i] = plan.neighbour_weight * best
+    codes: dict[str, int] = {}
+    members = [
+        (i, codes.setdefault(c.group, len(codes)), c.position)
+        for i, c in enumerate(candidates)
+        if c.group is not None and c.position is not None
+    ]
+    if not members:
+        return part
+    at = np.array([m[0] for m in members], dtype=np.int64)
+    keys = (np.array([m[1] for m in members], dtype=np.int64) << 40) + np.array(
+        [m[2] for m in members], dtype=np.int64
+    )
+    order = np.argsort(keys, kind="stable")
+    keys, at = keys[order], at[order]
+    scores = fused[at]
+    best = np.zeros(len(keys))
+    for offset in range(1, plan.neighbour_radius + 1):
+        for target in (keys - offset, keys + offset):
+            where = np.minimum(np.searchsorted(keys, target), len(keys) - 1)
+            best = np.maximum(best, np.where(keys[where] == target, scores[where], 0.0))
+    part[at] = plan.neighbour_weight * best
     return part
 
 
