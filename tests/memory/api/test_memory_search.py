@@ -395,3 +395,18 @@ def test_a_users_own_experiences_are_found_and_no_one_elses(api_a, history, tena
     assert found({"user_id": "u1"}) == {"Problem: violin rosin dust", "Problem: violin tuning drifts"}
     assert found({"user_id": "u2"}) == {"Problem: violin bow hair loose", "Problem: violin tuning drifts"}
     assert found({"agent": "bot"}) == {"Problem: violin tuning drifts"}  # on no user's behalf: shared only
+
+
+def test_the_answer_is_the_shape_its_serializer_documents(api_a, history, tenant_a):
+    # search_result_out builds the answer directly; it must equal what the serializer gives,
+    # for every kind of hit, with neighbours and a plan of every field type.
+    from memory.api.memory import SearchOutputSerializer, search_result_out
+    from memory.services import memory_search, ranking
+
+    found = memory_search.memory_search(
+        tenant=tenant_a, query="Biscuit the puppy", scope=memory_search.SearchScope(user_id="u1"),
+        neighbours=1, plan=ranking.Plan(stem=False, window_radius=1), min_similarity=-1,
+    )  # fmt: skip
+    assert found.results and any(hit.neighbours for hit in found.results)
+    assert search_result_out(found) == SearchOutputSerializer(found).data
+    assert search_result_out(found)["plan"]["stem"] is False
