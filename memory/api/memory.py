@@ -75,7 +75,7 @@ class HitSerializer(serializers.Serializer):
     )
     contributions = serializers.DictField(
         child=serializers.FloatField(),
-        help_text="Each signal's share: dense, lexical, neighbour, session, recency, length.",
+        help_text="Each signal's share: dense, lexical, speaker, date, neighbour, recency, length.",
     )
     neighbours = NeighbourSerializer(
         many=True, required=False, help_text="Only when asked (`neighbours` > 0)."
@@ -208,7 +208,7 @@ class MemorySearchApi(TenantApiView):
         request=InputSerializer,
         responses=SearchOutputSerializer,
         summary="Search conversational memory (messages, summaries, facts, experiences)",
-        description="Hybrid ranking (BM25 + embedding cosine, normalised fusion, neighbour smoothing). "
+        description="Hybrid ranking (BM25 + embedding cosine, z-score fusion, neighbour smoothing). "
         "Empty query, unknown kind or plan field, limit outside 1..100 → 422 naming the field; "
         "an unknown or another tenant's session or agent in the scope → 404.",
     )
