@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_retrieval_quality import setup_django  # noqa: E402
+from bench_retrieval_quality import setup_django
 
 DATA = Path(os.getcwd()) / "tests" / "data" / "dev" / "conversations_dev.locomo.json"
 
@@ -146,6 +146,14 @@ def main() -> None:
         measure("search, repeated, under cProfile", clear_cache=False)
         profile.disable()
         pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+    # The floor of any request: an authenticated GET of the tenant (authentication, throttle, DRF).
+    cpu = []
+    for _ in questions:
+        c0 = time.process_time()
+        response = client.get("/api/v1/tenant")
+        cpu.append((time.process_time() - c0) * 1000)
+        assert response.status_code == 200, response.content[:200]
+    print(f"{'GET /api/v1/tenant (any request, the floor)':38} CPU median {median(cpu):5.1f} ms")
     # The floor of the query embedding itself: one MiniLM int8 call on this thread.
     embedder.embed = real_embed  # type: ignore[method-assign]
     cpu = []
