@@ -33,8 +33,10 @@ POSITIONS = ("start", "end")
 SEARCH_LIMIT = 40  # hits a build's recall search asks for (the budget and the scores then cut)
 # A hit whose relevance (without the length prior) is this far under the best hit's is left out:
 # the scores' own drop decides how much to bring (docs/memory.md, "Recall across sessions"). In
-# z-score units of the pool (ranking.py's fusion): the top 12 of a pool usually span about this.
-RELATIVE_GAP_DEFAULT = 3.0
+# z-score units of the pool (ranking.py's fusion); with `top_k` 15 (MemoryPolicy), the cut every
+# fold of nested leave-one-conversation-out chose on the LoCoMo-style dev set (and 4 of 6 on
+# the user-assistant one chose 20 / 6.0, over 1,000 tokens elsewhere).
+RELATIVE_GAP_DEFAULT = 6.0
 SOURCE_TURNS_MAX = 3  # turns a recalled user memory brings at most
 # name → (type, minimum, maximum) of the request's `recall` object
 RECALL_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
