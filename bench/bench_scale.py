@@ -280,7 +280,6 @@ def main() -> None:
     setup_django(keep=args.keep_database)
 
     from django.db import connection, connections
-    from memory.services.memory_search.term_stats import term_stats_refresh
 
     from memory.models import Message, Session, Tenant
     from memory.services import embedding, experience_search
@@ -318,9 +317,7 @@ def main() -> None:
         made = time.perf_counter() - started
         print(f"{len(sessions)} sessions in {made:.0f} s", flush=True)
         steps = build_tenant(big, sessions, texts, base, embedding.embedder_get().model_name)
-        started = time.perf_counter()
-        term_stats_refresh(big)
-        steps = {"sessions": made, **steps, "term stats": time.perf_counter() - started}
+        steps = {"sessions": made, **steps}
         print(
             "build, s: "
             + ", ".join(f"{k} {v:.0f}" for k, v in steps.items())

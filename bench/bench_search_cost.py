@@ -51,9 +51,11 @@ def turns_of(path: Path, limit: int) -> list[tuple[int, dict[str, Any]]]:
 def datetime_of(text: str) -> str:
     from datetime import UTC, datetime
 
-    return datetime.strptime(text.strip().title().replace(" On ", " on "), "%I:%M %p on %d %B, %Y").replace(
-        tzinfo=UTC
-    ).isoformat()
+    return (
+        datetime.strptime(text.strip().title().replace(" On ", " on "), "%I:%M %p on %d %B, %Y")
+        .replace(tzinfo=UTC)
+        .isoformat()
+    )
 
 
 def median(values: list[float]) -> float:
