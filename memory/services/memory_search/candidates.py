@@ -38,10 +38,12 @@ OTHER_KIND_POOL = 50  # summaries / facts / experiences per source
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-# A scope whose query words match more rows than this ranks (ts_rank_cd) only the first this many
-# the GIN index hands over: a common word over a whole large tenant would otherwise make the
-# lexical pool rank most of it (tens of milliseconds). A user's scope never comes near it.
-LEXICAL_VISIT_MAX = 5_000
+# The lexical pool ranks (ts_rank_cd) at most this many rows of each query word, the first the
+# GIN index hands over: every row of a rare word, a bounded share of a common one (a name in 12 %
+# of a large tenant), so a search visits at most this many rows per word. Capping the words'
+# union instead (5,000 rows) cost a whole-tenant search at 100,000 messages 50 ms of PostgreSQL
+# CPU (docs/benchmarks.md, bench_memory.py).
+LEXICAL_ROWS_PER_WORD = 200
 
 _EPOCH_SQL = "(extract(epoch FROM n.occurred_at) * 1000000)::bigint"
 
@@ -63,11 +65,12 @@ def message_pool(
     if words:
         ctes.append(
             f"lexical AS MATERIALIZED (SELECT m.id, m.session_id, m.seq, ts_rank_cd(m.search_vector, q) "
-            f"AS rank FROM {table} m, to_tsquery(%s::regconfig, %s) q WHERE m.id IN (SELECT m.id FROM "
-            f"{table} m WHERE {where.where} AND m.search_vector @@ to_tsquery(%s::regconfig, %s) "
-            f"LIMIT {LEXICAL_VISIT_MAX:d}) ORDER BY rank DESC, m.id DESC LIMIT {ranking.POOL_LEXICAL:d})"
+            f"AS rank FROM {table} m, to_tsquery(%s::regconfig, %s) q WHERE m.id IN (SELECT t.id FROM "
+            f"unnest(%s::text[]) w(word), LATERAL (SELECT m.id FROM {table} m WHERE {where.where} "
+            f"AND m.search_vector @@ to_tsquery(%s::regconfig, w.word) LIMIT {LEXICAL_ROWS_PER_WORD:d}) t) "
+            f"ORDER BY rank DESC, m.id DESC LIMIT {ranking.POOL_LEXICAL:d})"
         )
-        params += [config, words, *where.params, config, words]
+        params += [config, words, words.split(" | "), *where.params, config]
         pools.append("SELECT id, session_id, seq FROM lexical")
         seeds.append(
             f"(SELECT session_id, seq FROM lexical ORDER BY rank DESC, id DESC "
