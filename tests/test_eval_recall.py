@@ -125,7 +125,7 @@ def test_quality_floor_evidence_in_the_prompt_of_a_new_session(
     # computed locally (--baseline). Measured 2026-12-03: R@5 63.8, R@10 77.5 (the recipe 54.4 /
     # 69.5); evidence in the prompt 82.5 % at a median 895 recalled tokens (docs/memory.md).
     figures, _ = eval_figures(live_server, tenant_a, capsys, DEV_SET, "--baseline")
-    print(json.dumps(figures))  # noqa: T201 - the figures of record, in the test's output
+    print(json.dumps(figures))  # the figures of record, in the test output
     assert figures["R@5"] >= 62.0 and figures["R@10"] >= 75.5, figures
     # Issue 35's target: evidence in the prompt >= R@10 at <= 1,000 recalled tokens (median).
     assert figures["evidence_in_prompt"] >= figures["R@10"], figures
