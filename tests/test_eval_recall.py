@@ -131,3 +131,29 @@ def test_quality_floor_evidence_in_the_prompt_of_a_new_session(
     assert figures["evidence_in_prompt"] >= figures["R@10"], figures
     assert figures["recalled_tokens_median"] <= 1000, figures
     assert figures["R@5"] > figures["baseline"]["R@5"], figures  # ahead of the plain recipe
+
+
+def test_the_baseline_is_the_plain_recipe_over_every_turn() -> None:
+    # A stand-in embedder (every text alike) leaves BM25 to decide, over unstemmed words: the turn
+    # that says "violin" wins, and the turn right after it is lifted by neighbour smoothing
+    # above an unrelated turn of another session.
+    import numpy as np
+
+    from ctxapp.cli.evaluation_baseline import RecipeBaseline, baseline_turn
+
+    class Flat:
+        def embed(self, texts: list[str]) -> np.ndarray:
+            return np.ones((len(texts), 4), dtype=np.float32) / 2
+
+    turns = [
+        baseline_turn(
+            dia="D1:1", session="s1", position=1, speaker="Ana", text="I started the violin.", when=None
+        ),
+        baseline_turn(
+            dia="D1:2", session="s1", position=2, speaker="Bo", text="Since when exactly?", when=None
+        ),
+        baseline_turn(dia="D2:1", session="s2", position=1, speaker="Ana", text="Work is busy.", when=None),
+        baseline_turn(dia="D2:2", session="s2", position=2, speaker="Bo", text="Take a break.", when=None),
+    ]
+    ranked = RecipeBaseline(turns, embedder=Flat()).ranked("Which instrument did Ana start, the violin?")
+    assert ranked[:2] == ["D1:1", "D1:2"]
