@@ -310,7 +310,6 @@ def main() -> None:
     from memory.services import embedding
     from memory.services.context import context_build
     from memory.services.memory_search import SearchScope, memory_search
-    from memory.services.memory_search.term_stats import term_stats_refresh
     from memory.services.sessions import session_create
 
     samples = json.loads(Path(args.data).read_text())
@@ -364,14 +363,10 @@ def main() -> None:
     else:
         n = Message.objects.filter(tenant=big).count()
         print(f"reusing the kept tenant of {n} messages", flush=True)
-    # The big tenant's word statistics, as its first whole-tenant search would have started them.
-    started = time.perf_counter()
-    term_stats_refresh(big)
-    print(f"word statistics snapshot of the big tenant in {time.perf_counter() - started:.1f} s", flush=True)
     target = sessions[-1]
     target.refresh_from_db()
     user_scope = SearchScope(user_id=target.user_id)
-    memory_search(tenant=big, query=questions[0], scope=user_scope)  # warm the scope cache
+    memory_search(tenant=big, query=questions[0], scope=user_scope)  # warm: model, connection
     user_search = timed(lambda q: memory_search(tenant=big, query=q, scope=user_scope, kinds=["message"]))
     if args.profile:
         profile_search(

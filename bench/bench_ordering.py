@@ -47,16 +47,14 @@ def merge_by_rank(found: offline.Pool, plan: Plan) -> list[ranking.Ranked]:
     conversational = [c for c in found.candidates if c.kind != "experience"]
     distilled = [c for c in found.candidates if c.kind == "experience"]
     lists = [
-        ranking.rank(query=found.query, candidates=conversational, stats=found.stats, plan=plan),
-        ranking.rank(
-            query=found.query, candidates=distilled, stats=found.stats, plan=ranking.EXPERIENCE_PLAN
-        ),
+        ranking.rank(query=found.query, candidates=conversational, plan=plan),
+        ranking.rank(query=found.query, candidates=distilled, plan=ranking.EXPERIENCE_PLAN),
     ]
     return [item for group in zip_longest(*lists) for item in group if item is not None]
 
 
 def one_pool(found: offline.Pool, plan: Plan) -> list[ranking.Ranked]:
-    return ranking.rank(query=found.query, candidates=found.candidates, stats=found.stats, plan=plan)
+    return ranking.rank(query=found.query, candidates=found.candidates, plan=plan)
 
 
 def floored(merge: Merge, floor: float) -> Merge:

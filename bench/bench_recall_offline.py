@@ -49,7 +49,7 @@ DATA = next(
 CACHE = Path("/tmp/ctxapp_rank_cache")
 
 from memory.services import ranking  # noqa: E402
-from memory.services.ranking import Candidate, CorpusStats, Plan  # noqa: E402
+from memory.services.ranking import Candidate, Plan  # noqa: E402
 
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 
@@ -153,7 +153,6 @@ class Pool:
 
     query: str
     candidates: list[Candidate]
-    stats: CorpusStats
     now: datetime | None
 
 
@@ -163,12 +162,9 @@ def gather(scope: Scope, query: str, qvec: np.ndarray, plan: Plan, *, pool: int 
     cos = scope.cosines(qvec)
     dense_top = list(np.argsort(-cos, kind="stable")[:pool])
     terms = set(ranking.tokenize(query))
-    stats = CorpusStats(
-        n_docs=len(scope.docs), avg_len=scope.avg_len, df={t: scope.df.get(t, 0) for t in terms}
-    )
     matching = [i for i, d in enumerate(scope.docs) if terms & set(ranking.tokenize(d.text))]
-    lex = ranking.bm25_scores(
-        query=query, texts=[scope.docs[i].text for i in matching], stats=stats, k1=plan.k1, b=plan.b
+    lex = ranking.bm25_pool(
+        query=query, documents=[scope.docs[i].text for i in matching], k1=plan.k1, b=plan.b
     )
     lexical_top = [matching[j] for j in np.argsort(-lex, kind="stable")[:pool]]
     chosen = dict.fromkeys(int(i) for i in dense_top + lexical_top)
@@ -194,7 +190,7 @@ def gather(scope: Scope, query: str, qvec: np.ndarray, plan: Plan, *, pool: int 
         for i in chosen
     ]
     now = max((d.occurred_at for d in scope.docs if d.occurred_at is not None), default=None)
-    return Pool(query, candidates, stats, now)
+    return Pool(query, candidates, now)
 
 
 def pool_key(plan: Plan) -> tuple[float, float, int]:
@@ -203,9 +199,7 @@ def pool_key(plan: Plan) -> tuple[float, float, int]:
 
 
 def ranked_keys(found: Pool, plan: Plan) -> list[str]:
-    ranked = ranking.rank(
-        query=found.query, candidates=found.candidates, stats=found.stats, plan=plan, now=found.now
-    )
+    ranked = ranking.rank(query=found.query, candidates=found.candidates, plan=plan)
     return [r.candidate.key for r in ranked]
 
 

@@ -75,13 +75,13 @@ def main() -> None:
     plans = {
         "vector only": {"sources": ["vector"]},
         "full text only": {"sources": ["text"]},
-        "rrf (equal weights)": {"fusion": "rrf", "weights": {"vector": 1.0, "text": 1.0}},
-        "weighted 1.0 / 0.05": {"weights": {"vector": 1.0, "text": 0.05}},
-        "weighted 1.0 / 0.1 (default)": {"weights": {"vector": 1.0, "text": 0.1}},
-        "weighted 1.0 / 0.2": {"weights": {"vector": 1.0, "text": 0.2}},
-        "weighted 1.0 / 0.3": {"weights": {"vector": 1.0, "text": 0.3}},
-        "weighted 1.0 / 0.5": {"weights": {"vector": 1.0, "text": 0.5}},
-        "weighted 1.0 / 1.0": {"weights": {"vector": 1.0, "text": 1.0}},
+        "min-max 1.0 / 0.1": {"fusion": "minmax", "weights": {"vector": 1.0, "text": 0.1}},
+        "z-score 1.0 / 0.05": {"weights": {"vector": 1.0, "text": 0.05}},
+        "z-score 1.0 / 0.1 (default)": {"weights": {"vector": 1.0, "text": 0.1}},
+        "z-score 1.0 / 0.2": {"weights": {"vector": 1.0, "text": 0.2}},
+        "z-score 1.0 / 0.3": {"weights": {"vector": 1.0, "text": 0.3}},
+        "z-score 1.0 / 0.5": {"weights": {"vector": 1.0, "text": 0.5}},
+        "z-score 1.0 / 1.0": {"weights": {"vector": 1.0, "text": 1.0}},
     }
     header = f"{'paraphrase R@1':>14} {'R@5':>6} {'MRR':>6} | {'keyword R@1':>11} {'R@5':>6} {'MRR':>6}"
     print(f"{'plan':30} | {header}")

@@ -285,7 +285,6 @@ def main() -> None:
     from memory.services import embedding, experience_search
     from memory.services.context import context_build
     from memory.services.memory_search import SearchScope, memory_search
-    from memory.services.memory_search.term_stats import term_stats_refresh
     from memory.services.sessions import session_create
 
     if args.ef_search:
@@ -318,9 +317,7 @@ def main() -> None:
         made = time.perf_counter() - started
         print(f"{len(sessions)} sessions in {made:.0f} s", flush=True)
         steps = build_tenant(big, sessions, texts, base, embedding.embedder_get().model_name)
-        started = time.perf_counter()
-        term_stats_refresh(big)
-        steps = {"sessions": made, **steps, "term stats": time.perf_counter() - started}
+        steps = {"sessions": made, **steps}
         print(
             "build, s: "
             + ", ".join(f"{k} {v:.0f}" for k, v in steps.items())

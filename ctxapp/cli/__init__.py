@@ -89,7 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     recall.add_argument(
         "--loo", action="store_true",
-        help="also choose settings by leave-one-conversation-out and report the held-out figures",
+        help="also choose settings by nested leave-one-conversation-out and report the held-out figures",
+    )  # fmt: skip
+    recall.add_argument(
+        "--baseline", action="store_true",
+        help="also rank every question with the plain recipe (MiniLM + BM25, z-score fusion, "
+        "neighbour smoothing) computed locally, beside ctxapp's figures",
     )  # fmt: skip
     recall.set_defaults(func=cmd_eval_recall)
     mcp = sub.add_parser(

@@ -26,7 +26,11 @@ every question in it (POST /sessions/{id}/context, the question as input, the te
 turns, and the source turns a recalled user memory brings), with the median recalled tokens and
 items per build.
 
-`--loo` chooses settings by leave-one-conversation-out: each conversation is scored with the
+`--baseline` ranks every question with issue 35's plain recipe too, computed locally
+(evaluation_baseline.py), and reports it beside ctxapp's figures with the paired bootstrap CI of
+the difference.
+
+`--loo` chooses settings by nested leave-one-conversation-out: each conversation is scored with the
 ranking plan (LOO_PLANS) and the recall cut (LOO_RECALL) that did best on the OTHER
 conversations, and the held-out figures are reported beside the in-sample ones (the server's
 defaults). With --json the last stdout line is one JSON object; --cleanup deletes the sessions
@@ -52,6 +56,7 @@ from typing import Any, TextIO, cast
 
 from tqdm import tqdm
 
+from ctxapp.cli.evaluation_baseline import BaselineTurn, RecipeBaseline, baseline_turn
 from ctxapp.cli.evaluation_data import (
     Conversation,
     HarnessError,
@@ -60,7 +65,15 @@ from ctxapp.cli.evaluation_data import (
     load,
     turn_text,
 )
-from ctxapp.cli.evaluation_loo import KS, LOO_PLANS, LOO_RECALL, Asked, leave_one_out, median
+from ctxapp.cli.evaluation_loo import (
+    KS,
+    LOO_PLANS,
+    LOO_RECALL,
+    Asked,
+    leave_one_out,
+    median,
+    versus_baseline,
+)
 from ctxapp.client import Client, CtxappError
 from memory.services import ranking
 
@@ -86,6 +99,7 @@ class Report:
     recalled_tokens: list[int] = field(default_factory=list)
     recalled_items: list[int] = field(default_factory=list)
     loo: dict[str, Any] | None = None
+    baseline: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = {
@@ -107,6 +121,8 @@ class Report:
         }
         if self.loo is not None:
             out["loo"] = self.loo
+        if self.baseline is not None:
+            out["baseline"] = self.baseline
         return out
 
 
@@ -119,16 +135,29 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def _bm25_ranking(query: str, texts: list[str]) -> list[int]:
-    tokens = [ranking.tokenize(t) for t in texts]
-    df: dict[str, int] = defaultdict(int)
-    for doc in tokens:
-        for term in set(doc):
-            df[term] += 1
-    stats = ranking.CorpusStats(
-        n_docs=len(texts), avg_len=sum(len(d) for d in tokens) / max(1, len(tokens)), df=dict(df)
-    )
-    scores = ranking.bm25_scores(query=query, texts=texts, stats=stats, k1=1.2, b=0.75)
+    """Plain Okapi BM25 over the conversation's turns (unstemmed words, as the recipe counts them)."""
+    scores = ranking.bm25_pool(query=query, documents=texts, stem=False)
     return sorted(range(len(texts)), key=lambda i: (-scores[i], i))
+
+
+def _baseline_figures(asked: list[Asked]) -> dict[str, Any]:
+    """The plain recipe's recall, overall and by category, and ctxapp's (the server's defaults)
+    minus it per question with a paired bootstrap 95 % CI."""
+    if not asked:
+        return {}
+    categories: dict[str, list[Asked]] = defaultdict(list)
+    for item in asked:
+        categories[item.category].append(item)
+    return {
+        **{f"R@{k}": round(100 * sum(a.baseline[k] for a in asked) / len(asked), 1) for k in KS},
+        "by_category": {
+            category: {
+                f"R@{k}": round(100 * sum(a.baseline[k] for a in items) / len(items), 1) for k in (5, 10)
+            }
+            for category, items in sorted(categories.items())
+        },
+        "ctxapp_minus_recipe": versus_baseline([(a.recall[0], a.baseline) for a in asked]),
+    }
 
 
 def _recall_at(found: list[set[str]], evidence: set[str], k: int) -> float:
@@ -160,6 +189,7 @@ class _Scope:
     scope_id: str
     dia_of: dict[tuple[str, int], str] = field(default_factory=dict)
     turns_text: list[tuple[str, str]] = field(default_factory=list)
+    turns: list[BaselineTurn] = field(default_factory=list)  # for the plain recipe (--baseline)
 
 
 def run_recall(
@@ -173,6 +203,7 @@ def run_recall(
     err: TextIO | None = None,
     kinds: tuple[str, ...] = DEFAULT_KINDS,
     loo: bool = False,
+    baseline: bool = False,
 ) -> Report:
     """Ingest, wait for indexing, ask every question; return the figures. Raises HarnessError."""
     conversations = load(path)
@@ -204,14 +235,18 @@ def run_recall(
                     # A new session of the same user: what a context build there puts in the prompt.
                     probe = api.session_create(scope.scope_id, user_id=scope.scope_id)["id"]
                     created.append(probe)
+                    recipe = RecipeBaseline(scope.turns) if baseline else None
                     asker = _Asker(
-                        api=api, scope=scope, probe=probe, kinds=kinds, plans=plans, recalls=recalls
-                    )
+                        api=api, scope=scope, probe=probe, kinds=kinds, plans=plans, recalls=recalls,
+                        recipe=recipe,
+                    )  # fmt: skip
                     asked += asker.ask_all(number, report=report, bar=bar)
         finally:
             if cleanup:
                 _delete_sessions(api, created, err=err)
     _summarise(report, asked)
+    if baseline:
+        report.baseline = _baseline_figures(asked)
     if loo:
         report.loo = leave_one_out(asked, conversations=len(conversations))
     return report
@@ -234,6 +269,12 @@ def _ingest(
                 scope.dia_of[(session["id"], out["first_seq"] + offset)] = dia
                 speaker, text = str(turn.get("speaker") or ""), turn_text(turn)
                 scope.turns_text.append((dia, f"{speaker}: {text}" if speaker else text))
+                scope.turns.append(
+                    baseline_turn(
+                        dia=dia, session=session["id"], position=out["first_seq"] + offset,
+                        speaker=speaker, text=text, when=when,
+                    )
+                )  # fmt: skip
             bar.update(len(chunk))
         report.sessions += 1
     return scope
@@ -262,6 +303,7 @@ class _Asker:
     kinds: tuple[str, ...]
     plans: tuple[dict[str, Any], ...]
     recalls: tuple[dict[str, Any], ...]
+    recipe: RecipeBaseline | None = None
 
     def ask_all(self, number: int, *, report: Report, bar: Any) -> list[Asked]:
         texts = [text for _, text in self.scope.turns_text]
@@ -288,6 +330,7 @@ class _Asker:
                 continue
             report.with_evidence += 1
             bm25_found = [self.scope.turns_text[i][0] for i in _bm25_ranking(query, texts)[:10]]
+            recipe_found = self.recipe.ranked(query)[:10] if self.recipe is not None else []
             out.append(
                 Asked(
                     conversation=number,
@@ -297,6 +340,9 @@ class _Asker:
                     ],
                     prompt=[self._prompt(query, evidence, cut) for cut in self.recalls],
                     bm25={k: _recall_at([{dia} for dia in bm25_found], evidence, k) for k in (5, 10)},
+                    baseline={k: _recall_at([{d} for d in recipe_found], evidence, k) for k in KS}
+                    if self.recipe is not None
+                    else {},
                 )
             )
             bar.update(1)
@@ -375,6 +421,12 @@ def format_report(report: Report) -> str:
         f"ingest {data['ingest_s']:.1f} s (appends + embedding drained); "
         f"query p50 {data['query_p50_ms']:.1f} ms, p95 {data['query_p95_ms']:.1f} ms (HTTP, client side)",
     ]
+    if data.get("baseline"):
+        base = data["baseline"]
+        lines.append(
+            f"plain recipe   R@1 {base['R@1']:5.1f}   R@5 {base['R@5']:5.1f}   R@10 {base['R@10']:5.1f}"
+            f"   (ctxapp minus recipe: {_gain_text(base['ctxapp_minus_recipe'])})"
+        )
     if data.get("loo"):
         loo = data["loo"]
         lines.append(
@@ -383,6 +435,8 @@ def format_report(report: Report) -> str:
             f"   evidence in the prompt {loo['evidence_in_prompt']:5.1f} % "
             f"(median {loo['recalled_tokens_median']:.0f} tokens)"
         )
+        if loo.get("versus_baseline"):
+            lines.append(f"  held out, minus the plain recipe: {_gain_text(loo['versus_baseline'])}")
     lines.append("by category:")
     for category, row in data["by_category"].items():
         lines.append(
@@ -390,6 +444,10 @@ def format_report(report: Report) -> str:
             f"R@10 {row['R@10']:5.1f}  in prompt {row['evidence_in_prompt']:5.1f}"
         )
     return "\n".join(lines)
+
+
+def _gain_text(gains: dict[str, list[float]]) -> str:
+    return ", ".join(f"{k} {v[0]:+.1f} [{v[1]:+.1f}, {v[2]:+.1f}]" for k, v in gains.items())
 
 
 def parse_kinds(text: str | None) -> tuple[str, ...]:
@@ -408,6 +466,7 @@ def main_recall(
     out: TextIO | None = None,
     kinds: str | None = None,
     loo: bool = False,
+    baseline: bool = False,
 ) -> int:
     """The `ctxapp eval recall` command. Returns the exit code."""
     out = out or sys.stdout
@@ -416,8 +475,9 @@ def main_recall(
         return 2
     try:
         report = run_recall(
-            file, url=url, api_key=api_key, cleanup=cleanup, kinds=parse_kinds(kinds), loo=loo
-        )
+            file, url=url, api_key=api_key, cleanup=cleanup, kinds=parse_kinds(kinds), loo=loo,
+            baseline=baseline,
+        )  # fmt: skip
     except (HarnessError, CtxappError) as exc:
         print(f"ctxapp eval: {exc}", file=sys.stderr)
         return 1

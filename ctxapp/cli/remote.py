@@ -29,7 +29,7 @@ def cmd_eval_recall(args: argparse.Namespace) -> int:
 
     return evaluation.main_recall(
         file=args.file, url=args.url, api_key=args.api_key, as_json=args.json, cleanup=args.cleanup,
-        kinds=args.kinds, loo=args.loo,
+        kinds=args.kinds, loo=args.loo, baseline=args.baseline,
     )  # fmt: skip
 
 

@@ -156,13 +156,6 @@ class CtxappSettings(ServerSettings):
         "The memory-index sweep (every minute) re-dispatches messages pending for longer than this.",
         group="memory",
     )
-    memory_search_cache_mb: int = setting(
-        "CTXAPP_MEMORY_SEARCH_CACHE_MB",
-        parse_positive_int,
-        256,
-        "Memory search's per-process cache of scopes (vectors, texts, tokens) holds at most this many MiB.",
-        group="memory",
-    )
     # --- cognition ---------------------------------------------------------------------------------
     recovery_part_timeout_ms: int = setting(
         "CTXAPP_RECOVERY_PART_TIMEOUT_MS",

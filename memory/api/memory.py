@@ -94,7 +94,7 @@ class HitSerializer(serializers.Serializer):
     )
     contributions = serializers.DictField(
         child=serializers.FloatField(),
-        help_text="Each signal's share: dense, lexical, neighbour, session, recency, length.",
+        help_text="Each signal's share: dense, lexical, speaker, date, neighbour, recency, length.",
     )
     neighbours = NeighbourSerializer(
         many=True, required=False, help_text="Only when asked (`neighbours` > 0)."
@@ -119,9 +119,11 @@ PlanSerializer = cast(
         "PlanSerializer",
         (serializers.Serializer,),
         {
-            f.name: {"int": serializers.IntegerField, "str": serializers.CharField}.get(
-                str(f.type), serializers.FloatField
-            )()
+            f.name: {
+                "int": serializers.IntegerField,
+                "str": serializers.CharField,
+                "bool": serializers.BooleanField,
+            }.get(str(f.type), serializers.FloatField)()
             for f in dataclasses.fields(ranking.Plan)
         },
     ),
@@ -136,9 +138,50 @@ class SearchOutputSerializer(serializers.Serializer):
     candidates = serializers.IntegerField(help_text="Candidates ranked before the cut to `limit`.")
 
 
+_PLAN_TYPES = {
+    f.name: {"int": int, "str": str, "bool": bool}.get(str(f.type), float)
+    for f in dataclasses.fields(ranking.Plan)
+}
+
+
 def search_result_out(result: memory_search.SearchResult) -> dict[str, Any]:
-    """A memory search's answer, as POST /memory/search and the MCP server give it."""
-    return cast(dict[str, Any], SearchOutputSerializer(result).data)
+    """A memory search's answer, as POST /memory/search and the MCP server give it: the shape
+    SearchOutputSerializer documents, built directly (constructing the serializers cost a search
+    more CPU than ranking it); tests/memory/api/test_memory_search.py compares the two."""
+    plan = {name: kind(getattr(result.plan, name)) for name, kind in _PLAN_TYPES.items()}
+    return {
+        "query": result.query,
+        "results": [_hit_out(hit) for hit in result.results],
+        "plan": plan,
+        "warnings": [str(w) for w in result.warnings],
+        "candidates": int(result.candidates),
+    }
+
+
+def _hit_out(hit: memory_search.SearchHit) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "kind": hit.kind,
+        "id": str(hit.id),
+        "session": None if hit.session is None else str(hit.session),
+        "seq": None if hit.seq is None else int(hit.seq),
+        "occurred_at": None if hit.occurred_at is None else str(hit.occurred_at.isoformat()),
+        "speaker": str(hit.speaker),
+        "text": str(hit.text),
+        "score": float(hit.score),
+        "similarity": None if hit.similarity is None else round(float(hit.similarity), 4),
+        "contributions": {str(k): float(v) for k, v in hit.contributions.items()},
+    }
+    if hit.neighbours is not None:
+        out["neighbours"] = [
+            {
+                "seq": int(m.seq), "role": str(m.role), "speaker": str(m.name), "text": str(m.content),
+                "occurred_at": None if m.occurred_at is None else str(m.occurred_at.isoformat()),
+            }
+            for m in hit.neighbours
+        ]  # fmt: skip
+    if hit.sources is not None:
+        out["sources"] = [dict(source) for source in hit.sources]
+    return out
 
 
 class IndexStatusSerializer(serializers.Serializer):
@@ -185,7 +228,7 @@ class MemorySearchApi(TenantApiView):
         request=InputSerializer,
         responses=SearchOutputSerializer,
         summary="Search conversational memory (messages, summaries, facts, experiences)",
-        description="Hybrid ranking (BM25 + embedding cosine, normalised fusion, neighbour smoothing). "
+        description="Hybrid ranking (BM25 + embedding cosine, z-score fusion, neighbour smoothing). "
         "Empty query, unknown kind or plan field, limit outside 1..100 → 422 naming the field; "
         "an unknown or another tenant's session or agent in the scope → 404.",
     )

@@ -10,7 +10,6 @@ from memory.models.forget import *  # noqa: F403
 from memory.models.jobs import *  # noqa: F403
 from memory.models.otel import *  # noqa: F403
 from memory.models.recorder import *  # noqa: F403
-from memory.models.search_stats import *  # noqa: F403
 from memory.models.sessions import *  # noqa: F403
 from memory.models.store import *  # noqa: F403
 from memory.models.tenancy import *  # noqa: F403

@@ -301,7 +301,7 @@ class MemoryPolicy(TenantPolicyBase):
         default=True, help_text="Context builds recall relevant items from outside the window."
     )
     recall_top_k = models.PositiveIntegerField(
-        default=12,
+        default=15,
         help_text="Most turns and records a context build recalls; the scores' drop and the budget "
         "usually cut sooner.",
     )

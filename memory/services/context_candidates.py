@@ -21,6 +21,7 @@ from memory.services.context_items import (
 from memory.services.context_policy import EffectivePolicy
 from memory.services.context_profile import profile_memory_ids, user_profile_item
 from memory.services.context_recall import RecallRequest, context_recall, recall_policy_effective
+from memory.services.embedding import QueryEmbedding
 from memory.services.session_digest import context_digest_for_session
 
 IMPORTANCE_SCORE = {"high": 1.0, "medium": 0.6, "low": 0.3}
@@ -42,6 +43,8 @@ def candidates_collect(
     summary = Summary.objects.filter(session=session, is_current=True).first()
     covered = summary.covers_up_to_seq if summary else 0
     window = _window_read(session=session, covered=covered, policy=policy, next_input=request.next_input)
+    # The query is embedded once, when first needed, for the profile, experiences and recall alike.
+    query_vector = QueryEmbedding(window.query)
     profile = user_profile_item(
         tenant=tenant,
         session=session,
@@ -49,6 +52,7 @@ def candidates_collect(
         counter=counter,
         budget_tokens=budget_tokens,
         query=window.query,
+        query_vector=query_vector,
     )
     if profile is not None:
         items.append(profile)
@@ -57,7 +61,9 @@ def candidates_collect(
     recall_policy = recall_policy_effective(tenant=tenant, overrides=request.recall)
     # Experiences are carried over too: `recall.enabled = false` leaves them out with the rest.
     if recall_policy.enabled:
-        items += _memory_items(tenant=tenant, session=session, policy=policy, query=window.query)
+        items += _memory_items(
+            tenant=tenant, session=session, policy=policy, query=window.query, query_vector=query_vector
+        )
     if summary is not None:
         items.append(_summary_item(summary))
     # The previous session's digest is carried over like recall: `recall.enabled = false` drops it.
@@ -75,6 +81,7 @@ def candidates_collect(
         exclude_ids={i.id for i in items if i.kind in ("pinned_fact", "memory", "summary")}
         | profile_memory_ids(profile),
         budget_tokens=budget_tokens,
+        query_vector=query_vector,
     )
     items += _recall_step(tenant=tenant, request=recall, counter=counter)
     questions_item = _questions_item(request.open_questions, request.next_actions)
@@ -235,7 +242,7 @@ def _input_seq(rows: list[dict[str, Any]], next_input: str) -> int | None:
 
 
 def _memory_items(
-    *, tenant: Tenant, session: Session, policy: EffectivePolicy, query: str
+    *, tenant: Tenant, session: Session, policy: EffectivePolicy, query: str, query_vector: QueryEmbedding
 ) -> list[ContextItem]:
     if not (policy.memory_limit and policy.memory_max_chars):
         return []
@@ -245,6 +252,7 @@ def _memory_items(
         query=query,
         limit=policy.memory_limit,
         max_chars=policy.memory_max_chars,
+        query_vector=query_vector,
     )
     items = []
     used_chars = 0

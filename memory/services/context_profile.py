@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from pgvector.django import CosineDistance
 
 from memory.models import Session, Tenant, UserMemoryType
@@ -87,17 +86,6 @@ class ProfileEntry:
         }
 
 
-def _query_vector(query: str) -> np.ndarray | None:
-    """The query's vector (cached per process: recall embeds the same query in the same build);
-    None while the embedder is unusable (words still rank)."""
-    if not query.strip():
-        return None
-    try:
-        return embedding.embed_query(query)[1]
-    except embedding.EmbedderError:
-        return None
-
-
 def _relevance(query_terms: set[str], memory: ProfileMemory) -> float:
     """0..1: the share of the query's words the memory (text or subject) holds, or the cosine of
     its embedding to the query's (`distance`, computed by PostgreSQL), whichever is higher."""
@@ -131,10 +119,12 @@ def user_profile_item(
     counter: tokens.TokenCounter,
     budget_tokens: int,
     query: str,
+    query_vector: embedding.QueryEmbedding | None = None,
 ) -> ContextItem | None:
     """The `user_profile` candidate: one block of the user's best current memories within the
     allowance, its manifest entry listing every memory considered (chosen or left out, and why).
-    None for a session without a user, a zero allowance, or a user with no readable memory."""
+    None for a session without a user, a zero allowance, or a user with no readable memory.
+    `query_vector`: the build's embedding of `query` (embedded here when not given)."""
     allowance = profile_allowance(policy, budget_tokens)
     if not session.user_id or allowance <= 0:
         return None
@@ -142,7 +132,8 @@ def user_profile_item(
     readable = memories_of(tenant=tenant, user_id=session.user_id).filter(
         sharing.user_memory_reader_filter(tenant=tenant, agent=reader)
     )
-    vector = _query_vector(query)
+    # The build's one embedding of its query (recall and experiences rank by the same vector).
+    vector = (query_vector or embedding.QueryEmbedding(query)).get()
     columns: list[str] = list(COLUMNS)
     if vector is not None:
         # The cosine in the database: no vector is shipped to and parsed in this process.

@@ -26,13 +26,17 @@ from django.db.models import Q
 from memory.exceptions import InvalidInput
 from memory.models import Message, Session, Tenant, UserMemory
 from memory.services import memory_search, sharing
+from memory.services.embedding import QueryEmbedding
 from memory.services.message_indexing import memory_policy_get
 
 POSITIONS = ("start", "end")
 SEARCH_LIMIT = 40  # hits a build's recall search asks for (the budget and the scores then cut)
 # A hit whose relevance (without the length prior) is this far under the best hit's is left out:
-# the scores' own drop decides how much to bring (docs/memory.md, "Recall across sessions").
-RELATIVE_GAP_DEFAULT = 0.9
+# the scores' own drop decides how much to bring (docs/memory.md, "Recall across sessions"). In
+# z-score units of the pool (ranking.py's fusion); with `top_k` 15 (MemoryPolicy), the cut every
+# fold of nested leave-one-conversation-out chose on the LoCoMo-style dev set (and 4 of 6 on
+# the user-assistant one chose 20 / 6.0, over 1,000 tokens elsewhere).
+RELATIVE_GAP_DEFAULT = 6.0
 SOURCE_TURNS_MAX = 3  # turns a recalled user memory brings at most
 # name → (type, minimum, maximum) of the request's `recall` object
 RECALL_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
@@ -163,6 +167,7 @@ class RecallRequest:
     window_seqs: set[int]
     exclude_ids: set[str]
     budget_tokens: int
+    query_vector: QueryEmbedding | None = None  # the build's embedding of `query`
 
 
 def context_recall(
@@ -178,6 +183,9 @@ def context_recall(
     query = (policy.query or request.query or "").strip()
     if not policy.enabled or policy.top_k <= 0 or not query or policy.budget_share <= 0:
         return []
+    shared = request.query_vector
+    # The build's vector serves when recall asks the build's own query (not an explicit one).
+    vector = shared.get() if shared is not None and shared.query.strip() == query[:4000] else None
     result = memory_search.memory_search(
         tenant=tenant,
         query=query[:4000],
@@ -189,6 +197,7 @@ def context_recall(
         ),
         limit=SEARCH_LIMIT,
         exclude_messages={(session.public_id, seq) for seq in request.window_seqs},
+        query_vector=vector,
     )
     hits = [hit for hit in result.results if _relevant(hit, policy)]
     if not hits:

@@ -379,6 +379,27 @@ def embed_query(text: str) -> tuple[str, np.ndarray]:
     return embedder.model_name, vector
 
 
+class QueryEmbedding:
+    """One query's vector for every part of a context build that ranks by it (the user profile,
+    experiences, recall): embedded at most once, on first use (`embed_query`, so a repeated query
+    is served from the per-process query cache). None while the embedder is unusable."""
+
+    def __init__(self, query: str) -> None:
+        self.query = query
+        self._vector: np.ndarray | None = None
+        self._done = False
+
+    def get(self) -> np.ndarray | None:
+        if not self._done:
+            self._done = True
+            if self.query.strip():
+                try:
+                    self._vector = embed_query(self.query)[1]
+                except EmbedderError:
+                    self._vector = None
+        return self._vector
+
+
 # --- the embedding cache, per tenant --------------------------------------------------------------
 
 

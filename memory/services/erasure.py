@@ -1,8 +1,8 @@
 """The steps every erasure shares (forget a user, redact a message, delete a session).
 
-Events become tombstones (type, time, stream, seq and ids; no content), the tenant's embedding-cache
-rows of the erased texts go, and so does its word-statistics snapshot. Statements run on the
-caller's connection, inside its transaction.
+Events become tombstones (type, time, stream, seq and ids; no content) and the tenant's
+embedding-cache rows of the erased texts go. Statements run on the caller's connection, inside its
+transaction.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from memory.models import (
     EmbeddingCache,
     Event,
     Experience,
-    SearchTermSnapshot,
-    SearchTermStat,
     Tenant,
     UserMemory,
 )
@@ -88,9 +86,3 @@ def cache_entries_delete(*, tenant: Tenant, hashes: set[str]) -> int:
     if not doomed:
         return 0
     return EmbeddingCache.objects.filter(tenant=tenant, text_hash__in=doomed).delete()[0]
-
-
-def search_snapshot_drop(tenant: Tenant) -> None:
-    """Drop the tenant's word-statistics snapshot: it holds the lexemes of the erased text."""
-    SearchTermStat.objects.filter(tenant=tenant).delete()
-    SearchTermSnapshot.objects.filter(tenant=tenant).delete()

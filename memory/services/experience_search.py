@@ -6,15 +6,14 @@ CONTRACT (called by the context engine; keep these signatures):
 
 Search (`experiences_search`) gathers candidates from two sources — pgvector cosine over the
 HNSW index and PostgreSQL full text (an OR query over the query's lexemes, GIN index) — then
-scores every candidate on both signals:
+ranks them with memory search's ranker (memory/services/ranking.py, `rank`), the one every kind
+goes through:
 
-    score = w_vector · similarity + w_text · ts_rank / (ts_rank + 0.5)
+    score = w_vector · z(similarity) + w_text · z(BM25)        (z: over the candidates)
     similarity = 0.6 · cos(query, whole experience) + 0.4 · cos(query, "Problem: …")
 
-Weighted fusion with a small lexical weight (default 1.0 / 0.1, per-tenant policy) was chosen on
-the dev set: it keeps the embedding's paraphrase ranking and lets exact error strings (and
-pending rows without a vector) score. Reciprocal rank fusion is available (`fusion="rrf"`) but
-measured far worse (docs/experiences.md has the table).
+A small lexical weight (default 1.0 / 0.1, per-tenant policy) keeps the embedding's paraphrase
+ranking and lets exact error strings (and pending rows without a vector) score.
 """
 
 from __future__ import annotations
@@ -34,16 +33,15 @@ from pgvector.django import CosineDistance
 from ctxapp.db_router import read_alias
 from memory.exceptions import InvalidInput
 from memory.models import Experience, ExperiencePolicy, ExperienceScope, Tenant
-from memory.services import sharing
-from memory.services.embedding import EmbedderError, embed_query
+from memory.services import ranking, sharing
+from memory.services.embedding import EmbedderError, QueryEmbedding, embed_query
 from memory.services.experiences import experiences_touch, scope_filter, visible_filter
 from memory.services.search_hit import SearchHit
 
 logger = logging.getLogger(__name__)
 
 SOURCES = ("vector", "text")
-FUSIONS = ("weighted", "rrf")
-RRF_K = 60
+FUSIONS = ranking.FUSIONS  # how each signal is normalised over the candidates
 CANDIDATES_PER_SOURCE = 50
 HNSW_EF_SEARCH = 100
 FULL_TEXT_CONFIG = "english"
@@ -189,9 +187,9 @@ def search_plan(
                 details={"fields": {"weights": [f"Bad weight {name!r}."]}},
             )
         effective[name] = float(value)
-    fusion = fusion or "weighted"
+    fusion = fusion or "zscore"
     if fusion not in FUSIONS:
-        raise InvalidInput("fusion is weighted or rrf.", details={"fields": {"fusion": ["Unknown."]}})
+        raise InvalidInput("fusion is zscore or minmax.", details={"fields": {"fusion": ["Unknown."]}})
     return {"sources": chosen, "weights": {s: effective[s] for s in chosen}, "fusion": fusion}
 
 
@@ -209,6 +207,7 @@ def experiences_search(
     kind: str | None = None,
     agent: str | None = None,
     readable: Q | None = None,
+    query_vector: QueryEmbedding | None = None,
 ) -> SearchResult:
     """Hybrid search of the tenant's experiences (optionally also one user's own; `agent`: only
     those that agent recorded). Read-only.
@@ -229,7 +228,11 @@ def experiences_search(
         readable=readable,
     )
     vector = None
-    if "vector" in plan["sources"]:
+    if "vector" in plan["sources"] and query_vector is not None and query_vector.query == query:
+        vector = query_vector.get()  # the context build's one embedding of its query
+        if vector is None:
+            warnings.append("vector search skipped: the embedder is unavailable")
+    elif "vector" in plan["sources"]:
         try:
             _, vector = embed_query(query)
         except EmbedderError as exc:
@@ -237,56 +240,75 @@ def experiences_search(
             logger.warning("vector search skipped: %s", exc)
     tsquery = AnyLexemeQuery(query) if "text" in plan["sources"] else None
     per_source = max(CANDIDATES_PER_SOURCE, limit * 2)
-    vector_ranks, text_ranks, signals = search_candidates(
-        base=base, vector=vector, tsquery=tsquery, per_source=per_source
-    )
+    signals = search_candidates(base=base, vector=vector, tsquery=tsquery, per_source=per_source)
     if not signals:
         return SearchResult([], plan, warnings)
-    scored = [
-        _score(pk, row, plan=plan, vector_rank=vector_ranks.get(pk), text_rank=text_ranks.get(pk))
-        for pk, row in signals.items()
-    ]
-    scored.sort(key=lambda item: (-item[0], item[1]))
-    top = scored[:limit]
     objects = Experience.objects.select_related(
         "merged_into", "superseded_by", "source_task", "source_session"
     ).defer(
-        # Vectors are large and parsed in Python; the scores above came from PostgreSQL.
+        # Vectors are large and parsed in Python; the cosines came from PostgreSQL.
         *DEFERRED,
         *(f"{rel}__{name}" for rel in ("merged_into", "superseded_by") for name in DEFERRED),
     )
-    by_pk = objects.in_bulk([item[1] for item in top])
+    by_pk = objects.in_bulk(list(signals))
+    ranked = ranking.rank(
+        query=query, candidates=[_candidate(by_pk[pk], row) for pk, row in signals.items() if pk in by_pk],
+        plan=_ranking_plan(plan),
+    )  # fmt: skip
     hits = [
-        _hit(
-            by_pk[pk], score=score, similarity=similarity, text_score=text_score, contributions=contributions
-        )
-        for score, pk, similarity, text_score, contributions in top
+        _hit(by_pk[int(item.candidate.key)], item=item, signals=signals[int(item.candidate.key)], plan=plan)
+        for item in ranked[:limit]
     ]
     return SearchResult(hits, plan, warnings)
 
 
+def _similarity(row: dict[str, Any]) -> float | None:
+    """0.6 · cosine to the whole experience + 0.4 · cosine to its problem; None without a vector."""
+    if row.get("distance") is None:
+        return None
+    similarity = 1.0 - float(row["distance"])
+    if row.get("problem_distance") is not None:
+        problem_similarity = 1.0 - float(row["problem_distance"])
+        similarity = FULL_TEXT_SHARE * similarity + (1.0 - FULL_TEXT_SHARE) * problem_similarity
+    return similarity
+
+
+def _candidate(experience: Experience, row: dict[str, Any]) -> ranking.Candidate:
+    return ranking.Candidate(
+        key=str(experience.pk), kind="experience", text=experience.text, group=None, position=None,
+        occurred_at=experience.created_at, dense=_similarity(row),
+    )  # fmt: skip
+
+
+def _ranking_plan(plan: dict[str, Any]) -> ranking.Plan:
+    """The ranker's plan for this search's sources and weights: no neighbours, no length prior."""
+    weights = plan["weights"]
+    return ranking.Plan(
+        dense_weight=weights.get("vector", 0.0), lexical_weight=weights.get("text", 0.0),
+        fusion=plan["fusion"], neighbour_weight=0.0, length_weight=0.0,
+    )  # fmt: skip
+
+
 def _hit(
-    row: Experience,
-    *,
-    score: float,
-    similarity: float | None,
-    text_score: float,
-    contributions: dict[str, float],
+    row: Experience, *, item: ranking.Ranked, signals: dict[str, Any], plan: dict[str, Any]
 ) -> SearchHit:
-    """An experience as a search hit: `similarity` is None while the row has no vector yet;
-    `text_score` its full-text rank normalised to 0..1 among the candidates."""
+    """An experience as a search hit: its score and each source's contribution (`vector`, `text`:
+    the ranker's dense and lexical parts); `similarity` is None while the row has no vector;
+    `text_score` its full-text rank saturated to 0..1 (what a pending row enters a context with)."""
+    parts = item.contributions
+    contributions = {
+        name: parts[part]
+        for name, part in (("vector", "dense"), ("text", "lexical"))
+        if name in plan["sources"]
+    }
+    raw_rank = float(signals.get("rank") or 0.0)
+    similarity = _similarity(signals)
     return SearchHit(
-        kind="experience",
-        id=row.public_id,
-        text=row.text,
-        score=score,
-        relevance=score,
-        contributions=contributions,
-        similarity=None if similarity is None else round(similarity, 6),
-        occurred_at=row.created_at,
-        experience=row,
-        text_score=round(text_score, 6),
-    )
+        kind="experience", id=row.public_id, text=row.text, score=item.score, relevance=item.score,
+        contributions=contributions, similarity=None if similarity is None else round(similarity, 6),
+        occurred_at=row.created_at, experience=row,
+        text_score=round(raw_rank / (raw_rank + TEXT_RANK_HALF), 6),
+    )  # fmt: skip
 
 
 def memory_rank(*, hit: SearchHit, policy: ExperiencePolicy) -> RetrievedMemory:
@@ -312,7 +334,13 @@ def memory_rank(*, hit: SearchHit, policy: ExperiencePolicy) -> RetrievedMemory:
 
 
 def experiences_for_context(
-    *, tenant: Any, session: Any, query: str, limit: int, max_chars: int
+    *,
+    tenant: Any,
+    session: Any,
+    query: str,
+    limit: int,
+    max_chars: int,
+    query_vector: QueryEmbedding | None = None,
 ) -> list[RetrievedMemory]:
     """The best experiences for `query`, at most `limit`, their texts within `max_chars` in total.
 
@@ -331,6 +359,7 @@ def experiences_for_context(
         user_id=session.user_id or "",
         limit=max(20, limit * 4),
         readable=sharing.experience_reader_filter(tenant=tenant, agent=session.agent.external_id),
+        query_vector=query_vector,
     )
     ranked = [memory_rank(hit=hit, policy=policy) for hit in result.hits]
     ranked = [m for m in ranked if m.similarity >= policy.context_min_similarity]
@@ -352,17 +381,12 @@ def experiences_mark_used(*, tenant: Any, experience_ids: list[str]) -> None:
     experiences_touch(tenant=tenant, experience_ids=experience_ids)
 
 
-Scored = tuple[float, int, float | None, float, dict[str, float]]
-
-
 def search_candidates(
     *, base: Any, vector: np.ndarray | None, tsquery: Any, per_source: int
-) -> tuple[dict[int, int], dict[int, int], dict[int, dict[str, Any]]]:
-    """The candidates of both sources among `base` (experiences_visible): (vector ranks, text
-    ranks, pk → signals), each signal ("distance", "problem_distance", "rank") computed once, where
-    it is cheap. The one experience pool of experiences search, memory search and context recall."""
-    vector_ranks: dict[int, int] = {}
-    text_ranks: dict[int, int] = {}
+) -> dict[int, dict[str, Any]]:
+    """The candidates of both sources among `base` (experiences_visible): pk → signals, each
+    ("distance", "problem_distance", "rank") computed once, where it is cheap. The one experience
+    pool of experiences search, memory search and context recall."""
     signals: dict[int, dict[str, Any]] = {}
     if vector is not None:
         configure_hnsw()
@@ -378,8 +402,7 @@ def search_candidates(
         if tsquery is not None:
             nearest = nearest.annotate(rank=SearchRank(F("search_vector"), tsquery))
             fields.append("rank")
-        for position, row in enumerate(nearest.values(*fields)[:per_source], start=1):
-            vector_ranks[row["pk"]] = position
+        for row in nearest.values(*fields)[:per_source]:
             signals[row["pk"]] = row
     if tsquery is not None:
         # Rank at most TEXT_MATCH_CAP matching rows: an OR query of common words can match
@@ -391,8 +414,7 @@ def search_candidates(
             .order_by("-rank", "pk")
             .values("pk", "rank")[:per_source]
         )
-        for position, row in enumerate(ranked, start=1):
-            text_ranks[row["pk"]] = position
+        for row in ranked:
             signals.setdefault(row["pk"], {}).update(row)
     # Text-only candidates still need their cosines (they may be pending: then None).
     missing = [pk for pk, row in signals.items() if "distance" not in row]
@@ -406,33 +428,4 @@ def search_candidates(
             .values("pk", "distance", "problem_distance")
         ):
             signals[row["pk"]].update(row)
-    return vector_ranks, text_ranks, signals
-
-
-def _score(
-    pk: int, row: dict[str, Any], *, plan: dict[str, Any], vector_rank: int | None, text_rank: int | None
-) -> Scored:
-    """(score, pk, similarity, text score, contributions) of one candidate under the plan."""
-    similarity = None
-    if row.get("distance") is not None:
-        similarity = 1.0 - float(row["distance"])
-        if row.get("problem_distance") is not None:
-            problem_similarity = 1.0 - float(row["problem_distance"])
-            similarity = FULL_TEXT_SHARE * similarity + (1.0 - FULL_TEXT_SHARE) * problem_similarity
-    raw_rank = float(row.get("rank") or 0.0)
-    # Absolute, not relative to the best candidate: a weak accidental match of a paraphrase
-    # must stay weak (max-normalisation turned it into 1.0 and cut paraphrase R@1 in half).
-    text_score = raw_rank / (raw_rank + TEXT_RANK_HALF)
-    contributions: dict[str, float] = {}
-    if plan["fusion"] == "rrf":
-        if vector_rank is not None:
-            contributions["vector"] = plan["weights"]["vector"] / (RRF_K + vector_rank)
-        if text_rank is not None:
-            contributions["text"] = plan["weights"]["text"] / (RRF_K + text_rank)
-    else:
-        if "vector" in plan["weights"] and similarity is not None:
-            contributions["vector"] = plan["weights"]["vector"] * similarity
-        if "text" in plan["weights"]:
-            contributions["text"] = plan["weights"]["text"] * text_score
-    contributions = {k: round(v, 6) for k, v in contributions.items()}
-    return round(sum(contributions.values()), 6), pk, similarity, text_score, contributions
+    return signals

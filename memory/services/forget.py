@@ -17,9 +17,9 @@ and re-derived (the digest is queued; the next context build summarises again); 
 user memories taken from it are deleted; events, context builds and stored responses quoting it
 are tombstoned or deleted.
 
-Both bump the tenant's ContentGeneration in the same transaction: every process's search corpus
-reads it with its version (memory_search/corpus.py), so no process serves the old text after
-commit. The tenant's word-statistics snapshot is dropped (it is rebuilt on demand).
+Both bump the tenant's ContentGeneration in the same transaction, for any process-local cache of
+the tenant's content to compare against (memory search keeps none: it reads every search's
+candidates from PostgreSQL).
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ from memory.services.erasure import (
     events_tombstone,
     like_any,
     message_text_hashes,
-    search_snapshot_drop,
     sql_execute,
 )
 from memory.services.message_indexing import (
@@ -144,7 +143,6 @@ def forget_user(*, tenant: Tenant, user_id: str, agent: Agent | None = None) -> 
             experiences=experiences,
         )
         content_generation_bump(tenant=tenant)
-        search_snapshot_drop(tenant)
         recorder.event_append(
             tenant=tenant,
             type=FORGOTTEN_EVENT,
@@ -341,7 +339,6 @@ def message_redact(
         counts["embedding_cache"] = cache_entries_delete(tenant=tenant, hashes={old_hash}) if changed else 0
         if any(counts.values()):
             content_generation_bump(tenant=tenant)
-            search_snapshot_drop(tenant)
         recorder.event_append(
             tenant=tenant,
             type=REDACTED_EVENT,

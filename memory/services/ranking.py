@@ -1,129 +1,128 @@
-"""Ranking of memory search candidates: BM25, normalised fusion, neighbour smoothing. Pure.
+"""Ranking of memory search candidates: the plain recipe plus the components that earned a place.
+Pure: no ORM, no I/O.
 
-No ORM, no I/O: the caller (memory search, context recall, the offline bench) gathers the
-candidates and the corpus statistics; `rank` scores and orders them. The same function runs in
-`bench/bench_recall_offline.py`, where the defaults of `Plan` were chosen by cross-validation.
+The caller (memory search, and bench/bench_recall_components.py offline) gathers a pool of
+candidates; `rank` scores and orders them. One function for every kind (messages, summaries,
+facts, experiences, user memories): one score scale.
 
-WHAT THE CALLER MUST SUPPLY (so results match the offline evaluation):
+THE RECIPE (issue 35; docs/memory.md, "The ranker"), over the pool:
 
-- Candidates, one per searchable row of the scope (a conversation, a user's sessions, ...):
-    * the top `POOL_DENSE` (100) rows by cosine to the query embedding (pgvector, HNSW);
-    * the top `POOL_LEXICAL` (100) rows by full text (an OR of the query's terms, GIN);
-    * for message hits of either list, the turns within ±`Plan.neighbour_radius` positions in
-      the same session (same `group`), taken around the best `POOL_NEIGHBOUR_SEEDS` (30) hits of
-      each list. Every candidate gets its `dense` cosine if the row has a vector (None if not).
-  The union is what `rank` sees; duplicates (same `key`) must be removed by the caller. (On the
-  dev set, pools of 20 to 100 per list gave the same recall: smaller pools are fine for latency.)
-- `Candidate.text`: for messages, `index_text(content=..., speaker=..., occurred_at=...)` — the
-  same string that was embedded; for summaries, facts and experiences their stored text.
-- `CorpusStats` over the searched scope (not over the pool): `n_docs` rows, `avg_len` the mean
-  number of `tokenize` tokens per row, and `df[t]` the number of rows whose tokens contain `t`,
-  for each `t` in `tokenize(query)`. PostgreSQL may approximate them: `df[t]` = rows whose
-  tsvector matches the term (GIN, one count per query term), `avg_len` = mean tsvector length
-  (`length(search_vector)`, cacheable per scope); small differences from `tokenize` only shift
-  idf a little. A term missing from `df` takes its idf within the pool instead.
-- `occurred_at` for dated rows (the current-state cue compares candidates with the newest one;
-  `now` is only needed when `Plan.recency_weight` > 0).
-- The query embedding: the plain query text, embedded as is (`embed_query(query)`).
+    fused = dense_weight · z(cosine) + lexical_weight · z(BM25)         (z: z-score over the pool)
+    score = fused + neighbour_weight · max(0, best fused of the same session within ±radius)
 
-`rank` returns every candidate, best first, with each signal's contribution (dense, lexical,
-neighbour, session, recency, length; they add up to the score); the caller cuts to its limit. Use
-`DEFAULT_PLAN` for conversational memory (messages, summaries, facts) and for a pool mixing it with
-experiences (one pool, one plan: one score scale across kinds; docs/memory.md, "Ordering"), and
-`EXPERIENCE_PLAN` for distilled experiences alone (problem/solution texts: dense-led). Figures and
-what was tried: docs/experiences.md, "Ranking: what we tried". The relevance floor a caller
-applies after ranking: memory/services/relevance_floor.py.
+- cosine: the query's MiniLM vector against the row's (a message's `index_text`);
+- BM25: Okapi (k1 1.2, b 0.75) over `tokenize`: lowercase `[a-z0-9]+` words minus PostgreSQL's
+  English stop words, Snowball-stemmed as PostgreSQL's `english` configuration stems them (so the
+  query, the ranker and the GIN index see the same terms). Statistics (rows, mean length, document
+  frequency) are taken over the pool itself: no per-scope statistics to keep or estimate.
+- window BM25 (`window_radius`): a turn's BM25 document is its own text plus the text of its
+  same-session neighbours within ±radius, at full weight. The caller supplies those neighbours'
+  text (`Candidate.window`, built with `window_text`).
+
+Components beyond the recipe are on by default only where nested leave-one-conversation-out
+showed a held-out gain (docs/memory.md, "The ranker", has the table): Snowball stemming and the
+length prior are; window BM25, speaker match, date match, the current-state cue and min-max
+fusion are plan options, off.
+
+WHAT THE CALLER MUST SUPPLY: every candidate's `dense` cosine (None: no vector; it takes the
+pool's lowest), `text` (for messages `index_text(...)`, the string that was embedded), `group`
+and `position` (session and seq, for neighbours), `speaker`, `occurred_at`, and for messages
+under a plan with `window_radius` > 0 the `window` text. Duplicates (same `key`) removed.
 """
 
 from __future__ import annotations
 
+import calendar
 import math
 import re
+import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from datetime import date, datetime
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
+import Stemmer
 
-POOL_DENSE = 100
-POOL_LEXICAL = 100
-POOL_NEIGHBOUR_SEEDS = 30
+# The candidate pool memory search gathers (memory_search/candidates.py) and the offline
+# evaluation reproduces: the best POOL_DENSE rows by cosine, the best POOL_LEXICAL by full text,
+# and the turns within ±POOL_NEIGHBOURS of the best POOL_NEIGHBOUR_SEEDS of each list. A cost
+# knob: 50 / 50 / 15 (~115 candidates on the LoCoMo-style dev set) gave R@5 63.7, R@10 75.4 and
+# 87.3 / 94.0, against 63.3 / 75.0 and 87.3 / 94.0 with 100 / 100 / 30 (~173), for a third less
+# CPU per search; 30 / 30 / 10: 64.8 / 75.8 (not taken: a gain within noise, on short dev
+# conversations, is no reason to risk longer ones).
+POOL_DENSE = 50
+POOL_LEXICAL = 50
+POOL_NEIGHBOUR_SEEDS = 15
+POOL_NEIGHBOURS = 2
 
-# English function words plus the question words of chat queries ("what", "when", "did", ...).
+# PostgreSQL's English stop words (share/tsearch_data/english.stop, the Snowball list its
+# `english` configuration drops), so `tokenize` drops what the GIN index never holds.
 _STOPWORD_TEXT = """
-a about above after again against all am an and any are as at be because been before being below
-between both but by can could did do does doing down during each few for from further had has have
-having he her here hers herself him himself his how i if in into is it its itself just me more most
-my myself no nor not now of off on once only or other our ours ourselves out over own same she should
-so some such than that the their theirs them themselves then there these they this those through to
-too under until up very was we were what when where which while who whom why will with would you
-your yours yourself yourselves s t d ll m re ve don didn doesn isn wasn weren won wouldn couldn
-shouldn hasn haven hadn aren also get got really yeah oh ok okay like much many
+i me my myself we our ours ourselves you your yours yourself yourselves he him his himself she her
+hers herself it its itself they them their theirs themselves what which who whom this that these
+those am is are was were be been being have has had having do does did doing a an the and but if or
+because as until while of at by for with about against between into through during before after
+above below to from up down in out on off over under again further then once here there when where
+why how all any both each few more most other some such no nor not only own same so than too very s
+t can will just don should now
 """
 STOPWORDS: frozenset[str] = frozenset(_STOPWORD_TEXT.split())
 
-_TOKEN = re.compile(r"[a-z0-9]+")
+_WORD = re.compile(r"[a-z0-9]+")
 _CURRENT_CUE = re.compile(
     r"\b(now|nowadays|current|currently|latest|still|anymore|these days|most recent|recently)\b",
     re.IGNORECASE,
 )
-FUSIONS = ("zscore", "minmax", "rrf")
+FUSIONS = ("zscore", "minmax")
+_MONTHS = {name.lower(): number for number, name in enumerate(calendar.month_name) if name}
+_YEAR = re.compile(r"\b(19\d\d|20\d\d)\b")
+
+_stemmers = threading.local()  # a PyStemmer object is not safe to share between threads
 
 
-_VOWELS = frozenset("aeiouy")
+@lru_cache(maxsize=262144)
+def _stem(word: str) -> str:
+    stemmer = getattr(_stemmers, "english", None)
+    if stemmer is None:
+        stemmer = _stemmers.english = Stemmer.Stemmer("english")
+    return str(stemmer.stemWord(word))
+
+
+def words(text: str) -> tuple[str, ...]:
+    """Lowercase `[a-z0-9]+` words minus the stop words, unstemmed (the plain recipe's tokens)."""
+    return _words(text)
+
+
+@lru_cache(maxsize=65536)
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(w for w in _WORD.findall(text.lower()) if w not in STOPWORDS)
+
+
+def tokenize(text: str, *, stem: bool = True) -> list[str]:
+    """BM25's terms: `words`, Snowball-stemmed (the English stemmer PostgreSQL uses) unless `stem`
+    is False."""
+    return list(_tokens(text, stem))
 
 
 @lru_cache(maxsize=131072)
-def _stem(token: str) -> str:
-    """A light English stemmer: plurals, -ing, -ed, a final e ('rescued', 'rescue' → 'rescu').
-
-    Measured on the LoCoMo dev set: +2.7 R@5 over plural-only stripping (docs/experiences.md).
-    """
-    if len(token) <= 3 or token.isdigit():
-        return token
-    if token.endswith("ies") and len(token) > 4:
-        token = token[:-3] + "y"
-    elif token.endswith("sses"):
-        token = token[:-2]
-    elif token.endswith("s") and not token.endswith(("ss", "us", "is")):
-        token = token[:-1]
-    for suffix, shortest in (("ing", 3), ("ed", 4)):  # 'breed' stays, 'adopted' → 'adopt'
-        stem = token[: -len(suffix)]
-        if token.endswith(suffix) and len(stem) >= shortest and _VOWELS & set(stem):
-            token = stem
-            if len(token) >= 4 and token[-1] == token[-2] and token[-1] not in "lsz":
-                token = token[:-1]  # running → run
-            break
-    if token.endswith("e") and len(token) >= 4:
-        token = token[:-1]
-    return token
+def _tokens(text: str, stem: bool) -> tuple[str, ...]:
+    found = _words(text)
+    return tuple(_stem(w) for w in found) if stem else found
 
 
-def tokenize(text: str) -> list[str]:
-    """Lowercase `[a-z0-9]+` tokens, stopwords removed, lightly stemmed. Used for BM25 and df."""
-    return list(_tokens(text))
+@lru_cache(maxsize=131072)
+def _term_counts(text: str, stem: bool) -> Counter[str]:
+    return Counter(_tokens(text, stem))
 
 
-@lru_cache(maxsize=65536)
-def _tokens(text: str) -> tuple[str, ...]:
-    return tuple(_stem(t) for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS)
-
-
-@lru_cache(maxsize=65536)
-def _term_counts(text: str) -> Counter[str]:
-    return Counter(_tokens(text))
-
-
-def messages_prepare(texts: Iterable[str]) -> None:
-    """Tokenise messages' `texts` ahead of `rank`, which then finds their tokens and lengths
-    cached (per process): for a caller with time to spare before it can rank, e.g. while the
-    query embedding is computed."""
+def messages_prepare(texts: Iterable[str], *, stem: bool = True) -> None:
+    """Tokenise `texts` ahead of `rank` (cached per process), for a caller with time to spare,
+    e.g. while the query embedding is computed."""
     for text in texts:
-        _term_counts(text)
-        _content_length("message", text)
+        _term_counts(text, stem)
 
 
 def asks_current_state(query: str) -> bool:
@@ -143,7 +142,7 @@ def index_text(*, content: str, speaker: str | None, occurred_at: datetime | Non
 
 @lru_cache(maxsize=8192)
 def _date_prefix(year: int, month: int, day: int) -> str:
-    # strftime costs ~4 µs a call: ~1 ms for the ~270 candidates of a large scope's search.
+    # strftime costs ~4 µs a call: ~1 ms for a few hundred candidates.
     return f"({day} {date(year, month, day).strftime('%B %Y')}) "
 
 
@@ -151,82 +150,79 @@ def _date_prefix(year: int, month: int, day: int) -> str:
 INDEX_PREFIX = re.compile(r"^(?:\(\d{1,2} [A-Z][a-z]+ \d{4}\) )?(?:[^:\n]{1,80}: )?")
 
 
+def window_text(texts: Sequence[str]) -> str:
+    """A turn's neighbours' text for window BM25: their `speaker: content` (each `index_text`
+    without its date, which the turn's own text carries once), joined."""
+    return " ".join(_undated(t) for t in texts)
+
+
+def _undated(text: str) -> str:
+    return re.sub(r"^\(\d{1,2} [A-Z][a-z]+ \d{4}\) ", "", text)
+
+
 def content_length(*, kind: str, text: str) -> int:
-    """The number of `tokenize` tokens of a row's own words: for a message, its `index_text`
-    without the date and speaker prefix (the same for every turn, so no information). Counted
-    from the whole text's tokens, which BM25 has cached already, minus the prefix's."""
+    """The number of stemmed terms of a row's own words: for a message, its `index_text` without
+    the date and speaker prefix (the same for every turn, so no information)."""
     return _content_length(kind, text)
 
 
 @lru_cache(maxsize=65536)
 def _content_length(kind: str, text: str) -> int:
-    count = len(_tokens(text))
+    count = len(_tokens(text, True))
     if kind == "message":
         prefix = INDEX_PREFIX.match(text)
         if prefix is not None and prefix.end():
-            count -= len(_tokens(prefix.group()))
+            count -= len(_tokens(prefix.group(), True))
     return count
 
 
 @dataclass
 class Candidate:
     key: str  # unique in the pool, e.g. "message:123"
-    kind: str  # "message" | "summary" | "fact" | "experience"
+    kind: str  # "message" | "summary" | "fact" | "experience" | "user_memory"
     text: str  # the searchable text (index_text for messages)
     group: str | None  # session public id, for neighbour smoothing (None: no neighbours)
     position: int | None  # seq inside the group
     occurred_at: datetime | None
     dense: float | None  # cosine query↔candidate; None when the row has no vector
-
-
-@dataclass
-class CorpusStats:
-    n_docs: int
-    avg_len: float
-    df: dict[str, int] = field(default_factory=dict)
+    speaker: str = ""  # a message's speaker (its `name`)
+    window: str = ""  # window BM25: the neighbours' text (`window_text`), for messages
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Every knob of the ranking. Defaults: the cross-validated choice for conversational memory."""
+    """Every knob of the ranking. The defaults: the plain recipe plus what nested
+    leave-one-conversation-out kept (docs/memory.md, "The ranker")."""
 
-    dense_weight: float = 0.7
-    lexical_weight: float = 0.3
-    fusion: str = "minmax"  # zscore | minmax | rrf (normalised per query, over the pool)
-    rrf_k: float = 60.0
+    dense_weight: float = 0.6
+    lexical_weight: float = 0.4
+    fusion: str = "zscore"  # how each signal is normalised over the pool: zscore | minmax
     k1: float = 1.2
     b: float = 0.75
-    neighbour_weight: float = 0.5  # adds w * the best fused score within ±radius in the group
-    neighbour_radius: int = 3
-    neighbour_decay: float = 1.0  # a neighbour d positions away counts decay^(d-1)
-    session_weight: float = 0.0  # adds w * the best fused score of any candidate in the group
-    prf_docs: int = 0  # pseudo-relevance feedback: expand the lexical query from the best hits
-    prf_terms: int = 10
-    prf_weight: float = 0.3
-    recency_weight: float = 0.0  # adds w * 2^(-age / half-life), age from `now`
+    stem: bool = True  # Snowball-stem BM25's terms (False: the plain recipe's bare words)
+    window_radius: int = 0  # window BM25: a turn's document takes its neighbours within ±this
+    neighbour_weight: float = 0.75  # adds w · the best fused score within ±radius in the group
+    neighbour_radius: int = 2
+    speaker_weight: float = 0.0  # adds w (z units) to turns by a speaker the query names
+    date_weight: float = 0.0  # adds w to turns of the month / year the query names
     # When the query asks for the current state ("where does she live now?"), adds
-    # w * 2^(-age / half-life) with age from the newest candidate (imported history works alike).
-    current_cue_weight: float = 0.2
+    # w · 2^(-age / half-life) with age from the newest candidate.
+    current_cue_weight: float = 0.0
     recency_half_life_days: float = 90.0
-    # Informativeness prior: adds w * n / (n + saturation), n = the row's own content tokens
-    # (`content_length`): "lol", "On the ceiling!" are rarely what a question is about.
+    # Informativeness prior: adds w · n / (n + length_saturation), n = the row's own terms.
     length_weight: float = 1.0
     length_saturation: float = 4.0
 
     _RANGES = {
         "dense_weight": (0.0, 10.0),
         "lexical_weight": (0.0, 10.0),
-        "rrf_k": (1.0, 1000.0),
         "k1": (0.0, 5.0),
         "b": (0.0, 1.0),
+        "window_radius": (0, 5),
         "neighbour_weight": (0.0, 5.0),
-        "neighbour_radius": (0, 20),
-        "neighbour_decay": (0.0, 1.0),
-        "session_weight": (0.0, 5.0),
-        "prf_docs": (0, 50),
-        "prf_terms": (1, 100),
-        "prf_weight": (0.0, 5.0),
-        "recency_weight": (0.0, 5.0),
+        "neighbour_radius": (0, 5),
+        "speaker_weight": (0.0, 5.0),
+        "date_weight": (0.0, 5.0),
         "current_cue_weight": (0.0, 5.0),
         "recency_half_life_days": (0.001, 36500.0),
         "length_weight": (0.0, 5.0),
@@ -248,6 +244,11 @@ class Plan:
                     raise ValueError(f"fusion: must be one of {', '.join(FUSIONS)}, not {value!r}.")
                 values[name] = value
                 continue
+            if name == "stem":
+                if not isinstance(value, bool):
+                    raise ValueError("stem: must be true or false.")
+                values[name] = value
+                continue
             low, high = cls._RANGES[name]
             is_int = isinstance(low, int)
             if isinstance(value, bool) or not isinstance(value, int | float):
@@ -261,33 +262,33 @@ class Plan:
 
 
 DEFAULT_PLAN = Plan()
-# Distilled experiences (problem/solution texts): dense-led; the small lexical share keeps rows
-# without a vector (pending) and exact error strings findable. 5-fold CV on retrieval_dev.jsonl.
-EXPERIENCE_PLAN = Plan(
-    fusion="zscore", dense_weight=0.95, lexical_weight=0.05, neighbour_weight=0.0, length_weight=0.0
-)
+# The plain recipe of issue 35, nothing added: what `ctxapp eval recall --baseline` compares with.
+RECIPE_PLAN = Plan(stem=False, length_weight=0.0)
+# Distilled experiences alone (problem/solution texts): dense-led; the small lexical share keeps
+# rows without a vector (pending) and exact error strings findable (docs/experiences.md).
+EXPERIENCE_PLAN = Plan(dense_weight=0.95, lexical_weight=0.05, neighbour_weight=0.0, length_weight=0.0)
 
 
-PART_NAMES = ("dense", "lexical", "neighbour", "session", "recency", "length")
+PART_NAMES = ("dense", "lexical", "speaker", "date", "neighbour", "recency", "length")
 
 
 class Ranked:
     """A candidate, its score and each signal's contribution (they add up to the score). The
     contributions are gathered when first read: a search reads them for the few hits it keeps."""
 
-    __slots__ = ("_columns", "_contributions", "_index", "candidate", "score")
+    __slots__ = ("_contributions", "_index", "_parts", "candidate", "score")
 
-    def __init__(self, *, candidate: Candidate, score: float, columns: list[list[float]], index: int) -> None:
+    def __init__(self, *, candidate: Candidate, score: float, parts: np.ndarray, index: int) -> None:
         self.candidate = candidate
         self.score = score
-        self._columns = columns  # one list per PART_NAMES, shared by the whole ranking
+        self._parts = parts  # (len(PART_NAMES), candidates), shared by the whole ranking
         self._index = index
         self._contributions: dict[str, float] | None = None
 
     @property
     def contributions(self) -> dict[str, float]:
         if self._contributions is None:
-            values = [column[self._index] for column in self._columns]
+            values = [round(float(v), 6) + 0.0 for v in self._parts[:, self._index]]  # + 0.0: no -0.0
             self._contributions = dict(zip(PART_NAMES, values, strict=True))
         return self._contributions
 
@@ -295,224 +296,182 @@ class Ranked:
         return f"Ranked({self.candidate.key!r}, score={self.score}, contributions={self.contributions})"
 
 
-def bm25_scores(
-    *,
-    query: str,
-    texts: list[str],
-    stats: CorpusStats,
-    k1: float,
-    b: float,
-    terms: Mapping[str, float] | None = None,
+def bm25_pool(
+    *, query: str, documents: Sequence[str], stem: bool = True, k1: float = 1.2, b: float = 0.75
 ) -> np.ndarray:
-    """Okapi BM25 of each text for the query terms (or the weighted `terms`).
-
-    idf comes from the scope's statistics; a term absent from `stats.df` takes its idf within
-    the texts themselves (the pool), so that it stays meaningful whatever the scope's size.
-    """
-    weights: Mapping[str, float] = terms if terms is not None else Counter(tokenize(query))
-    docs = [_term_counts(t) for t in texts]  # shared, read-only
-    return bm25_from_counts(
-        weights=weights,
-        tf_of=lambda term: np.array([d.get(term, 0) for d in docs], dtype=np.float64),
-        lengths=np.array([len(_tokens(t)) for t in texts], dtype=np.float64),  # each doc's sum of counts
-        stats=stats,
-        k1=k1,
-        b=b,
-    )
-
-
-def bm25_from_counts(
-    *,
-    weights: Mapping[str, float],
-    tf_of: Callable[[str], np.ndarray],
-    lengths: np.ndarray,
-    stats: CorpusStats,
-    k1: float,
-    b: float,
-) -> np.ndarray:
-    """bm25_scores' arithmetic on counts already at hand: `tf_of(term)` is the term's count in
-    each document (float64), `lengths` each document's number of tokens. A cached scope's inverted
-    index (memory_search/corpus.py) gives them without reading every document's tokens."""
-    scores = np.zeros(len(lengths), dtype=np.float64)
-    if not weights or not len(lengths):
+    """Okapi BM25 of each document for the query, with the statistics (rows, mean length,
+    document frequency) of `documents` themselves: the pool, or a whole scope when it is the pool."""
+    scores = np.zeros(len(documents), dtype=np.float64)
+    weights = Counter(_tokens(query, stem))
+    if not weights or not documents:
         return scores
-    n_docs = max(stats.n_docs, 1)
-    avg_len = stats.avg_len if stats.avg_len > 0 else max(1.0, float(lengths.sum()) / len(lengths))
-    norm = k1 * (1.0 - b + b * lengths / avg_len)
+    docs = [_term_counts(d, stem) for d in documents]
+    lengths = np.array([sum(d.values()) for d in docs], dtype=np.float64)
+    mean = float(lengths.mean()) or 1.0
+    norm = k1 * (1.0 - b + b * lengths / mean)
+    n = len(docs)
     for term, weight in weights.items():
-        tf = tf_of(term)
-        df = stats.df.get(term)
-        if df is None:
-            n, df = len(lengths), int(np.count_nonzero(tf))
-        else:
-            n, df = max(n_docs, df), max(df, 0)
+        tf = np.array([d.get(term, 0) for d in docs], dtype=np.float64)
+        df = int(np.count_nonzero(tf))
+        if not df:
+            continue
         idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
         scores += weight * idf * tf * (k1 + 1.0) / (tf + norm)
     return scores
 
 
-def expansion_terms(*, query: str, texts: list[str], count: int) -> dict[str, float]:
-    """Pseudo-relevance feedback: the `count` terms most typical of `texts` (the best hits) that
-    are not in the query, weighted by their share of the hits they occur in."""
-    asked = set(tokenize(query))
-    seen: Counter[str] = Counter()
-    for text in texts:
-        seen.update(set(_tokens(text)) - asked)
-    ranked = sorted(seen.items(), key=lambda item: (-item[1], item[0]))
-    return {term: hits / len(texts) for term, hits in ranked[:count] if hits >= 1} if texts else {}
-
-
-def _normalise(values: np.ndarray, fusion: str, rrf_k: float) -> np.ndarray:
-    if len(values) == 0:
-        return values
-    if fusion == "rrf":
-        order = np.argsort(-values, kind="stable")
-        ranks = np.empty(len(values))
-        ranks[order] = np.arange(1, len(values) + 1)
-        return 1.0 / (rrf_k + ranks)
+def _normalise(values: np.ndarray, fusion: str) -> np.ndarray:
     if fusion == "minmax":
-        low, high = values.min(), values.max()
+        low, high = (values.min(), values.max()) if len(values) else (0.0, 0.0)
         return (values - low) / (high - low) if high > low else np.zeros_like(values)
-    std = values.std()
+    std = values.std() if len(values) else 0.0
     return (values - values.mean()) / std if std > 0 else np.zeros_like(values)
 
 
-def rank(
-    *,
-    query: str,
-    candidates: list[Candidate],
-    stats: CorpusStats,
-    plan: Plan,
-    now: datetime | None = None,
-) -> list[Ranked]:
+def rank(*, query: str, candidates: list[Candidate], plan: Plan) -> list[Ranked]:
     """Score every candidate for `query` under `plan`; best first (ties: pool order).
 
-    score = dense_weight · norm(cosine) + lexical_weight · norm(BM25)         (the fused score)
-            + neighbour_weight · max(0, best fused score of the other candidates of the same
-              group within ±neighbour_radius positions)
-            + recency_weight · 2^(-age_days / recency_half_life_days)     (needs `now`)
-            + current_cue_weight · 2^(-days before the newest candidate / half-life)
-              only when the query asks for the current state (`asks_current_state`)
-            + length_weight · n / (n + length_saturation), n = `content_length` (the row's
-              own words: a one-word turn is rarely what a question is after)
-    norm is per query over the pool: z-score, min-max or reciprocal rank. A candidate without a
-    vector takes the pool's lowest cosine. `contributions` holds each term; they add up to score.
+    score = dense_weight · z(cosine) + lexical_weight · z(BM25)       (fused, z over the pool)
+            + speaker_weight   if the query names the turn's speaker (first name)
+            + date_weight      if the turn is of the month / year the query names
+            + neighbour_weight · max(0, best fused of the same group within ±neighbour_radius)
+            + current_cue_weight · 2^(-days before the newest candidate / half-life), only when
+              the query asks for the current state
+            + length_weight · n / (n + length_saturation), n = the row's own terms
+    A candidate without a vector takes the pool's lowest cosine. `contributions` holds each term.
     """
     if not candidates:
         return []
-    dense_part, lexical_part = _fused_parts(query=query, candidates=candidates, stats=stats, plan=plan)
-    fused = dense_part + lexical_part
+    dense_part, lexical_part = _fused_parts(query=query, candidates=candidates, plan=plan)
+    speaker_part = _speaker_part(query, candidates, plan)
+    date_part = _date_part(query, candidates, plan)
+    fused = dense_part + lexical_part + speaker_part + date_part
     neighbour_part = _neighbour_part(candidates, fused, plan)
-    session_part = _session_part(candidates, fused, plan)
-    recency_part = _recency_part(query, candidates, plan, now)
+    recency_part = _recency_part(query, candidates, plan)
     length_part = _length_part(candidates, plan)
 
-    parts = (dense_part, lexical_part, neighbour_part, session_part, recency_part, length_part)
-    columns = [_rounded(part) for part in parts]  # in PART_NAMES order
-    # A part that is zero throughout (a signal the plan leaves out) adds nothing to any sum.
-    summed = [column for column in columns if any(column)] or [[0.0] * len(candidates)]
-    scores = [round(sum(values), 6) for values in zip(*summed, strict=True)]
-    order = sorted(range(len(candidates)), key=lambda i: -scores[i])
-    return [Ranked(candidate=candidates[i], score=scores[i], columns=columns, index=i) for i in order]
+    parts = np.vstack(
+        (dense_part, lexical_part, speaker_part, date_part, neighbour_part, recency_part, length_part)
+    )  # in PART_NAMES order
+    scores = np.round(parts.sum(axis=0), 6) + 0.0
+    order = np.argsort(-scores, kind="stable")
+    values = scores.tolist()
+    return [Ranked(candidate=candidates[i], score=values[i], parts=parts, index=i) for i in order.tolist()]
 
 
-def _rounded(part: np.ndarray) -> list[float]:
-    """The part's values rounded to 6 decimals (Python's `round`, exact); a part of zeros (no
-    negative zero among them) needs no rounding."""
-    if not part.any() and not np.signbit(part).any():
-        return [0.0] * len(part)
-    return [round(v, 6) for v in part.tolist()]
-
-
-def _fused_parts(
-    *, query: str, candidates: list[Candidate], stats: CorpusStats, plan: Plan
-) -> tuple[np.ndarray, np.ndarray]:
-    """The dense and lexical terms, each normalised over the pool (pseudo-relevance feedback folded
-    into the lexical one when the plan asks for it)."""
+def _fused_parts(*, query: str, candidates: list[Candidate], plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """The dense and lexical terms, each normalised over the pool and weighted."""
     dense_raw = [c.dense for c in candidates]
     known = [d for d in dense_raw if d is not None]
-    floor = min(known) if known else 0.0
-    dense = np.array([floor if d is None else d for d in dense_raw], dtype=np.float64)
-    texts = [c.text for c in candidates]
-    lexical = bm25_scores(query=query, texts=texts, stats=stats, k1=plan.k1, b=plan.b)
-    dense_part = np.zeros(len(dense))
-    if known:
-        dense_part = plan.dense_weight * _normalise(dense, plan.fusion, plan.rrf_k)
-    lexical_part = plan.lexical_weight * _normalise(lexical, plan.fusion, plan.rrf_k)
-    if plan.prf_docs > 0 and plan.lexical_weight > 0:
-        top = np.argsort(-(dense_part + lexical_part), kind="stable")[: plan.prf_docs]
-        extra = expansion_terms(query=query, texts=[texts[i] for i in top], count=plan.prf_terms)
-        if extra:
-            lexical = lexical + plan.prf_weight * bm25_scores(
-                query=query, texts=texts, stats=stats, k1=plan.k1, b=plan.b, terms=extra
-            )
-            lexical_part = plan.lexical_weight * _normalise(lexical, plan.fusion, plan.rrf_k)
+    dense_part = np.zeros(len(candidates))
+    if known and plan.dense_weight > 0:
+        floor = min(known)
+        dense = np.array([floor if d is None else d for d in dense_raw], dtype=np.float64)
+        dense_part = plan.dense_weight * _normalise(dense, plan.fusion)
+    lexical_part = np.zeros(len(candidates))
+    if plan.lexical_weight > 0:
+        if plan.window_radius > 0:
+            documents = [f"{c.text} {c.window}" if c.window else c.text for c in candidates]
+        else:
+            documents = [c.text for c in candidates]
+        lexical = bm25_pool(query=query, documents=documents, stem=plan.stem, k1=plan.k1, b=plan.b)
+        lexical_part = plan.lexical_weight * _normalise(lexical, plan.fusion)
     return dense_part, lexical_part
 
 
+@lru_cache(maxsize=4096)
+def _query_names(query: str) -> frozenset[str]:
+    return frozenset(re.findall(r"[a-z0-9]+", query.lower()))
+
+
+def _speaker_part(query: str, candidates: list[Candidate], plan: Plan) -> np.ndarray:
+    """speaker_weight for each turn whose speaker the query names by first name."""
+    part = np.zeros(len(candidates))
+    if plan.speaker_weight <= 0:
+        return part
+    named = _query_names(query)
+    for i, c in enumerate(candidates):
+        first = c.speaker.split()[0].lower() if c.speaker.strip() else ""
+        if first and first in named:
+            part[i] = plan.speaker_weight
+    return part
+
+
+def query_dates(query: str) -> tuple[int | None, int | None]:
+    """(year, month) the query names, e.g. 'in May 2023' → (2023, 5); None for what it does not."""
+    lowered = query.lower()
+    year_match = _YEAR.search(lowered)
+    month = next((number for name, number in _MONTHS.items() if re.search(rf"\b{name}\b", lowered)), None)
+    if month == 5 and not year_match and not re.search(r"\bin may\b|\bmay \d", lowered):
+        month = None  # "may" the verb
+    return (int(year_match.group(1)) if year_match else None), month
+
+
+def _date_part(query: str, candidates: list[Candidate], plan: Plan) -> np.ndarray:
+    """date_weight for each row of the month (and year) or the year the query names."""
+    part = np.zeros(len(candidates))
+    if plan.date_weight <= 0:
+        return part
+    year, month = query_dates(query)
+    if year is None and month is None:
+        return part
+    for i, c in enumerate(candidates):
+        when = c.occurred_at
+        if when is None:
+            continue
+        if (year is None or when.year == year) and (month is None or when.month == month):
+            part[i] = plan.date_weight
+    return part
+
+
 def _neighbour_part(candidates: list[Candidate], fused: np.ndarray, plan: Plan) -> np.ndarray:
-    """Each turn's share of the best fused score among its group's turns within the radius."""
+    """Each turn's share of the best fused score (at least 0) among its group's turns within the
+    radius: turns keyed by (group, position) in one sorted array, each offset a binary search."""
     part = np.zeros(len(candidates))
     if plan.neighbour_weight <= 0 or plan.neighbour_radius <= 0:
         return part
-    by_group: dict[str, list[tuple[int, int]]] = {}
-    for i, c in enumerate(candidates):
-        if c.group is not None and c.position is not None:
-            by_group.setdefault(c.group, []).append((c.position, i))
-    scores = fused.tolist()
-    radius, decay = plan.neighbour_radius, plan.neighbour_decay
-    weight = [decay ** (d - 1) for d in range(radius + 1)]  # by distance (0: the turn itself, unused)
-    for members in by_group.values():
-        members.sort()
-        for j, (pos, i) in enumerate(members):
-            # Sorted by position: the turns within the radius are next to j on either side.
-            best = 0.0
-            k = j - 1
-            while k >= 0 and pos - members[k][0] <= radius:
-                best = max(best, scores[members[k][1]] * weight[pos - members[k][0]])
-                k -= 1
-            k = j + 1
-            while k < len(members) and members[k][0] - pos <= radius:
-                best = max(best, scores[members[k][1]] * weight[members[k][0] - pos])
-                k += 1
-            part[i] = plan.neighbour_weight * best
-    return part
-
-
-def _session_part(candidates: list[Candidate], fused: np.ndarray, plan: Plan) -> np.ndarray:
-    """Each turn's share of the best fused score in its group (session)."""
-    part = np.zeros(len(candidates))
-    if plan.session_weight <= 0:
+    codes: dict[str, int] = {}
+    members = [
+        (i, codes.setdefault(c.group, len(codes)), c.position)
+        for i, c in enumerate(candidates)
+        if c.group is not None and c.position is not None
+    ]
+    if not members:
         return part
-    best_in_group: dict[str, float] = {}
-    for i, c in enumerate(candidates):
-        if c.group is not None:
-            best_in_group[c.group] = max(best_in_group.get(c.group, 0.0), float(fused[i]))
-    for i, c in enumerate(candidates):
-        if c.group is not None:
-            part[i] = plan.session_weight * best_in_group[c.group]
+    at = np.array([m[0] for m in members], dtype=np.int64)
+    keys = (np.array([m[1] for m in members], dtype=np.int64) << 40) + np.array(
+        [m[2] for m in members], dtype=np.int64
+    )
+    order = np.argsort(keys, kind="stable")
+    keys, at = keys[order], at[order]
+    scores = fused[at]
+    best = np.zeros(len(keys))
+    for offset in range(1, plan.neighbour_radius + 1):
+        for target in (keys - offset, keys + offset):
+            where = np.minimum(np.searchsorted(keys, target), len(keys) - 1)
+            best = np.maximum(best, np.where(keys[where] == target, scores[where], 0.0))
+    part[at] = plan.neighbour_weight * best
     return part
 
 
-def _recency_part(query: str, candidates: list[Candidate], plan: Plan, now: datetime | None) -> np.ndarray:
-    """The current-state cue (relative to the newest candidate) and plain recency (relative to now)."""
+def _recency_part(query: str, candidates: list[Candidate], plan: Plan) -> np.ndarray:
+    """The current-state cue, relative to the newest candidate."""
     part = np.zeros(len(candidates))
+    if plan.current_cue_weight <= 0 or not asks_current_state(query):
+        return part
     dated = [c.occurred_at for c in candidates if c.occurred_at is not None]
-    references: list[tuple[datetime, float]] = []
-    if plan.current_cue_weight > 0 and dated and asks_current_state(query):
-        references.append((max(dated), plan.current_cue_weight))
-    if plan.recency_weight > 0 and now is not None:
-        references.append((now, plan.recency_weight))
-    for reference, weight in references:
-        for i, c in enumerate(candidates):
-            if c.occurred_at is not None:
-                age_days = max(0.0, (reference - c.occurred_at).total_seconds() / 86400.0)
-                part[i] += weight * 2.0 ** (-age_days / plan.recency_half_life_days)
+    if not dated:
+        return part
+    newest = max(dated)
+    for i, c in enumerate(candidates):
+        if c.occurred_at is not None:
+            age_days = max(0.0, (newest - c.occurred_at).total_seconds() / 86400.0)
+            part[i] = plan.current_cue_weight * 2.0 ** (-age_days / plan.recency_half_life_days)
     return part
 
 
 def _length_part(candidates: list[Candidate], plan: Plan) -> np.ndarray:
-    """The informativeness prior: a saturating function of each row's own number of words."""
+    """The informativeness prior: a saturating function of each row's own number of terms."""
     if plan.length_weight <= 0:
         return np.zeros(len(candidates))
     lengths = np.array([content_length(kind=c.kind, text=c.text) for c in candidates], dtype=np.float64)

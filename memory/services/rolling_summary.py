@@ -263,7 +263,9 @@ def session_summarise(*, tenant: Tenant, session: Session) -> Summary | None:
     folded_seqs = [r["seq"] for r in rows]
 
     with transaction.atomic():
-        Session.objects.select_for_update(no_key=True).filter(pk=session.pk).first()  # serialise concurrent runs
+        Session.objects.select_for_update(no_key=True).filter(
+            pk=session.pk
+        ).first()  # serialise concurrent runs
         latest = Summary.objects.filter(session=session, is_current=True).first()
         if (latest.pk if latest else None) != (current.pk if current else None):
             return None  # another run folded these meanwhile

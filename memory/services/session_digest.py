@@ -310,7 +310,9 @@ def session_digest_update(*, tenant: Tenant, session: Session) -> SessionDigest 
     covers = rows[-1]["seq"]
     text = digest_text(content)
     with transaction.atomic():
-        Session.objects.select_for_update(no_key=True).filter(pk=session.pk).first()  # serialise concurrent runs
+        Session.objects.select_for_update(no_key=True).filter(
+            pk=session.pk
+        ).first()  # serialise concurrent runs
         now_latest = SessionDigest.objects.filter(session=session).order_by("-version").first()
         if (now_latest.pk if now_latest else None) != (latest.pk if latest else None):
             return None  # another run wrote a version meanwhile

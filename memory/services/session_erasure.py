@@ -12,8 +12,7 @@ user does (memory/services/forget.py):
 - the session's events, and those naming an erased memory or experience, become tombstones
   (ids, no content); stored idempotent answers and queued job payloads naming the session or an
   erased row are deleted;
-- the tenant's embedding-cache rows of the erased texts and its word-statistics snapshot go, and
-  its content generation moves on (no process serves the old text from its search corpus).
+- the tenant's embedding-cache rows of the erased texts go, and its content generation moves on.
 
 Tasks of the session stay (unlinked), as do the agent's state and checkpoints: they are the
 agent's, not the session's.
@@ -44,7 +43,6 @@ from memory.services.erasure import (
     events_tombstone,
     like_any,
     message_text_hashes,
-    search_snapshot_drop,
     sql_execute,
 )
 
@@ -127,5 +125,4 @@ def session_erase(*, tenant: Tenant, session: Session) -> dict[str, int]:
     counts["otel_held_spans"] = OtelHeldSpan.objects.filter(tenant=tenant, trace_id__in=traces).delete()[0]
     counts["embedding_cache"] = cache_entries_delete(tenant=tenant, hashes=hashes)
     content_generation_bump(tenant=tenant)
-    search_snapshot_drop(tenant)
     return counts

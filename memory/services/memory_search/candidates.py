@@ -1,16 +1,17 @@
-"""The candidates of one search: the scope's messages (from the cached corpus, or for a very large
-scope from PostgreSQL's HNSW and full-text indexes) and its summaries, facts and experiences."""
+"""The candidates of one search: the scope's messages (PostgreSQL's full-text and pgvector indexes,
+one statement, the same for every scope size) and its summaries, facts, experiences and user
+memories (only the kinds the scope holds rows of: `kinds_present`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
 
-from memory.models import Message, Session, Summary, Tenant, TrackedFact
+from memory.models import Message, Session, Summary, Tenant, TrackedFact, UserMemory
+from memory.models.digest import SessionDigest
 from memory.models.experiences import Experience
 from memory.services import ranking, sharing
 from memory.services.agent_access import rows_visible
@@ -22,9 +23,7 @@ from memory.services.experience_search import (
     experiences_visible,
     search_candidates,
 )
-from memory.services.memory_search.corpus import exact_message_candidates, scope_corpus
 from memory.services.memory_search.digests import digest_candidates
-from memory.services.memory_search.large_stats import corpus_stats, term_counts
 from memory.services.memory_search.scope import SearchScope
 from memory.services.memory_search.sql import (
     MessageCandidate,
@@ -35,175 +34,105 @@ from memory.services.memory_search.sql import (
 )
 from memory.services.memory_search.user_memories import scope_user_ids, user_memory_candidates
 
-VectorSource = Callable[[], np.ndarray | None]  # the query's embedding, when it is needed
-
 OTHER_KIND_POOL = 50  # summaries / facts / experiences per source
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-LEXICAL_ROWS_MAX = 500  # large scopes: the lexical pool visits about this many rows of its rarest terms
-LEXICAL_PAIRS_TERMS = 8  # ... and those matching two of its next most selective terms
-# Large scopes: a bounded pool, half of ranking.py's 100 / 100 and a third of its 30 seeds (on the
-# dev set pools of 20 to 100 per list gave the same recall; 10 seeds instead of 15: R@5 70.8 → 70.5,
-# R@10 80.8 → 80.8 through this path, `bench/bench_recall_large_path.py`): ~210 candidates to rank
-# in Python instead of ~550 (~14 ms) or ~270 with 15 seeds (1-2 ms more per whole-tenant search).
-LARGE_POOL_DENSE = 50
-LARGE_POOL_LEXICAL = 50
-LARGE_POOL_SEEDS = 10
+# The lexical pool ranks (ts_rank_cd) at most this many rows of each query word, the first the
+# GIN index hands over: every row of a rare word, a bounded share of a common one (a name in 12 %
+# of a large tenant), so a search visits at most this many rows per word. Capping the words'
+# union instead (5,000 rows) cost a whole-tenant search at 100,000 messages 50 ms of PostgreSQL
+# CPU (docs/benchmarks.md, bench_memory.py).
+LEXICAL_ROWS_PER_WORD = 200
+
+_EPOCH_SQL = "(extract(epoch FROM n.occurred_at) * 1000000)::bigint"
 
 
-def _lexical_queries(counts: dict[str, int | None]) -> tuple[str, str]:
-    """The lexical pool's tsqueries: which rows to visit, and what to rank them by (ts_rank_cd);
-    empty when no term is rarer than LARGE_TERM_CAP.
-
-    Only rows matching the rarer terms are ranked: an OR of common words would make PostgreSQL rank
-    most of a large scope. Each row ranked is a heap visit, so the rows visited are those of the
-    rarest terms, up to about LEXICAL_ROWS_MAX rows (at least the rarest term's: the terms BM25
-    weighs most), and of the others those matching two of them or more (GIN intersects those
-    without visiting rows). All are ranked by every rarer term. A scope whose rarer terms match
-    LEXICAL_ROWS_MAX rows or fewer in all visits them all.
-
-    A query whose every term is common (each in more than LARGE_TERM_CAP rows) or absent has no
-    lexical pool: ranking every row of one common word (a name in 12 % of 100,000 messages: 12,600
-    rows) cost 28-52 ms for a signal that hardly tells those rows apart, and any subset of them
-    would be arbitrary (and a LIMIT invites a plan that scans until it has enough). The dense pool,
-    and BM25 within the pool, rank such a query."""
-    rare = [term for term, count in counts.items() if count]
-    if not rare:
-        return "", ""
-    by_rows = sorted(rare, key=lambda term: counts[term] or 0)
-    visit, rows = [by_rows[0]], counts[by_rows[0]] or 0
-    for term in by_rows[1:]:
-        rows += counts[term] or 0
-        if rows > LEXICAL_ROWS_MAX:
-            break
-        visit.append(term)
-    rank_by = " | ".join(rare)
-    if len(visit) == len(rare):
-        return rank_by, rank_by
-    left = by_rows[len(visit) :][:LEXICAL_PAIRS_TERMS]
-    pairs = [f"({a} & {b})" for i, a in enumerate(left) for b in left[i + 1 :]]
-    return " | ".join(visit + pairs), rank_by
-
-
-# Both statements return a message's row in this shape (`_row_candidate`): occurred_at as
-# microseconds since the epoch, exact and ~20x cheaper to load than a timestamptz in text format
-# (2.7 ms of a whole-tenant search for ~270 rows).
-_ROW_COLUMNS = (
-    "m.id, s.public_id, m.seq, m.name, m.content, (extract(epoch FROM m.occurred_at) * 1000000)::bigint"
-)
-
-
-def _row_candidate(row: tuple[Any, ...], dense: float | None) -> MessageCandidate:
-    pk, session_public_id, seq, name, content, micros = row[:6]
-    occurred_at = _EPOCH + timedelta(microseconds=micros)
-    return MessageCandidate(
-        key=f"message:{pk}",
-        kind="message",
-        text=ranking.index_text(content=content, speaker=name or None, occurred_at=occurred_at),
-        group=session_public_id,
-        position=int(seq),
-        occurred_at=occurred_at,
-        dense=dense,
-        speaker=name,
-        content=content,
-    )
-
-
-def _message_candidates(
-    *,
-    where: ScopeWhere,
-    vector_source: VectorSource,
-    config: str,
-    plan: ranking.Plan,
-    counts: dict[str, int | None],
+def message_pool(
+    *, where: ScopeWhere, query: str, vector: np.ndarray | None, config: str, plan: ranking.Plan
 ) -> list[ranking.Candidate]:
-    """The bounded pool of a large scope in two statements: the lexical pool with its neighbours'
-    rows, built and tokenised while the query's embedding is still being computed on its own
-    thread; then the dense pool with its neighbours' rows and every candidate's cosine."""
-    radius = plan.neighbour_radius if plan.neighbour_weight > 0 else 0
-    found = _lexical_pool(where=where, config=config, counts=counts, radius=radius)
-    ranking.messages_prepare([candidate.text for candidate in found.values()])
-    vector = vector_source()
-    if vector is not None:
-        _dense_pool(where=where, vector=vector, radius=radius, found=found)
-    return list(found.values())
-
-
-def _lexical_pool(
-    *, where: ScopeWhere, config: str, counts: dict[str, int | None], radius: int
-) -> dict[int, MessageCandidate]:
-    """Message id → candidate (no cosine yet) of the best LARGE_POOL_LEXICAL rows by ts_rank_cd
-    and the turns within `radius` of the best LARGE_POOL_SEEDS of them (by the (session, seq)
-    index, one nested-loop probe per seed: an EXISTS in the WHERE clause would be evaluated for
-    every row of the scope)."""
-    visit, rank_by = _lexical_queries(counts)
-    if not visit:
-        return {}
-    table = Message._meta.db_table
-    chosen = "SELECT l.id FROM lexical l"
-    chosen_params: list[Any] = []
-    if radius:
-        chosen += (
-            f" UNION SELECT near.id FROM (SELECT l.session_id, l.seq FROM lexical l "
-            f"ORDER BY l.rank DESC, l.id LIMIT {LARGE_POOL_SEEDS:d}) seed JOIN {table} near "
-            "ON near.session_id = seed.session_id AND near.seq BETWEEN seed.seq - %s AND seed.seq + %s"
+    """The scope's message pool in one statement (ranking.py's contract; every scope size alike):
+    the best POOL_LEXICAL rows by full text (an OR of the query's words over the GIN index,
+    ts_rank_cd), the best POOL_DENSE by cosine (pgvector), the turns within ±POOL_NEIGHBOURS of
+    the best POOL_NEIGHBOUR_SEEDS of each list; every candidate with its cosine, and for window
+    BM25 the text of its neighbours within ±plan.window_radius (read in the same statement)."""
+    words = terms_or_query(query)
+    if not words and vector is None:
+        return []
+    table, sessions = Message._meta.db_table, Session._meta.db_table
+    literal = vector_literal(vector) if vector is not None else None
+    ctes, pools, seeds, params = [], [], [], []
+    if words:
+        ctes.append(
+            f"lexical AS MATERIALIZED (SELECT m.id, m.session_id, m.seq, ts_rank_cd(m.search_vector, q) "
+            f"AS rank FROM {table} m, to_tsquery(%s::regconfig, %s) q WHERE m.id IN (SELECT t.id FROM "
+            f"unnest(%s::text[]) w(word), LATERAL (SELECT m.id FROM {table} m WHERE {where.where} "
+            f"AND m.search_vector @@ to_tsquery(%s::regconfig, w.word) LIMIT {LEXICAL_ROWS_PER_WORD:d}) t) "
+            f"ORDER BY rank DESC, m.id DESC LIMIT {ranking.POOL_LEXICAL:d})"
         )
-        chosen_params += [radius, radius]
-    rows = fetch_rows(
-        f"WITH lexical AS MATERIALIZED (SELECT m.id, m.session_id, m.seq, "
-        f"ts_rank_cd(m.search_vector, q) AS rank FROM {table} m, to_tsquery(%s::regconfig, %s) v, "
-        f"to_tsquery(%s::regconfig, %s) q WHERE {where.where} AND m.search_vector @@ v "
-        f"ORDER BY rank DESC, m.id LIMIT {LARGE_POOL_LEXICAL:d}) "
-        f"SELECT {_ROW_COLUMNS} FROM {table} m JOIN {Session._meta.db_table} s ON s.id = m.session_id "
-        f"WHERE {where.where} AND m.id IN ({chosen})",
-        [config, visit, config, rank_by, *where.params, *where.params, *chosen_params],
+        params += [config, words, words.split(" | "), *where.params, config]
+        pools.append("SELECT id, session_id, seq FROM lexical")
+        seeds.append(
+            f"(SELECT session_id, seq FROM lexical ORDER BY rank DESC, id DESC "
+            f"LIMIT {ranking.POOL_NEIGHBOUR_SEEDS:d})"
+        )
+    if literal is not None:
+        ctes.append(
+            f"dense AS MATERIALIZED (SELECT m.id, m.session_id, m.seq, m.embedding <=> %s::vector AS "
+            f"distance FROM {table} m WHERE {where.where} AND m.embedding IS NOT NULL "
+            f"ORDER BY m.embedding <=> %s::vector LIMIT {ranking.POOL_DENSE:d})"
+        )
+        params += [literal, *where.params, literal]
+        pools.append("SELECT id, session_id, seq FROM dense")
+        seeds.append(
+            "(SELECT session_id, seq FROM dense ORDER BY distance, id "
+            f"LIMIT {ranking.POOL_NEIGHBOUR_SEEDS:d})"
+        )
+    radius = ranking.POOL_NEIGHBOURS if plan.neighbour_weight > 0 else 0
+    if radius:
+        ctes.append(f"seeds AS ({' UNION '.join(seeds)})")
+        pools.append(
+            f"SELECT n.id, n.session_id, n.seq FROM seeds s JOIN {table} n ON n.session_id = s.session_id "
+            f"AND n.seq BETWEEN s.seq - {radius:d} AND s.seq + {radius:d} WHERE {where.clause('n')}"
+        )
+        params += where.params
+    ctes.append(f"pool AS MATERIALIZED ({' UNION '.join(pools)})")
+    window = plan.window_radius if plan.lexical_weight > 0 else 0
+    cosine = "1 - (n.embedding <=> %s::vector)" if literal is not None else "NULL::float8"
+    # The pool's rows, and (window BM25) their neighbours' rows, each once; `p.id` says which.
+    statement = (
+        f"WITH {', '.join(ctes)}, rows AS (SELECT DISTINCT n.id, p.id IS NOT NULL AS candidate "
+        f"FROM pool c JOIN {table} n ON n.session_id = c.session_id AND n.seq BETWEEN c.seq - {window:d} "
+        f"AND c.seq + {window:d} LEFT JOIN pool p ON p.id = n.id) "
+        f"SELECT n.id, s.public_id, n.seq, n.name, n.content, {_EPOCH_SQL}, {cosine}, r.candidate "
+        f"FROM rows r JOIN {table} n ON n.id = r.id JOIN {sessions} s ON s.id = n.session_id"
     )
-    return {row[0]: _row_candidate(row, None) for row in rows}
-
-
-def _dense_pool(
-    *, where: ScopeWhere, vector: np.ndarray, radius: int, found: dict[int, MessageCandidate]
-) -> None:
-    """Add to `found` the best LARGE_POOL_DENSE rows by cosine (HNSW) and the turns within
-    `radius` of the best LARGE_POOL_SEEDS of them, and give every candidate its cosine. One
-    statement: the rows already in `found` come back as their cosine alone."""
-    table = Message._meta.db_table
-    configure_hnsw()
-    literal = vector_literal(vector)
-    known = "{" + ",".join(map(str, found)) + "}"  # bigint[] as text: ~10x cheaper than a list's dumper
-    chosen = "SELECT unnest(d.ids) FROM dense d"
-    chosen_params: list[Any] = []
-    if radius:
-        chosen += (
-            f" UNION SELECT near.id FROM dense d, {table} seed JOIN {table} near "
-            "ON near.session_id = seed.session_id AND near.seq BETWEEN seed.seq - %s AND seed.seq + %s "
-            f"WHERE seed.id = ANY(d.ids[1:{LARGE_POOL_SEEDS:d}])"
-        )
-        chosen_params += [radius, radius]
-    rows = fetch_rows(
-        "WITH dense AS MATERIALIZED (SELECT coalesce(array_agg(d.id ORDER BY d.distance, d.id), '{}') "
-        f"AS ids FROM (SELECT m.id, m.embedding <=> %s::vector AS distance FROM {table} m "
-        f"WHERE {where.where} AND m.embedding IS NOT NULL ORDER BY m.embedding <=> %s::vector "
-        f"LIMIT {LARGE_POOL_DENSE:d}) d) "
-        f"SELECT {_ROW_COLUMNS}, 1 - (m.embedding <=> %s::vector) FROM {table} m "
-        f"JOIN {Session._meta.db_table} s ON s.id = m.session_id "
-        f"WHERE {where.where} AND m.id IN ({chosen}) AND m.id <> ALL(%s::bigint[]) "
-        "UNION ALL SELECT m.id, NULL, NULL, NULL, NULL, NULL, 1 - (m.embedding <=> %s::vector) "
-        f"FROM {table} m WHERE m.id = ANY(%s::bigint[])",
-        [
-            literal, *where.params, literal,
-            literal, *where.params, *chosen_params, known,
-            literal, known,
-        ],
-    )  # fmt: skip
-    for row in rows:
-        dense = None if row[6] is None else float(row[6])
-        if row[1] is None:
-            found[row[0]].dense = dense
-        else:
-            found[row[0]] = _row_candidate(row, dense)
+    if literal is not None:
+        configure_hnsw()
+        params.append(literal)
+    rows = fetch_rows(statement, params)
+    texts: dict[tuple[str, int], str] = {}
+    found: list[MessageCandidate] = []
+    for pk, session_public_id, seq, name, content, micros, cos, candidate in rows:
+        occurred_at = _EPOCH + timedelta(microseconds=micros)
+        text = ranking.index_text(content=content, speaker=name or None, occurred_at=occurred_at)
+        texts[(session_public_id, int(seq))] = text
+        if candidate:
+            found.append(
+                MessageCandidate(
+                    key=f"message:{pk}", kind="message", text=text, group=session_public_id,
+                    position=int(seq), occurred_at=occurred_at, dense=None if cos is None else float(cos),
+                    speaker=name or "", content=content,
+                )
+            )  # fmt: skip
+    found.sort(key=lambda c: (c.group or "", c.position or 0))  # a stable pool order
+    if window:
+        for c in found:
+            assert c.group is not None and c.position is not None
+            near = (texts.get((c.group, c.position + d)) for d in range(-window, window + 1) if d)
+            c.window = ranking.window_text([t for t in near if t is not None])
+    return list(found)
 
 
 # Qualified: the facts are read with their session joined, whose columns include `key` too.
@@ -324,7 +253,7 @@ def _experience_candidates(q: _KindQuery) -> list[ranking.Candidate]:
         "created_at",
     )
     tsquery = AnyLexemeQuery(q.query) if ranking.tokenize(q.query) else None
-    _, _, signals = search_candidates(base=base, vector=q.vector, tsquery=tsquery, per_source=OTHER_KIND_POOL)
+    signals = search_candidates(base=base, vector=q.vector, tsquery=tsquery, per_source=OTHER_KIND_POOL)
     by_pk = Experience.objects.defer(*DEFERRED).in_bulk(list(signals))
     rows = [by_pk[pk] for pk in signals]
     return _row_candidates("experience", rows, texts=[r.text for r in rows], vector=q.vector)
@@ -380,19 +309,34 @@ def other_candidates(
     return candidates
 
 
-def scope_message_candidates(
-    *, where: ScopeWhere, query: str, vector: VectorSource, config: str, plan: ranking.Plan
-) -> tuple[list[ranking.Candidate], ranking.CorpusStats]:
-    """The scope's message pool and its BM25 statistics: exact from the cached scope, or (a very
-    large scope) approximated by PostgreSQL's full text. `vector` gives the query's embedding
-    (waiting for it if need be), called once the SQL that does not need it has run."""
-    corpus = scope_corpus(where)
-    if corpus is not None:
-        found, stats = exact_message_candidates(
-            corpus=corpus, where=where, query=query, vector=vector, plan=plan
-        )
-        return list(found), stats
-    terms = list(dict.fromkeys(ranking.tokenize(query)))
-    counts = term_counts(where=where, terms=terms, config=config)
-    found = _message_candidates(where=where, vector_source=vector, config=config, plan=plan, counts=counts)
-    return list(found), corpus_stats(where=where, counts=counts)
+def kinds_present(*, tenant: Tenant, kinds: set[str], session_pks: list[int] | None) -> set[str]:
+    """Which of `kinds` (other than messages) the scope holds any row of, in one statement: a
+    kind it holds none of then costs a search no query. Summaries, digests and facts are
+    checked within the scope's sessions; experiences and user memories within the tenant (their
+    own visibility rules narrow them later)."""
+    in_sessions = "" if session_pks is None else " AND x.session_id = ANY(%s)"
+    scoped: list[Any] = [tenant.pk] if session_pks is None else [tenant.pk, session_pks]
+    checks: dict[str, tuple[str, list[Any]]] = {
+        "summary": (
+            f"EXISTS (SELECT 1 FROM {Summary._meta.db_table} x WHERE x.tenant_id = %s{in_sessions}) "
+            f"OR EXISTS (SELECT 1 FROM {SessionDigest._meta.db_table} x WHERE x.tenant_id = %s{in_sessions})",
+            scoped + scoped,
+        ),
+        "fact": (f"EXISTS (SELECT 1 FROM {FACTS} x WHERE x.tenant_id = %s{in_sessions})", scoped),
+        "experience": (
+            f"EXISTS (SELECT 1 FROM {Experience._meta.db_table} x WHERE x.tenant_id = %s)",
+            [tenant.pk],
+        ),
+        "user_memory": (
+            f"EXISTS (SELECT 1 FROM {UserMemory._meta.db_table} x WHERE x.tenant_id = %s)",
+            [tenant.pk],
+        ),
+    }
+    asked = [kind for kind in checks if kind in kinds]
+    if not asked:
+        return set()
+    row = fetch_rows(
+        "SELECT " + ", ".join(f"({checks[kind][0]})" for kind in asked),
+        [param for kind in asked for param in checks[kind][1]],
+    )[0]
+    return {kind for kind, present in zip(asked, row, strict=True) if present}

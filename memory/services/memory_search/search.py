@@ -9,14 +9,13 @@ from datetime import datetime
 from itertools import islice
 
 import numpy as np
-from django.utils import timezone
 
 from ctxapp.db_router import replica_reads
 from memory.exceptions import InvalidInput
 from memory.models import Tenant
 from memory.services import ranking, relevance_floor
 from memory.services.embedding import EmbedderError, embed_query
-from memory.services.memory_search.candidates import other_candidates, scope_message_candidates
+from memory.services.memory_search.candidates import kinds_present, message_pool, other_candidates
 from memory.services.memory_search.results import SearchResult, hit_from_ranked, neighbours_attach
 from memory.services.memory_search.scope import SearchScope, scope_sessions, search_validate
 from memory.services.memory_search.sql import ScopeWhere
@@ -38,6 +37,7 @@ def memory_search(
     exclude_messages: set[tuple[str, int]] | None = None,
     min_similarity: float | None = None,
     as_of: datetime | None = None,
+    query_vector: np.ndarray | None = None,
 ) -> SearchResult:
     """Search the scope's conversational memory for `query`; best first, at most `limit` hits.
 
@@ -49,12 +49,14 @@ def memory_search(
     every item that shares no word with the query and whose cosine to it is below
     `min_similarity` (default: the tenant's MemoryPolicy.search_min_similarity). User memories
     are the current ones, or with `as_of` those that were current at that moment.
+    `query_vector`: the query's embedding when the caller has it already (a context build embeds
+    its query once for recall, experiences and the profile); else it is computed here.
     """
     scope = scope or SearchScope()
     query = (query or "").strip()
     chosen = search_validate(query=query, scope=scope, kinds=kinds, limit=limit, neighbours=neighbours)
     floor_check(min_similarity)
-    vector = QueryVector(query)  # embedded on its own thread while the scope's SQL runs
+    vector = QueryVector(query, known=query_vector)  # on its own thread while the scope's SQL runs
     session_pks, _ = scope_sessions(tenant=tenant, scope=scope)
     policy = memory_policy_get(tenant=tenant)
     config = policy.text_search_config or "english"
@@ -62,24 +64,23 @@ def memory_search(
     kind_set = set(chosen)
     if session_pks == []:
         kind_set -= {"message", "summary", "fact"}
+    # Only the kinds the scope holds rows of cost a query (one statement tells which).
+    kind_set &= {"message"} | kinds_present(tenant=tenant, kinds=kind_set, session_pks=session_pks)
     where = ScopeWhere(tenant=tenant, session_pks=session_pks, time_from=time_from, time_to=time_to)
-    candidates: list[ranking.Candidate] = []
-    stats = ranking.CorpusStats(n_docs=0, avg_len=0.0)
     chosen_plan = plan or (ranking.EXPERIENCE_PLAN if kind_set == {"experience"} else ranking.DEFAULT_PLAN)
+    candidates: list[ranking.Candidate] = []
     if "message" in kind_set:
-        candidates, stats = scope_message_candidates(
-            where=where, query=query, vector=vector.get, config=config, plan=chosen_plan
+        candidates = message_pool(
+            where=where, query=query, vector=vector.get(), config=config, plan=chosen_plan
         )
     candidates += other_candidates(
-        tenant=tenant, kinds=kind_set, session_pks=session_pks, scope=scope, query=query,
+        tenant=tenant, kinds=kind_set - {"message"}, session_pks=session_pks, scope=scope, query=query,
         vector=vector.get(), config=config, time_from=time_from, time_to=time_to, as_of=as_of,
     )  # fmt: skip
     warnings = vector.warnings()
     # One pool, one plan, whatever the kinds: a message and an experience alike in meaning and
     # words score alike, the list is sorted by that score and its contributions add up to it.
-    ranked = ranking.rank(
-        query=query, candidates=candidates, stats=stats, plan=chosen_plan, now=timezone.now()
-    )
+    ranked = ranking.rank(query=query, candidates=candidates, plan=chosen_plan)
     excluded = exclude_messages or set()
     kept = (
         item
@@ -118,16 +119,21 @@ class QueryVector:
     `get()` waits for it: the unit vector, or None when the embedder is unavailable. The threads
     are kept (starting one cost ~1 ms of a search's wall time on a busy machine)."""
 
-    def __init__(self, query: str) -> None:
-        self._future = _embedding_pool().submit(embed_query, query)
+    def __init__(self, query: str, *, known: np.ndarray | None = None) -> None:
+        self._known = known
+        self._future = None if known is not None else _embedding_pool().submit(embed_query, query)
 
     def get(self) -> np.ndarray | None:
+        if self._future is None:
+            return self._known
         try:
             return self._future.result()[1]
         except EmbedderError:
             return None
 
     def warnings(self) -> list[str]:
+        if self._future is None:
+            return []
         error = self._future.exception()
         if isinstance(error, EmbedderError):
             return [f"The embedder is unavailable ({error}); results are ranked by words only."]

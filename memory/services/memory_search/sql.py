@@ -17,7 +17,6 @@ from memory.services.embedding import EMBEDDING_DIMENSIONS
 
 @dataclass
 class MessageCandidate(ranking.Candidate):
-    speaker: str = ""
     content: str = ""
 
 
@@ -32,12 +31,14 @@ def vector_literal(vector: np.ndarray) -> str:
 
 
 def terms_or_query(query: str) -> str:
-    """The query's terms OR-ed for to_tsquery (terms are [a-z0-9]+, so nothing to escape)."""
-    return " | ".join(dict.fromkeys(ranking.tokenize(query)))
+    """The query's words OR-ed for to_tsquery, which normalises (stems) each as the configuration
+    does its index (words are [a-z0-9]+, so nothing to escape)."""
+    return " | ".join(dict.fromkeys(ranking.words(query)))
 
 
 class ScopeWhere:
-    """The WHERE clause shared by every message query of one search."""
+    """The WHERE clause shared by every message query of one search: the scope (the tenant, its
+    sessions) and the time range, over the messages aliased `m` (`clause` for another alias)."""
 
     def __init__(
         self,
@@ -61,8 +62,9 @@ class ScopeWhere:
         self.where = " AND ".join(clauses)
         self.params = params
         self.tenant_id: int = tenant.pk
-        # The whole tenant, every message (large_stats: its word statistics may be snapshotted).
-        self.whole_tenant = session_pks is None and time_from is None and time_to is None
+
+    def clause(self, alias: str) -> str:
+        return self.where.replace("m.", f"{alias}.")
 
 
 def fetch_rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
@@ -70,7 +72,3 @@ def fetch_rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     with connections[read_alias()].cursor() as cursor:
         cursor.execute(sql, params)
         return list(cursor.fetchall())
-
-
-def scope_key(where: ScopeWhere) -> tuple[Any, ...]:
-    return (where.where, *[tuple(p) if isinstance(p, list) else p for p in where.params])

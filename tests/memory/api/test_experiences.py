@@ -90,7 +90,7 @@ def test_search_returns_scores_and_each_signal(api_a, tenant_a):
     assert body["plan"] == {
         "sources": ["vector", "text"],
         "weights": {"vector": 1.0, "text": 0.1},
-        "fusion": "weighted",
+        "fusion": "zscore",
     }
     top = body["results"][0]
     assert top["experience"]["id"] == crash["id"]

@@ -260,75 +260,41 @@ def test_a_key_bound_to_an_agent_searches_only_that_agents_memory(
     assert search(api_a, {"query": "golden retriever puppy"})["results"]  # bot's memory has it
 
 
-def test_a_scope_too_large_to_cache_is_searched_by_postgresql_alone(api_a, history, monkeypatch):
+def test_a_search_costs_no_query_for_the_kinds_the_scope_holds_none_of(history, tenant_a):
+    # The tenant has messages only: a search of every kind asks one statement which kinds exist,
+    # and reads no summary, digest, fact, experience or user memory table beyond it.
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
     from memory.services import memory_search
 
-    monkeypatch.setattr(memory_search.corpus, "SCOPE_CORPUS_MAX", 0)  # every scope counts as large
-    memory_search.corpus._large_scopes.clear()
-    body = search(
+    memory_search.memory_search(
+        tenant=tenant_a, query="warm up", scope=memory_search.SearchScope(user_id="u1")
+    )
+    with CaptureQueriesContext(connection) as queries:
+        found = memory_search.memory_search(
+            tenant=tenant_a,
+            query="What is the name of Caroline's dog?",
+            scope=memory_search.SearchScope(user_id="u1"),
+        )
+    assert found.results and found.results[0].seq == 1
+    statements = [q["sql"] for q in queries.captured_queries]
+    others = ("summary", "digest", "trackedfact", "experience", "usermemory")
+    assert len([sql for sql in statements if any(name in sql for name in others)]) == 1, statements
+    assert len(statements) <= 4, statements  # the scope's sessions, the kinds, the message pool
+
+
+def test_one_candidate_path_the_whole_tenant_and_a_user_alike(api_a, history):
+    # Every scope is searched by PostgreSQL's indexes the same way: the tenant's scope finds the
+    # user's turn as the user's scope does, and a user's scope never another user's messages.
+    whole = search(api_a, {"query": "What is the name of Caroline's dog?", "limit": 3})
+    user = search(
         api_a, {"query": "What is the name of Caroline's dog?", "scope": {"user_id": "u1"}, "limit": 3}
     )
-    assert (body["results"][0]["session"], body["results"][0]["seq"]) == (history["first"], 1)
-    violin = search(api_a, {"query": "violin", "scope": {"user_id": "u1"}, "kinds": ["message"], "limit": 1})
-    assert violin["results"][0]["seq"] == 4
-
-
-def test_a_large_scope_takes_frequent_words_from_its_sample_and_bounds_its_lexical_pool(
-    api_a, history, monkeypatch
-):
-    from memory.services import memory_search
-    from memory.services.memory_search import candidates, large_stats
-
-    monkeypatch.setattr(memory_search.corpus, "SCOPE_CORPUS_MAX", 0)  # every scope counts as large
-    memory_search.corpus._large_scopes.clear()
-    # A sample of the whole scope (every row) whose every word counts as frequent: its estimates
-    # are then the exact counts. A lexical pool of one row visits the rarest term only, plus the
-    # rows matching two of the others.
-    monkeypatch.setattr(large_stats, "SAMPLE_ROWS_MIN", 1)
-    monkeypatch.setattr(large_stats, "SAMPLE_HITS_MIN", 1)
-    monkeypatch.setattr(candidates, "LEXICAL_ROWS_MAX", 1)
-    body = search(
-        api_a, {"query": "What is the name of Caroline's dog?", "scope": {"user_id": "u1"}, "limit": 3}
-    )
-    assert (body["results"][0]["session"], body["results"][0]["seq"]) == (history["first"], 1)
-    violin = search(api_a, {"query": "violin", "scope": {"user_id": "u1"}, "kinds": ["message"], "limit": 1})
-    assert violin["results"][0]["seq"] == 4
-    # Never another user's messages, whatever the path.
+    assert (whole["results"][0]["session"], whole["results"][0]["seq"]) == (history["first"], 1)
+    assert [h["id"] for h in user["results"]][:1] == [whole["results"][0]["id"]]
     other = search(api_a, {"query": "violin", "scope": {"user_id": "u2"}, "kinds": ["message"]})
     assert {hit["session"] for hit in other["results"]} <= {history["other_user"]}
-
-
-def test_a_query_of_common_words_only_skips_the_lexical_pool_and_still_finds_its_answers(
-    history, tenant_a, monkeypatch
-):
-    # Ranking every row of a word that is in thousands of rows (a name, say) cost 28-52 ms at
-    # 100,000 messages; such a query has no lexical pool now, and the dense pool brings the rows.
-    from dataclasses import replace
-
-    from memory.services import memory_search, ranking
-    from memory.services.memory_search import candidates, large_stats
-
-    monkeypatch.setattr(memory_search.corpus, "SCOPE_CORPUS_MAX", 0)  # every scope counts as large
-    memory_search.corpus._large_scopes.clear()
-    monkeypatch.setattr(large_stats, "LARGE_TERM_CAP", 1)  # a word of two rows or more is common
-    large_stats._large_term_counts.clear()
-    pools: list[list[str]] = []  # the lexical pool's texts, as it returns them (the dense pool adds to it)
-    real_pool = candidates._lexical_pool
-
-    def lexical_pool(**kwargs: Any) -> dict[int, Any]:
-        found = real_pool(**kwargs)
-        pools.append([candidate.content for candidate in found.values()])
-        return found
-
-    monkeypatch.setattr(candidates, "_lexical_pool", lexical_pool)
-    plan = replace(ranking.DEFAULT_PLAN, neighbour_weight=0.0)  # the lexical pool alone, no neighbours
-
-    found = memory_search.memory_search(tenant=tenant_a, query="Biscuit", kinds=["message"], plan=plan)
-
-    assert pools == [[]]  # three messages say Biscuit: none was ranked by PostgreSQL's full text
-    biscuit = [hit for hit in found.results if "Biscuit" in hit.text]
-    assert len(biscuit) == 3  # all three are found
-    assert all(hit.contributions["lexical"] > 0 for hit in biscuit)  # and BM25 still ranks them
 
 
 def test_a_bound_key_cannot_read_another_agents_session_as_the_current_one(
@@ -348,8 +314,8 @@ def test_a_bound_key_cannot_read_another_agents_session_as_the_current_one(
     assert refused["error"]["details"] == {"bound_agent": "other-bot", "requested_agent": "bot"}
 
 
-def test_the_scope_cache_sees_vectors_drained_after_its_first_search(api_a):
-    # The cached scope holds the messages' vectors: a drain after the first search must refresh it.
+def test_a_search_sees_vectors_drained_after_its_first_search(api_a):
+    # Nothing of a scope is cached between searches: a drain after the first search shows at once.
     session = create_session(api_a, user_id="u9")
     append(
         api_a,
@@ -429,3 +395,18 @@ def test_a_users_own_experiences_are_found_and_no_one_elses(api_a, history, tena
     assert found({"user_id": "u1"}) == {"Problem: violin rosin dust", "Problem: violin tuning drifts"}
     assert found({"user_id": "u2"}) == {"Problem: violin bow hair loose", "Problem: violin tuning drifts"}
     assert found({"agent": "bot"}) == {"Problem: violin tuning drifts"}  # on no user's behalf: shared only
+
+
+def test_the_answer_is_the_shape_its_serializer_documents(api_a, history, tenant_a):
+    # search_result_out builds the answer directly; it must equal what the serializer gives,
+    # for every kind of hit, with neighbours and a plan of every field type.
+    from memory.api.memory import SearchOutputSerializer, search_result_out
+    from memory.services import memory_search, ranking
+
+    found = memory_search.memory_search(
+        tenant=tenant_a, query="Biscuit the puppy", scope=memory_search.SearchScope(user_id="u1"),
+        neighbours=1, plan=ranking.Plan(stem=False, window_radius=1), min_similarity=-1,
+    )  # fmt: skip
+    assert found.results and any(hit.neighbours for hit in found.results)
+    assert search_result_out(found) == SearchOutputSerializer(found).data
+    assert search_result_out(found)["plan"]["stem"] is False

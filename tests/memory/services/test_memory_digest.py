@@ -60,8 +60,7 @@ def test_latest_digest_of_each_scope_session_matching_the_query(tenant_a: Tenant
 
     # they rank with the other kinds through ranking.rank, as memory_search does
     ranked = ranking.rank(
-        query="wedding", candidates=tenant_wide, stats=ranking.CorpusStats(n_docs=0, avg_len=0.0),
-        plan=ranking.DEFAULT_PLAN, now=timezone.now(),
+        query="wedding", candidates=tenant_wide, plan=ranking.DEFAULT_PLAN,
     )  # fmt: skip
     assert {r.candidate.key for r in ranked} == {c.key for c in tenant_wide}
 

@@ -22,7 +22,6 @@ from memory.services.ranking import (
     DEFAULT_PLAN,
     EXPERIENCE_PLAN,
     Candidate,
-    CorpusStats,
     Plan,
     index_text,
     rank,
@@ -52,22 +51,16 @@ def message(
     )
 
 
-def stats_for(query: str, texts: list[str]) -> CorpusStats:
-    docs = [set(tokenize(t)) for t in texts]
-    return CorpusStats(
-        n_docs=len(texts),
-        avg_len=sum(len(tokenize(t)) for t in texts) / len(texts),
-        df={t: sum(1 for d in docs if t in d) for t in tokenize(query)},
-    )
-
-
 LEXICAL_ONLY = Plan(dense_weight=0.0, lexical_weight=1.0, neighbour_weight=0.0)
 
 
-def test_tokenize_drops_question_words_and_matches_plurals():
+def test_tokenize_drops_stop_words_and_stems_as_postgresql_english_does():
+    # As PostgreSQL: to_tsvector('english', 'What breed of DOGS did Priya rescue?') holds
+    # 'breed' 'dog' 'priya' 'rescu'.
     assert tokenize("What breed of DOGS did Priya rescue?") == ["breed", "dog", "priya", "rescu"]
     assert tokenize("she rescued two greyhounds") == ["rescu", "two", "greyhound"]
     assert tokenize("the 502 errors, running") == ["502", "error", "run"]
+    assert tokenize("the 502 errors, running", stem=False) == ["502", "errors", "running"]
 
 
 def test_index_text_carries_the_date_and_the_speaker():
@@ -87,18 +80,18 @@ def test_bm25_prefers_the_rare_term_and_saturates_repetition():
     ]
     candidates = [message(f"m:{i}", t, position=i * 10) for i, t in enumerate(texts)]
     query = "greyhound weather"
-    ranked = rank(query=query, candidates=candidates, stats=stats_for(query, texts), plan=LEXICAL_ONLY)
+    ranked = rank(query=query, candidates=candidates, plan=LEXICAL_ONLY)
     assert ranked[0].candidate.key == "m:1"  # one rare term beats a common term said three times
 
 
 def test_bm25_length_normalisation_prefers_the_short_match():
     texts = ["kelp urchin", "kelp " + "filler words go on and on " * 10, "nothing here"]
     candidates = [message(f"m:{i}", t, position=i * 10) for i, t in enumerate(texts)]
-    ranked = rank(query="kelp", candidates=candidates, stats=stats_for("kelp", texts), plan=LEXICAL_ONLY)
+    ranked = rank(query="kelp", candidates=candidates, plan=LEXICAL_ONLY)
     assert [r.candidate.key for r in ranked[:2]] == ["m:0", "m:1"]
 
 
-@pytest.mark.parametrize("fusion", ["zscore", "minmax", "rrf"])
+@pytest.mark.parametrize("fusion", ["zscore", "minmax"])
 def test_fusion_is_normalised_per_query_so_scale_does_not_matter(fusion):
     """Multiplying every cosine by 10 must not change the order: signals are normalised."""
     texts = ["alpha beta", "beta gamma", "gamma delta", "delta alpha"]
@@ -110,7 +103,7 @@ def test_fusion_is_normalised_per_query_so_scale_does_not_matter(fusion):
             message(f"m:{i}", t, dense=d * scale, group=None)
             for i, (t, d) in enumerate(zip(texts, dense, strict=True))
         ]
-        ranked = rank(query="gamma", candidates=candidates, stats=stats_for("gamma", texts), plan=plan)
+        ranked = rank(query="gamma", candidates=candidates, plan=plan)
         return [r.candidate.key for r in ranked]
 
     assert order(1.0) == order(10.0)
@@ -123,7 +116,7 @@ def test_minmax_puts_each_signal_between_zero_and_its_weight():
         for i, (t, d) in enumerate(zip(texts, [0.3, 0.8, 0.1], strict=True))
     ]
     plan = Plan(fusion="minmax", dense_weight=0.7, lexical_weight=0.3, neighbour_weight=0.0)
-    ranked = rank(query="red", candidates=candidates, stats=stats_for("red", texts), plan=plan)
+    ranked = rank(query="red", candidates=candidates, plan=plan)
     by_key = {r.candidate.key: r.contributions for r in ranked}
     assert by_key["m:1"]["dense"] == pytest.approx(0.7) and by_key["m:2"]["dense"] == pytest.approx(0.0)
     assert by_key["m:0"]["lexical"] == pytest.approx(0.3) and by_key["m:1"]["lexical"] == pytest.approx(0.0)
@@ -145,13 +138,10 @@ def test_neighbour_smoothing_lifts_the_reply_next_to_a_strong_hit():
     ]
     candidates.append(message("other:1", "Daniel: a car lost", dense=0.34, group="s2", position=1))
     query = "rescue dog adopt"
-    stats = stats_for(query, [c.text for c in candidates])
     # The length prior off: this reply is also the longest turn, which would lift it on its own.
-    without = rank(
-        query=query, candidates=candidates, stats=stats, plan=Plan(neighbour_weight=0.0, length_weight=0.0)
-    )
+    without = rank(query=query, candidates=candidates, plan=Plan(neighbour_weight=0.0, length_weight=0.0))
     with_smoothing = rank(
-        query=query, candidates=candidates, stats=stats, plan=Plan(neighbour_radius=1, length_weight=0.0)
+        query=query, candidates=candidates, plan=Plan(neighbour_radius=1, length_weight=0.0)
     )
     position = {
         name: [r.candidate.key for r in result].index("m:1")
@@ -174,7 +164,6 @@ def test_neighbour_smoothing_stops_at_the_radius():
     ranked = rank(
         query="dog",
         candidates=candidates,
-        stats=stats_for("dog", ["rescue dog", "x"]),
         plan=Plan(neighbour_radius=3),
     )
     assert next(r for r in ranked if r.candidate.key == "far").contributions["neighbour"] == 0
@@ -188,16 +177,17 @@ def test_contributions_add_up_to_the_score_and_results_are_sorted():
         for i, t in enumerate(texts)
     ]
     candidates.append(Candidate("fact:1", "fact", "Amara studies kelp", None, None, None, None))  # no vector
-    plan = Plan(recency_weight=0.2, session_weight=0.1, prf_docs=2)
-    ranked = rank(
-        query="kelp urchin", candidates=candidates, stats=stats_for("kelp urchin", texts), plan=plan, now=now
-    )
+    plan = Plan(current_cue_weight=0.2, speaker_weight=0.5, window_radius=2)
+    candidates[1].speaker = "Amara"
+    candidates[1].window = "kelp forest"
+    ranked = rank(query="Is Amara still studying kelp urchin now?", candidates=candidates, plan=plan)
     assert len(ranked) == len(candidates)
     for r in ranked:
         assert sum(r.contributions.values()) == pytest.approx(r.score, abs=1e-5)
-        assert set(r.contributions) >= {"dense", "lexical", "neighbour", "recency"}
+        assert set(r.contributions) >= {"dense", "lexical", "speaker", "neighbour", "recency"}
+    assert next(r for r in ranked if r.candidate.key == "m:1").contributions["speaker"] == 0.5
     assert [r.score for r in ranked] == sorted((r.score for r in ranked), reverse=True)
-    assert rank(query="x", candidates=[], stats=CorpusStats(0, 0.0, {}), plan=plan) == []
+    assert rank(query="x", candidates=[], plan=plan) == []
 
 
 def test_a_question_about_the_current_state_prefers_the_newest_of_two_equal_matches():
@@ -209,12 +199,11 @@ def test_a_question_about_the_current_state_prefers_the_newest_of_two_equal_matc
     ]
     query = "Where does Amara live now?"
     assert ranking.asks_current_state(query) and not ranking.asks_current_state("Where did Amara live?")
-    ranked = rank(query=query, candidates=candidates, stats=stats_for(query, texts), plan=DEFAULT_PLAN)
+    cue = Plan(current_cue_weight=0.2)
+    ranked = rank(query=query, candidates=candidates, plan=cue)
     assert ranked[0].candidate.key == "m:new" and ranked[0].contributions["recency"] > 0
     # Without the cue the two stay tied on every signal (no recency at all).
-    ranked = rank(
-        query="Where did Amara live?", candidates=candidates, stats=stats_for(query, texts), plan=DEFAULT_PLAN
-    )
+    ranked = rank(query="Where did Amara live?", candidates=candidates, plan=cue)
     assert all(r.contributions["recency"] == 0 for r in ranked)
 
 
@@ -234,15 +223,19 @@ def test_a_one_word_reply_ranks_below_an_informative_turn_that_matches_as_well()
         message("m:short", texts[0], dense=0.6, group="s1", position=1),
         message("m:long", texts[1], dense=0.6, group="s2", position=1),
     ]
+    # The rest of the pool: turns that share nothing with the question.
+    candidates += [
+        message(f"m:other{i}", f"Lee: the bus was late again, {i} minutes", dense=0.2, group="s3", position=i)
+        for i in range(1, 7, 3)
+    ]
     query = "Which of Amara's relatives visited her over the holidays?"
-    stats = stats_for(query, texts)
-    ranked = rank(query=query, candidates=candidates, stats=stats, plan=DEFAULT_PLAN)
-    assert [r.candidate.key for r in ranked] == ["m:long", "m:short"]
+    ranked = rank(query=query, candidates=candidates, plan=DEFAULT_PLAN)
+    assert [r.candidate.key for r in ranked][:2] == ["m:long", "m:short"]
     by_key = {r.candidate.key: r.contributions for r in ranked}
     assert by_key["m:long"]["length"] > by_key["m:short"]["length"] > 0
     # Without the prior the short one wins: both match only the speaker's name, and BM25's
     # length normalisation favours the shorter text.
-    flat = rank(query=query, candidates=candidates, stats=stats, plan=Plan(length_weight=0.0))
+    flat = rank(query=query, candidates=candidates, plan=Plan(length_weight=0.0))
     assert flat[0].candidate.key == "m:short" and all(r.contributions["length"] == 0 for r in flat)
 
 
@@ -250,7 +243,7 @@ def test_content_length_counts_a_turns_own_words_not_its_date_and_speaker():
     when = datetime(2025, 5, 18, tzinfo=UTC)
     assert (
         ranking.content_length(
-            kind="message", text=index_text(content="Oh okay.", speaker="Amara", occurred_at=when)
+            kind="message", text=index_text(content="Is it?", speaker="Amara", occurred_at=when)
         )
         == 0
     )
@@ -267,7 +260,7 @@ def test_the_length_prior_saturates_so_long_turns_do_not_win_on_length_alone():
     words = ["kelp", "urchin", "diving", "boat", "reef", "paper", "island", "survey", "data", "season"]
     texts = [" ".join(words[:1]), " ".join(words), " ".join(words * 4)]
     candidates = [message(f"m:{i}", t, dense=0.5, group=None) for i, t in enumerate(texts)]
-    ranked = rank(query="boat", candidates=candidates, stats=stats_for("boat", texts), plan=plan)
+    ranked = rank(query="boat", candidates=candidates, plan=plan)
     length = {r.candidate.key: r.contributions["length"] for r in ranked}
     assert length["m:0"] == pytest.approx(0.8 * 1 / 5)
     assert length["m:2"] - length["m:1"] < (length["m:1"] - length["m:0"]) / 2
@@ -304,29 +297,48 @@ def dev_data() -> Path:
     return DEV_DATA
 
 
-@pytest.fixture(scope="module")
-def offline(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """bench/bench_recall_offline.py, loaded as a module, with a fresh (empty) embedding cache."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_recall_offline", REPO / "bench" / "bench_recall_offline.py"
-    )
+def bench_module(name: str, cache: Path) -> Any:
+    """bench/<name>.py, loaded as a module, with a fresh (empty) embedding cache at `cache`."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_recall_offline"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
-    module.__dict__["CACHE"] = tmp_path_factory.mktemp("embeddings")
+    module.__dict__["CACHE"] = cache
     return module
 
 
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return bench_module("bench_recall_offline", tmp_path_factory.mktemp("embeddings"))
+
+
+@pytest.fixture(scope="module")
+def components(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return bench_module("bench_recall_components", tmp_path_factory.mktemp("component_embeddings"))
+
+
 @pytest.mark.quality
-def test_quality_floor_locomo_turn_recall_with_the_default_plan(offline):
-    embedder = offline.make_embedder("minilm")
-    scopes, questions = offline.load_locomo(embedder, dev_data() / "conversations_dev.locomo.json")
-    assert len(questions) == 200
-    measured = offline.evaluate(scopes, questions, DEFAULT_PLAN)
-    # Measured 71.5 / 80.7 (docs/memory.md, "Recall across sessions"); floors just below.
-    assert measured["R@5"] >= 70.5, measured
-    assert measured["R@10"] >= 79.5, measured
+@pytest.mark.parametrize(
+    ("name", "floors", "recipe_floors"),
+    # Measured (docs/memory.md, "The ranker"): the default plan, whose one chosen setting (the
+    # length prior's weight) nested leave-one-conversation-out picked in every fold, so these are
+    # held-out figures: LoCoMo-style 63.7 / 75.4 (12 conversations), user-assistant 87.3 / 94.0;
+    # the plain recipe through the same pool 56.8 / 70.4 and 85.6 / 93.1. Floors just below.
+    [("locomo", (62.5, 74.0), (55.5, 69.0)), ("ua", (86.0, 93.0), (84.0, 92.0))],
+)
+def test_quality_floor_turn_recall_of_the_default_plan_and_the_recipe(
+    components, name, floors, recipe_floors
+):
+    convs, questions = components.load_set(
+        sorted(dev_data().glob(components.SETS[name])), components.Vectors()
+    )
+    runner = components.Runner(convs, questions, "product")
+    ours = runner.recall(components.Setting(DEFAULT_PLAN)).mean(axis=0)
+    recipe = runner.recall(components.Setting(ranking.RECIPE_PLAN)).mean(axis=0)
+    assert ours[0] >= floors[0] and ours[1] >= floors[1], (ours, recipe)
+    assert recipe[0] >= recipe_floors[0] and recipe[1] >= recipe_floors[1], (ours, recipe)
+    assert ours[0] > recipe[0] and ours[1] >= recipe[1], (ours, recipe)  # the product beats the recipe
 
 
 @pytest.mark.quality

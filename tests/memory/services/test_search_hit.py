@@ -26,8 +26,9 @@ def test_both_searches_find_an_experience_as_the_same_hit(tenant_a):
     for hit in (by_experiences, by_memory):
         assert (hit.kind, hit.id, hit.text) == ("experience", created.public_id, created.text)
         assert hit.occurred_at == created.created_at
-    # A memory search's score is relative to its pool (one candidate here: 0); its contributions add up to it.
-    assert by_experiences.score > 0
+    # One ranker (ranking.rank) for both: a score is relative to its pool (one candidate here: 0)
+    # and its contributions add up to it.
+    assert by_experiences.score == by_memory.score == 0
     assert by_memory.score == pytest.approx(sum(by_memory.contributions.values()))
     # The experiences search's hit also carries the row and its full-text rank.
     assert by_experiences.experience == created and 0 < by_experiences.text_score <= 1
