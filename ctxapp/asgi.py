@@ -12,6 +12,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+import ctxapp.celery  # noqa: E402,F401  (the Celery app the services send jobs through)
 from ctxapp import metrics  # noqa: E402
 from ctxapp.mcp import http as mcp_http  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402

@@ -20,8 +20,8 @@ from django.conf import settings
 from django.db import connection, connections
 from django.http import HttpRequest, JsonResponse
 
-from ctxapp import db_router
 from ctxapp.celery import app
+from memory import replica
 from memory.services.job_health import jobs_health
 from memory.services.jobs import jobs_waiting
 
@@ -77,8 +77,8 @@ def check_channel_layer() -> dict[str, Any]:
 
 
 def check_replica() -> dict[str, Any]:
-    """The replica's lag, measured now; also what the read routing goes by (ctxapp/db_router.py)."""
-    return db_router.replica_health(fresh=True).report()
+    """The replica's lag, measured now; also what the read routing goes by (memory/replica.py)."""
+    return replica.replica_health(fresh=True).report()
 
 
 CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
@@ -87,7 +87,7 @@ CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
     "channel_layer": check_channel_layer,
     "jobs": jobs_health,
 }
-if db_router.replica_configured():
+if replica.replica_configured():
     CHECKS["replica"] = check_replica
 # Every check gets this long, all at once: /readyz answers within about this time even while a
 # dependency hangs (a stopping PostgreSQL accepts connections it never answers), so a probe with

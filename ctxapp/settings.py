@@ -134,26 +134,20 @@ if CTXAPP.db_pool_size > 0 and DATABASE_URL:
 # after a PostgreSQL restart every idle pooled connection is dead, and without it each one failed
 # a job or a request before the pool discarded it (the worker's embeddings missed the 15 s bound).
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-# A streaming replica: a second alias that ctxapp.db_router sends the read-only paths of HTTP
-# requests to (docs/production.md, Read replica). Unset: no alias, no router, no middleware.
-DATABASE_ROUTERS: list[str] = []
+# A streaming replica: a second alias that the reads which tolerate its lag name explicitly
+# (memory/replica.py; docs/production.md, Read replica). Unset: no alias.
 if CTXAPP.database_replica_url and CTXAPP.database_url:
     DATABASES["replica"] = dj_database_url.parse(CTXAPP.database_replica_url, conn_max_age=0)
     DATABASES["replica"]["CONN_HEALTH_CHECKS"] = True
     if "pool" in DATABASES["default"].get("OPTIONS", {}):
-        # A shorter wait than the primary's: a replica that went away should cost a request at
-        # most this long before ctxapp.db_router marks it down and reads go to the primary.
+        # A shorter wait than the primary's: a replica that went away should cost a read at most
+        # this long before memory/replica.py marks it down and reads go to the primary.
         DATABASES["replica"].setdefault("OPTIONS", {})["pool"] = {
             **DATABASES["default"]["OPTIONS"]["pool"],
-            "timeout": 2,
+            "timeout": 1,
         }
     # Tests that create databases treat the replica as the primary's mirror, never a database of its own.
     DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
-    DATABASE_ROUTERS = ["ctxapp.db_router.ReplicaRouter"]
-    MIDDLEWARE.insert(
-        MIDDLEWARE.index("ctxapp.middleware.UnstorableTextMiddleware"),
-        "ctxapp.db_router.RequestWritesMiddleware",
-    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: Celery broker, Channels layer, cache -------------------------------------------------

@@ -26,7 +26,11 @@ os.environ.setdefault("CTXAPP_LOGIN_FAILURE_LIMIT", "1000")
 _DATA = Path(tempfile.mkdtemp(prefix="ctxapp-test-"))
 # Registered before the embedded server starts, so it runs after the server has stopped (atexit is LIFO).
 atexit.register(shutil.rmtree, _DATA, ignore_errors=True)
-os.environ.setdefault("CTXAPP_DATA_DIR", str(_DATA))
+# Each process of a run has its own data directory and engines: a test worker (pytest-xdist) does
+# not use the ones its parent, which imported these settings too, announced in the environment.
+os.environ["CTXAPP_DATA_DIR"] = str(_DATA)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("CTXAPP_EMBEDDED_DATABASE_URL", None)
 
 if os.environ.get("CTXAPP_TEST_REDIS_URL"):
     os.environ["REDIS_URL"] = os.environ["CTXAPP_TEST_REDIS_URL"]

@@ -28,6 +28,7 @@ from memory.models import (
     TrackedFact,
     UserMemory,
 )
+from memory.replica import read_alias
 from memory.services.recorder import stream_key
 
 MESSAGE_PAGE_SIZE = 50
@@ -54,7 +55,8 @@ def overview_stats(*, tenant: Tenant, now: datetime | None = None) -> OverviewSt
     now = now or timezone.now()
     since = now - timedelta(minutes=RATE_WINDOW_MINUTES)
     per_minute = dict(
-        Event.objects.filter(tenant=tenant, type="message.added", created_at__gte=since)
+        Event.objects.using(read_alias())
+        .filter(tenant=tenant, type="message.added", created_at__gte=since)
         .annotate(minute=TruncMinute("created_at"))
         .values_list("minute")
         .annotate(n=Count("id"))
@@ -63,13 +65,15 @@ def overview_stats(*, tenant: Tenant, now: datetime | None = None) -> OverviewSt
     start = now.replace(second=0, microsecond=0) - timedelta(minutes=RATE_WINDOW_MINUTES - 1)
     series = [per_minute.get(start + timedelta(minutes=i), 0) for i in range(RATE_WINDOW_MINUTES)]
     return OverviewStats(
-        agents=Agent.objects.filter(tenant=tenant).count(),
-        open_sessions=Session.objects.filter(tenant=tenant, status=SessionStatus.OPEN).count(),
+        agents=Agent.objects.using(read_alias()).filter(tenant=tenant).count(),
+        open_sessions=Session.objects.using(read_alias())
+        .filter(tenant=tenant, status=SessionStatus.OPEN)
+        .count(),
         messages_last_minute=series[-1],
         messages_per_minute=series,
-        events_last_hour=Event.objects.filter(
-            tenant=tenant, created_at__gte=now - timedelta(hours=1)
-        ).count(),
+        events_last_hour=Event.objects.using(read_alias())
+        .filter(tenant=tenant, created_at__gte=now - timedelta(hours=1))
+        .count(),
         failures_last_day=failed_events(tenant=tenant, since=now - timedelta(days=1)).count(),
     )
 
@@ -77,7 +81,8 @@ def overview_stats(*, tenant: Tenant, now: datetime | None = None) -> OverviewSt
 def agents_recent(*, tenant: Tenant, limit: int = 20) -> list[Agent]:
     """The most recently active agents with their open-session count and last activity."""
     return list(
-        Agent.objects.filter(tenant=tenant)
+        Agent.objects.using(read_alias())
+        .filter(tenant=tenant)
         .annotate(
             open_sessions=Count("sessions", filter=Q(sessions__status=SessionStatus.OPEN)),
             last_seen=Max("sessions__last_accessed_at"),
@@ -88,21 +93,24 @@ def agents_recent(*, tenant: Tenant, limit: int = 20) -> list[Agent]:
 
 def sessions_open(*, tenant: Tenant, limit: int = 15) -> list[Session]:
     return list(
-        Session.objects.filter(tenant=tenant, status=SessionStatus.OPEN)
+        Session.objects.using(read_alias())
+        .filter(tenant=tenant, status=SessionStatus.OPEN)
         .select_related("agent")
         .order_by("-last_accessed_at")[:limit]
     )
 
 
 def sessions_recent(*, tenant: Tenant, agent: Agent | None = None, limit: int = 20) -> list[Session]:
-    qs = Session.objects.filter(tenant=tenant).select_related("agent")
+    qs = Session.objects.using(read_alias()).filter(tenant=tenant).select_related("agent")
     if agent is not None:
         qs = qs.filter(agent=agent)
     return list(qs.order_by("-created_at")[:limit])
 
 
 def events_recent(*, tenant: Tenant, limit: int = RECENT_EVENTS) -> list[Event]:
-    return list(Event.objects.filter(tenant=tenant).order_by("-created_at", "-id")[:limit])
+    return list(
+        Event.objects.using(read_alias()).filter(tenant=tenant).order_by("-created_at", "-id")[:limit]
+    )
 
 
 def failed_events(*, tenant: Tenant, since: datetime | None = None) -> Any:
@@ -111,7 +119,8 @@ def failed_events(*, tenant: Tenant, since: datetime | None = None) -> Any:
     Agent-emitted events (`agent.*`, e.g. a failed tool call) are the agent's business, not jobs.
     """
     qs = (
-        Event.objects.filter(tenant=tenant)
+        Event.objects.using(read_alias())
+        .filter(tenant=tenant)
         .filter(Q(type__endswith=".failed") | Q(type__endswith="_failed"))
         .exclude(type__startswith="agent.")
     )
@@ -133,7 +142,7 @@ def messages_page(
     *, tenant: Tenant, session: Session, before: int | None = None, limit: int = MESSAGE_PAGE_SIZE
 ) -> MessagePage:
     """One page of a session's messages, newest first, older than seq `before` (keyset on seq)."""
-    qs = Message.objects.filter(tenant=tenant, session=session)
+    qs = Message.objects.using(read_alias()).filter(tenant=tenant, session=session)
     if before is not None:
         qs = qs.filter(seq__lt=before)
     rows = list(qs.order_by("-seq")[: limit + 1])
@@ -146,15 +155,17 @@ def messages_after(
 ) -> list[Message]:
     """Messages with seq > after, newest first, at most `limit` (the newest ones if more)."""
     return list(
-        Message.objects.filter(tenant=tenant, session=session, seq__gt=after).order_by("-seq")[:limit]
+        Message.objects.using(read_alias())
+        .filter(tenant=tenant, session=session, seq__gt=after)
+        .order_by("-seq")[:limit]
     )
 
 
 def session_events(*, tenant: Tenant, session: Session, types: list[str], limit: int = 200) -> list[Event]:
     return list(
-        Event.objects.filter(tenant=tenant, session=session, type__in=types).order_by("-created_at", "-id")[
-            :limit
-        ]
+        Event.objects.using(read_alias())
+        .filter(tenant=tenant, session=session, type__in=types)
+        .order_by("-created_at", "-id")[:limit]
     )
 
 
@@ -179,7 +190,7 @@ def agent_events(
     *, tenant: Tenant, agent: Agent, filters: EventFilter, limit: int = EVENT_PAGE_SIZE
 ) -> EventPage:
     """The agent's event log, newest first, filtered by type prefix and session id, keyset on seq."""
-    qs = Event.objects.filter(tenant=tenant, stream=stream_key(agent))
+    qs = Event.objects.using(read_alias()).filter(tenant=tenant, stream=stream_key(agent))
     if filters.type:
         qs = qs.filter(type__startswith=filters.type)
     if filters.session:
@@ -194,7 +205,8 @@ def agent_events(
 def event_type_choices(*, tenant: Tenant, agent: Agent) -> list[str]:
     """The event type families seen in the agent's recent events (for the filter menu)."""
     recent = (
-        Event.objects.filter(tenant=tenant, stream=stream_key(agent))
+        Event.objects.using(read_alias())
+        .filter(tenant=tenant, stream=stream_key(agent))
         .order_by("-seq")
         .values_list("type", flat=True)
     )[:500]
@@ -207,7 +219,9 @@ def fact_keys(*, tenant: Tenant, fact_ids: list[str]) -> dict[str, str]:
     if not fact_ids:
         return {}
     return dict(
-        TrackedFact.objects.filter(tenant=tenant, public_id__in=fact_ids).values_list("public_id", "key")
+        TrackedFact.objects.using(read_alias())
+        .filter(tenant=tenant, public_id__in=fact_ids)
+        .values_list("public_id", "key")
     )
 
 
@@ -215,11 +229,11 @@ def id_owner(*, tenants: Any, session_id: str | None, agent_id: str | None) -> T
     """Which of `tenants` holds this session (or, without one, this agent): the user's other
     tenant a link points into. One query; None when none of them does."""
     if session_id:
-        session = Session.objects.filter(tenant__in=tenants, public_id=session_id)
+        session = Session.objects.using(read_alias()).filter(tenant__in=tenants, public_id=session_id)
         row = session.select_related("tenant").first()
         return row.tenant if row is not None else None
     if agent_id:
-        agents = Agent.objects.filter(tenant__in=tenants, external_id=agent_id)
+        agents = Agent.objects.using(read_alias()).filter(tenant__in=tenants, external_id=agent_id)
         agent = agents.select_related("tenant").first()
         return agent.tenant if agent is not None else None
     return None
@@ -229,8 +243,10 @@ def experience_problems(*, tenant: Tenant, experience_ids: list[str]) -> dict[st
     """The problem each experience solves, by public id, shortened (one query)."""
     if not experience_ids:
         return {}
-    rows = Experience.objects.filter(tenant=tenant, public_id__in=experience_ids).values_list(
-        "public_id", "problem"
+    rows = (
+        Experience.objects.using(read_alias())
+        .filter(tenant=tenant, public_id__in=experience_ids)
+        .values_list("public_id", "problem")
     )
     return {public_id: shorten(problem, 60) for public_id, problem in rows}
 
@@ -273,8 +289,8 @@ def user_known(*, tenant: Tenant, user_id: str) -> bool:
     if not user_id:
         return False
     return (
-        Session.objects.filter(tenant=tenant, user_id=user_id).exists()
-        or UserMemory.objects.filter(tenant=tenant, user_id=user_id).exists()
+        Session.objects.using(read_alias()).filter(tenant=tenant, user_id=user_id).exists()
+        or UserMemory.objects.using(read_alias()).filter(tenant=tenant, user_id=user_id).exists()
     )
 
 
@@ -282,7 +298,8 @@ def user_memories(*, tenant: Tenant, user_id: str) -> UserMemories:
     """The user's memories by subject, each with its current value and every version, newest
     first (current values are read first, so a long history never hides one). One query."""
     rows = list(
-        UserMemory.objects.filter(tenant=tenant, user_id=user_id)
+        UserMemory.objects.using(read_alias())
+        .filter(tenant=tenant, user_id=user_id)
         .only(*MEMORY_COLUMNS)
         .order_by(F("valid_to").desc(nulls_first=True), "-valid_from", "-id")[: USER_MEMORY_ROWS + 1]
     )
@@ -300,6 +317,6 @@ def user_memories(*, tenant: Tenant, user_id: str) -> UserMemories:
 
 def user_sessions(*, tenant: Tenant, user_id: str) -> tuple[list[Session], int]:
     """The user's newest sessions (at most USER_SESSIONS) and how many there are."""
-    queryset = Session.objects.filter(tenant=tenant, user_id=user_id)
+    queryset = Session.objects.using(read_alias()).filter(tenant=tenant, user_id=user_id)
     sessions = list(queryset.select_related("agent").order_by("-created_at")[:USER_SESSIONS])
     return sessions, (len(sessions) if len(sessions) < USER_SESSIONS else queryset.count())

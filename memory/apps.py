@@ -9,10 +9,9 @@ class MemoryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Create the Celery app in every Django process so shared_task(...).delay() uses its
-        # broker settings (ctxapp/__init__.py no longer imports it eagerly; see ctxapp.client).
-        # memory.api.schema registers the OpenAPI auth extension.
-        import ctxapp.celery  # noqa: F401  # lazy: django-setup
+        # memory.api.schema registers the OpenAPI auth extension. (The Celery app, which the
+        # services send jobs through, is loaded by each process's entry point: ctxapp/asgi.py,
+        # the worker and beat, ctxapp/cli/base.py `django_setup`.)
         import memory.api.schema  # noqa: F401  # lazy: django-setup
         from memory.models import ApiKey, Tenant, TenantPolicyBase, policy_cache  # lazy: django-setup
         from memory.services.tenancy import api_keys_changed  # lazy: django-setup

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import connection
 from rest_framework.test import APIClient
 
+import ctxapp.celery  # noqa: F401  (the Celery app, as every process's entry point loads it)
 from memory.models import ApiKey, Tenant
 from memory.services.tenancy import api_key_create
 from tests import environment

@@ -92,6 +92,8 @@ def django_setup() -> None:
         django.setup()
     except ImproperlyConfigured as exc:
         raise CliError(f"Configuration error: {exc}") from None
+    # The Celery app jobs are sent through (the commands that only call a server never load it).
+    import ctxapp.celery  # noqa: F401  # lazy: startup-cost
 
 
 def checked_port(port: int) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ctxapp.db_router import replica_reads
 from memory.models import MessageRole, Session, Summary, Tenant
 from memory.services import decay, experience_search, tokens
 from memory.services.context_history import history_groups, history_message, window_rows
@@ -27,7 +26,6 @@ from memory.services.session_digest import context_digest_for_session
 IMPORTANCE_SCORE = {"high": 1.0, "medium": 0.6, "low": 0.3}
 
 
-@replica_reads()  # the build's reads (history, recall): ctxapp/db_router.py says when a replica serves them
 def candidates_collect(
     *,
     tenant: Tenant,

@@ -30,9 +30,9 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import F, Q, QuerySet, Subquery
 from pgvector.django import CosineDistance
 
-from ctxapp.db_router import read_alias
 from memory.exceptions import InvalidInput
 from memory.models import Experience, ExperiencePolicy, ExperienceScope, Tenant
+from memory.replica import read_alias
 from memory.services import ranking, sharing
 from memory.services.embedding import EmbedderError, QueryEmbedding, embed_query
 from memory.services.experiences import experiences_touch, scope_filter, visible_filter

@@ -10,7 +10,6 @@ from itertools import islice
 
 import numpy as np
 
-from ctxapp.db_router import replica_reads
 from memory.exceptions import InvalidInput
 from memory.models import Tenant
 from memory.services import ranking, relevance_floor
@@ -22,7 +21,6 @@ from memory.services.memory_search.sql import ScopeWhere
 from memory.services.message_indexing import memory_policy_get
 
 
-@replica_reads()  # a replica may serve it: ctxapp/db_router.py says when
 def memory_search(
     *,
     tenant: Tenant,

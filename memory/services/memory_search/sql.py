@@ -7,10 +7,10 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 
-from ctxapp.db_router import read_alias
 from memory.models import Tenant
+from memory.replica import REPLICA, read_alias, replica_failed
 from memory.services import ranking
 from memory.services.embedding import EMBEDDING_DIMENSIONS
 
@@ -68,7 +68,16 @@ class ScopeWhere:
 
 
 def fetch_rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    # The replica inside memory_search's replica_reads(), when it may serve (ctxapp/db_router.py).
-    with connections[read_alias()].cursor() as cursor:
+    # A replica may answer (memory/replica.py); one that fails is marked down and the primary answers.
+    alias = read_alias()
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+    except (OperationalError, InterfaceError) as exc:
+        if alias != REPLICA:
+            raise
+        replica_failed(exc)
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
         cursor.execute(sql, params)
         return list(cursor.fetchall())
