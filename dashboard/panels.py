@@ -13,7 +13,7 @@ from typing import Any
 
 from django.template.loader import render_to_string
 
-from dashboard import capabilities, charts, jobs, selectors, traces
+from dashboard import capabilities, charts, jobs, recovered, selectors, traces
 from memory.models import Agent, Session, Tenant
 
 
@@ -92,7 +92,7 @@ def _agent_cognitive(*, tenant: Tenant, agent: Agent, **_: Any) -> dict[str, Any
 
 
 def _agent_recovered(*, tenant: Tenant, agent: Agent, **_: Any) -> dict[str, Any]:
-    return {"agent": agent, "recovered": capabilities.agent_recovered_state(tenant=tenant, agent=agent)}
+    return {"agent": agent, "recovered": recovered.agent_recovered_state(tenant=tenant, agent=agent)}
 
 
 def _agent_events(

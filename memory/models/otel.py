@@ -17,7 +17,7 @@ class OtelConversation(models.Model):
     """The ctxapp session a `gen_ai.conversation.id` of an agent maps to (created on first sight).
 
     A trace that names no conversation is one by its trace id; `history_digest` is then the
-    digest of its session's messages in order (otel_ingest.ingest.history_digests), so a later
+    digest of its session's messages in order (otel_ingest.conversations.history_digests), so a later
     trace whose input history extends them continues that session."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +18,11 @@ from memory.exceptions import AgentMismatch, DomainError, InvalidInput
 from memory.models import (
     Agent,
     Message,
-    MessageRole,
     OtelConversation,
     OtelSpan,
     Session,
     SessionStatus,
     Tenant,
-    TokenUsageReport,
 )
 from memory.services import recorder, sessions
 from memory.services.otel_ingest import holding
@@ -34,10 +31,11 @@ from memory.services.otel_ingest.attributes import (
     attributes_dict,
     clean_text,
     span_attributes,
-    token_count,
 )
+from memory.services.otel_ingest.conversations import continued_session, history_digests, message_mark
 from memory.services.otel_ingest.holding import Received
 from memory.services.otel_ingest.messages import fingerprint, span_messages
+from memory.services.otel_ingest.usage import span_usage, usage_record
 from memory.services.otel_ingest.wire import IngestResult
 
 DEFAULT_AGENT = "otel"
@@ -50,46 +48,6 @@ class _Conversation:
     session: Session
     seen: Counter[str]
     digest: str = ""  # history_digests of the session's messages, in seq order
-
-
-def history_digests(marks: Iterable[str], start: str = "") -> list[str]:
-    """The digest of each prefix of a conversation (its messages' fingerprints, in order), from
-    the digest `start` of what came before. Two conversations whose digests are equal have the
-    same messages in the same order."""
-    digests: list[str] = []
-    for mark in marks:
-        start = hashlib.sha256(f"{start}\x1f{mark}".encode()).hexdigest()
-        digests.append(start)
-    return digests
-
-
-def _mark(message: Any) -> str:
-    return fingerprint(message.role, message.content, message.tool_call_id, message.tool_calls)
-
-
-def _continued_session(
-    *, tenant: Tenant, agent: Agent, history: list[sessions.MessageInput], user_id: str
-) -> Session | None:
-    """The open session of the agent whose messages are the start of `history` (a trace that
-    names no conversation but re-sends one), the longest such start; None when none is. A start
-    without an answer of the assistant is not evidence enough of one conversation."""
-    digests = history_digests(_mark(message) for message in history)
-    answered = next((i for i, m in enumerate(history) if m.role == MessageRole.ASSISTANT), len(history))
-    candidates = digests[answered:]
-    if not candidates:
-        return None
-    rows = list(
-        OtelConversation.objects.select_for_update(of=("self",))
-        .select_related("session", "session__agent")
-        .filter(tenant=tenant, agent=agent, history_digest__in=candidates, session__status=SessionStatus.OPEN)
-        .order_by("-id")
-    )
-    if not rows:
-        return None
-    longest = max(candidates.index(row.history_digest) for row in rows)
-    found = [row.session for row in rows if candidates.index(row.history_digest) == longest]
-    # Two users' conversations may have begun alike: the user's own, if the span says who.
-    return next((session for session in found if user_id and session.user_id == user_id), found[0])
 
 
 def _span_operation(attrs: dict[str, Any]) -> str:
@@ -115,7 +73,7 @@ def _conversation(
 ) -> _Conversation:  # fmt: skip
     """The conversation's session, opened on first sight. `history`: the conversation is a trace
     that names none, whose first call re-sent this history; the session it extends, if any,
-    continues (see _continued_session)."""
+    continues (see conversations.continued_session)."""
     key = (agent.pk, conversation_id)
     found = cache.get(key)
     if found is not None and found.session.status == SessionStatus.OPEN:
@@ -128,7 +86,7 @@ def _conversation(
     )
     session = row.session if row is not None else None
     if row is None and history:
-        session = _continued_session(tenant=tenant, agent=agent, history=history, user_id=user_id)
+        session = continued_session(tenant=tenant, agent=agent, history=history, user_id=user_id)
         if session is not None:
             row = OtelConversation.objects.create(
                 tenant=tenant, agent=agent, conversation_id=conversation_id, session=session
@@ -411,14 +369,14 @@ def _span_ingest(
     )
     recorded = sessions.messages_append(tenant=tenant, session=session, items=new) if new else []
     for message in new:
-        conversation.seen[_mark(message)] += 1
+        conversation.seen[message_mark(message)] += 1
     if new and not named:  # a later trace that re-sends this history continues the session
-        conversation.digest = history_digests(map(_mark, new), conversation.digest)[-1]
+        conversation.digest = history_digests(map(message_mark, new), conversation.digest)[-1]
         OtelConversation.objects.filter(tenant=tenant, session=session).update(
             history_digest=conversation.digest
         )
     OtelSpan.objects.filter(tenant=tenant, trace_id=trace_hex, span_id=span_hex).update(session=session)
-    usage = _usage(attrs)
+    usage = span_usage(attrs)
     payload = _span_payload(
         span, attrs, operation=operation, model=model, usage=usage, seqs=[m.seq for m in recorded]
     )
@@ -426,7 +384,7 @@ def _span_ingest(
         tenant=tenant, type=f"otel.{operation}", agent=agent, session=session, payload=payload
     )
     if usage.get("gen_ai.usage.input_tokens") is not None:
-        _usage_record(tenant=tenant, session=session, model=model, usage=usage, span_hex=span_hex)
+        usage_record(tenant=tenant, session=session, model=model, usage=usage, span_hex=span_hex)
     result.accepted += 1
     if session.public_id not in result.sessions:
         result.sessions.append(session.public_id)
@@ -511,51 +469,3 @@ def _span_payload(
         payload["status_message"] = clean_text(span.status.message)[:500]
     payload.update({key: value for key, value in usage.items() if value is not None})
     return payload
-
-
-def _usage(attrs: dict[str, Any]) -> dict[str, int | None]:
-    input_tokens = token_count(
-        attrs.get("gen_ai.usage.input_tokens", attrs.get("gen_ai.usage.prompt_tokens"))
-    )
-    output_tokens = token_count(
-        attrs.get("gen_ai.usage.output_tokens", attrs.get("gen_ai.usage.completion_tokens"))
-    )
-    if input_tokens is None and output_tokens is None:
-        return {}
-    return {
-        "gen_ai.usage.input_tokens": input_tokens,
-        "gen_ai.usage.output_tokens": output_tokens,
-        "gen_ai.usage.cache_read.input_tokens": token_count(
-            attrs.get("gen_ai.usage.cache_read.input_tokens")
-        ),
-        "gen_ai.usage.reasoning.output_tokens": token_count(
-            attrs.get("gen_ai.usage.reasoning.output_tokens")
-        ),
-    }
-
-
-def _usage_record(
-    *, tenant: Tenant, session: Session, model: str, usage: dict[str, int | None], span_hex: str
-) -> None:
-    # No context build was estimated for this call, so estimated_input_tokens is 0 and the report
-    # is left out of calibration (model_profiles.usage_correction); it still counts as usage.
-    input_tokens = usage["gen_ai.usage.input_tokens"] or 0
-    cached = usage.get("gen_ai.usage.cache_read.input_tokens")
-    TokenUsageReport.objects.create(
-        tenant=tenant,
-        session=session,
-        budget_sample=None,
-        model_name=(model or session.model_name)[:200],
-        tokenizer="",
-        estimated_input_tokens=0,
-        input_tokens=input_tokens,
-        output_tokens=usage.get("gen_ai.usage.output_tokens"),
-        cached_input_tokens=cached if cached is None or cached <= input_tokens else None,
-        reasoning_tokens=usage.get("gen_ai.usage.reasoning.output_tokens"),
-    )
-    recorder.event_append(
-        tenant=tenant,
-        type="usage.reported",
-        session=session,
-        payload={"source": "otel", "span_id": span_hex, **usage},
-    )
