@@ -295,6 +295,8 @@ SPECTACULAR_SETTINGS = {
         "TaskStatusEnum": "memory.models.sessions.TaskStatus",
         "ExperienceKindEnum": "memory.models.experiences.ExperienceKind",
         "ApiKeyStatusEnum": ["active", "expired", "revoked"],
+        # The kinds memory search knows: a hit's `kind` and the request's `kinds` are one enum.
+        "MemoryKindEnum": "memory.services.memory_search.KINDS",
     },
 }
 

@@ -139,9 +139,8 @@ def _child_env(data_dir: Path) -> dict[str, str]:
     return env
 
 
-def _prepare(cfg: CtxappSettings, host: str, port: int, data_dir: Path) -> Any:
-    """Everything before the children start: leftovers, port, Redis, database, migrations.
-    Returns the first run's credentials (None on a later run)."""
+def _prepare(cfg: CtxappSettings, host: str, port: int, data_dir: Path) -> None:
+    """Everything before the children start: leftovers, port, Redis, the database."""
     stopped = supervise.stop_leftovers(data_dir)
     if stopped:
         print(
@@ -165,8 +164,6 @@ def _prepare(cfg: CtxappSettings, host: str, port: int, data_dir: Path) -> Any:
         print("ctxapp: starting the embedded PostgreSQL + pgvector …", flush=True)
     _prepare_database_deferring_stop(cfg)
     django_setup()
-    print("ctxapp: applying database migrations …", flush=True)
-    return _migrate_and_bootstrap()
 
 
 WEDGE_POLL_SECONDS = 5.0
@@ -233,7 +230,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     # Keep the lock referenced until we return: a collected lock object closes its file and
     # silently releases the lock.
     data_dir_lock = supervise.lock_data_dir(data_dir)
-    first_run = _prepare(cfg, host, port, data_dir)
+    _prepare(cfg, host, port, data_dir)
 
     env = _child_env(data_dir)
     children: dict[str, subprocess.Popen[bytes]] = {}
@@ -252,6 +249,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             argvs["redis"] = embedded_redis.server_argv(data_dir)
             children["redis"] = supervise.spawn(argvs["redis"], env, "redis")
             _wait_for_redis(data_dir, children["redis"])
+        # With Redis up: a migration tells every process's configuration cache (through Redis).
+        print("ctxapp: applying database migrations …", flush=True)
+        first_run = _migrate_and_bootstrap()
+        if stop["signal"] is not None:
+            raise Interrupted()
         print("ctxapp: starting the web server, the Celery worker and the scheduler …", flush=True)
         argvs.update(web=web_argv(cfg, host, port), worker=worker_argv(cfg), beat=beat_argv(cfg))
         restarts = supervise.Restarts(argvs=argvs, env=env)

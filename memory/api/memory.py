@@ -22,9 +22,9 @@ from memory.services import memory_search, message_indexing, ranking
 from memory.services.agent_access import names_check
 
 
-# A plain string in the OpenAPI document: an enum there would be a second component for the
-# choices a hit's `kind` already names (drf-spectacular warns). The MCP schema lists them.
-@extend_schema_field({"type": "string", "description": f"One of {', '.join(memory_search.KINDS)}."})
+# An inline enum in the OpenAPI document (a ChoiceField's would be a second component for the
+# choices a hit's `kind` already names, which drf-spectacular warns about).
+@extend_schema_field({"type": "string", "enum": list(memory_search.KINDS)})
 class KindField(serializers.ChoiceField):
     """One of the kinds memory search knows; an unknown one is refused listing them all."""
 

@@ -4,10 +4,12 @@ typed, and then erases the user and shows the receipt."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from memory.models import Membership, MembershipRole, Tenant, UserMemory
@@ -34,6 +36,15 @@ def ada_setup(transactional_db: None) -> dict[str, Any]:
     return {"tenant": tenant, "session": session}
 
 
+def recorded_elsewhere(tenant: Any) -> None:
+    try:
+        memory_record(
+            tenant=tenant, user_id="u-42", subject="pets.dog", text="Has a beagle, Miso.", agent="concierge"
+        )
+    finally:
+        connection.close()
+
+
 def test_an_admin_reads_a_users_memories_live_and_the_forget_form_needs_the_id(
     ada_setup: dict[str, Any], server: str, browser: Any
 ) -> None:
@@ -49,9 +60,10 @@ def test_an_admin_reads_a_users_memories_live_and_the_forget_form_needs_the_id(
     row.locator("summary").click()
     assert page.locator("text=Lives in Porto.").is_visible()
 
-    memory_record(
-        tenant=tenant, user_id="u-42", subject="pets.dog", text="Has a beagle, Miso.", agent="concierge"
-    )
+    # A write as the server makes it: in a thread of its own (this one runs Playwright's event
+    # loop, where a live update cannot be sent synchronously).
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(recorded_elsewhere, tenant).result(30)
     page.wait_for_selector("tr[data-subject='pets.dog']", timeout=10_000)
 
     page.fill("[data-testid=forget-confirm]", "u-4")

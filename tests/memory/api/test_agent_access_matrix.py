@@ -291,6 +291,8 @@ ROUTES: dict[tuple[str, str], list[Probe] | Outside] = {
     ("api-agent-checkpoints", "post"): [PATH_REFUSED],
     ("api-agent-checkpoint-diff", "get"): [PATH_REFUSED],
     ("api-agent-checkpoint", "get"): [PATH_REFUSED],
+    ("api-agent-blob", "get"): [PATH_REFUSED],
+    ("api-agent-blob", "put"): [PATH_REFUSED],
     ("api-agent-recovered-state", "get"): [PATH_REFUSED],
     ("api-agent-reducers", "get"): [PATH_REFUSED],
     ("api-agent-reducers", "put"): [PATH_REFUSED],
