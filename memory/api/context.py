@@ -243,7 +243,7 @@ class SessionContextApi(TenantApiView):
             recall={**(data.get("recall") or {}), **({"query": data["query"]} if data.get("query") else {})}
             or None,
         )
-        return Response(built_context_out(built))
+        return Response(built_context_out(built, session=session.public_id))
 
     @extend_schema(
         parameters=[OpenApiParameter("limit", int, required=False)],

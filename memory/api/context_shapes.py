@@ -295,6 +295,7 @@ class SummarisationSerializer(serializers.Serializer):
 
 class BuiltContextSerializer(serializers.Serializer):
     build_id = serializers.CharField()
+    session = serializers.SerializerMethodField(help_text="The session the context was built for.")
     model = ResolvedModelSerializer()
     messages = PromptMessageSerializer(many=True, help_text="The prompt, in placement order.")
     tools = serializers.ListField(
@@ -313,6 +314,9 @@ class BuiltContextSerializer(serializers.Serializer):
             **EffectivePolicySerializer(built.policy).data,
             "recall": RecallPolicySerializer(built.recall_policy).data,
         }
+
+    def get_session(self, built: BuiltContext) -> str:
+        return str(self.context["session"])
 
 
 # --- a recorded build (BudgetSample) -----------------------------------------------------------
@@ -348,6 +352,7 @@ class BudgetSamplesSerializer(serializers.Serializer):
     builds = BudgetSampleSerializer(many=True, help_text="Newest first.")
 
 
-def built_context_out(built: BuiltContext) -> dict[str, Any]:
-    """A built context, as POST /sessions/{id}/context and the MCP tool answer it."""
-    return cast(dict[str, Any], BuiltContextSerializer(built).data)
+def built_context_out(built: BuiltContext, *, session: str) -> dict[str, Any]:
+    """A built context, as POST /sessions/{id}/context and the MCP tool answer it. It names its
+    session, so erasing the session also erases a stored copy of this answer (Idempotency-Key)."""
+    return cast(dict[str, Any], BuiltContextSerializer(built, context={"session": session}).data)

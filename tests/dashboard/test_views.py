@@ -266,7 +266,8 @@ def test_experiences_page_lists_and_searches_with_signal_contributions(
     assert "Checkout returns 502 after deploy" in page and "emb-" in page
     results = web_alice.get("/experiences/?q=connection+pool+exhausted").content.decode()
     assert 'data-testid="search-results"' in results and "Raise pool size to 50" in results
-    assert "adds: text" in results and "raw: cosine" in results  # each signal's contribution is shown
+    # each signal's contribution is shown
+    assert "adds: vector" in results and "· text " in results and "raw: cosine" in results
     assert (
         "Checkout returns 502"
         not in web_bob.get("/experiences/?q=connection+pool+exhausted").content.decode()

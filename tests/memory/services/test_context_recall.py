@@ -53,7 +53,7 @@ def test_an_earlier_sessions_message_is_recalled_for_a_question_about_it(tenant_
     assert built.messages[0]["content"] == "You are helpful."
     assert "Biscuit" in built.messages[1]["content"] and "Caroline" in built.messages[1]["content"]
     assert built.budget["components"]["recall"] > 0
-    assert built.recall_policy.top_k == 12
+    assert built.recall_policy.top_k == 15
 
 
 def test_another_users_sessions_are_never_recalled(tenant_a, months_ago):
