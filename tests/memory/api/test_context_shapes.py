@@ -173,8 +173,10 @@ def test_the_answer_is_the_build_the_service_recorded(built) -> None:
     assert text(body["forecast"]) == text(sample.forecast)
     assert text(body["budget"]["components"]) == text(sample.components)
     assert body["budget"]["prompt_tokens"] == sample.prompt_tokens == body["manifest"]["total_tokens"]
+    assert body["session"] == session.public_id
     assert list(body) == [
         "build_id",
+        "session",
         "model",
         "messages",
         "tools",

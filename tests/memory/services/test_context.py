@@ -132,7 +132,10 @@ def test_prompt_too_long_gives_the_numbers_and_records_nothing(tenant_a):
     with pytest.raises(PromptTooLong) as info:
         context_build(tenant=tenant_a, session=session, next_input="x" * 8193)
     assert info.value.details == {
-        "gate": "characters", "input_chars": 8193, "char_gate": 8192, "policy_field": "char_gate"
+        "gate": "characters",
+        "input_chars": 8193,
+        "char_gate": 8192,
+        "policy_field": "char_gate",
     }
     assert BudgetSample.objects.count() == 0
     # the character gate can be turned off
