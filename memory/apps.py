@@ -1,6 +1,7 @@
 from celery.signals import task_prerun
 from django.apps import AppConfig, apps
 from django.core.signals import request_started
+from django.db.backends.signals import connection_created
 from django.db.models.signals import post_delete, post_migrate, post_save
 
 
@@ -14,6 +15,7 @@ class MemoryConfig(AppConfig):
         # the worker and beat, ctxapp/cli/base.py `django_setup`.)
         import memory.api.schema  # noqa: F401  # lazy: django-setup
         from memory.models import ApiKey, Tenant, TenantPolicyBase, policy_cache  # lazy: django-setup
+        from memory.services.experience_search import hnsw_connection_configure  # lazy: django-setup
         from memory.services.tenancy import api_keys_changed  # lazy: django-setup
 
         # Policy rows are read once per process (memory/models/policy_cache.py): any change to one
@@ -26,6 +28,9 @@ class MemoryConfig(AppConfig):
         post_migrate.connect(
             policy_cache.policies_migrated, sender=self, dispatch_uid="policy-cache-migrated"
         )
+        # pgvector's search settings once per connection, not one SET LOCAL per search.
+        connection_created.connect(hnsw_connection_configure, dispatch_uid="hnsw-settings")
+
         # Each request and each job reads the versions once, afresh.
         request_started.connect(policy_cache.unit_begin, dispatch_uid="policy-cache-request")
         task_prerun.connect(policy_cache.unit_begin, dispatch_uid="policy-cache-task", weak=False)

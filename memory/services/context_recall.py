@@ -194,6 +194,7 @@ def context_recall(
             session=session.public_id,
             sessions="all",
             reader_agent=session.agent.external_id,
+            loaded=session,
         ),
         limit=SEARCH_LIMIT,
         exclude_messages={(session.public_id, seq) for seq in request.window_seqs},

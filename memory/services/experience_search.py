@@ -106,6 +106,18 @@ class AnyLexemeQuery(SearchQuery):
 _hnsw_configured: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
+def hnsw_connection_configure(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """`connection_created`: a new connection (or one checked out of the pool) gets the HNSW
+    settings once, in autocommit, before any transaction: a rollback cannot undo them and no
+    search has to repeat them (`configure_hnsw` below is then a no-op)."""
+    raw = connection.connection
+    if connection.vendor != "postgresql" or raw is None or raw in _hnsw_configured:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = {HNSW_EF_SEARCH}")
+    _hnsw_configured.add(raw)
+
+
 def configure_hnsw() -> None:
     """HNSW search settings for filtered top-k queries, on every connection a search may read
     (the primary, and the replica when this block reads from it).

@@ -30,7 +30,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.db import transaction
-from django.db.models import F, OuterRef, QuerySet, Subquery
+from django.db.models import Exists, F, OuterRef, QuerySet, Subquery
 
 from memory.exceptions import NotFound
 from memory.models import (
@@ -405,10 +405,10 @@ def context_digest_for_session(*, tenant: Tenant, session: Session) -> OfferedDi
     """
     if not session.user_id:
         return None
-    if SessionDigest.objects.filter(session=session).exists():
-        return None
+    # One statement: none offered when the session has a digest of its own.
     digest = (
         SessionDigest.objects.filter(
+            ~Exists(SessionDigest.objects.filter(session=session)),
             tenant=tenant,
             user_id=session.user_id,
             session__created_at__lte=session.created_at,

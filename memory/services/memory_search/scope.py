@@ -28,6 +28,9 @@ class SearchScope:
     # The agent the caller's API key is bound to: every kind narrows to the rows that key may read
     # (memory/services/agent_access.py `rows_visible`), whatever the rest of the scope says.
     bound_agent: str | None = None
+    # `session` already loaded, with its agent, when the caller holds it (a context build): the
+    # scope is then resolved without reading it, or its agent, again.
+    loaded: Session | None = None
 
 
 def plan_parse(data: Any, *, field_name: str = "plan") -> ranking.Plan:
@@ -54,8 +57,13 @@ def scope_sessions(*, tenant: Tenant, scope: SearchScope) -> tuple[list[int] | N
     queryset = Session.objects.filter(tenant=tenant)
     if scope.bound_agent:
         queryset = queryset.filter(rows_visible(tenant=tenant, agent=scope.bound_agent, kind="session"))
+    current: Session | None = None
     if scope.session:
-        current = session_get(tenant=tenant, session_id=scope.session)
+        loaded = scope.loaded
+        if loaded is not None and loaded.tenant_id == tenant.pk and loaded.public_id == scope.session:
+            current = loaded
+        else:
+            current = session_get(tenant=tenant, session_id=scope.session)
         if scope.bound_agent and not queryset.filter(pk=current.pk).exists():  # another agent's
             raise NotFound.of("session", scope.session)
         if scope.sessions == "current":
@@ -64,7 +72,9 @@ def scope_sessions(*, tenant: Tenant, scope: SearchScope) -> tuple[list[int] | N
             queryset = queryset.filter(user_id=current.user_id)
         if scope.agent is None and not current.user_id:
             queryset = queryset.filter(agent_id=current.agent_id)
-    if scope.agent:
+    if scope.agent and current is not None and current.agent.external_id == scope.agent:
+        queryset = queryset.filter(agent_id=current.agent_id)
+    elif scope.agent:
         queryset = queryset.filter(agent=agent_get(tenant=tenant, external_id=scope.agent))
     if scope.user_id is not None:
         queryset = queryset.filter(user_id=scope.user_id)

@@ -1,34 +1,47 @@
-"""Filtered vector searches keep pgvector's iterative scans on, whatever transaction set them.
+"""Filtered vector searches keep pgvector's iterative scans on, whatever transaction ran before.
 
-A session-level SET made inside a transaction that later rolls back is undone; a connection
-remembered as configured would then scan HNSW with pgvector's defaults, and a tenant whose rows
-are not among the whole table's nearest would get fewer results than it has."""
+Filters (tenant, scope, visibility) apply after the HNSW scan: without iterative scans a tenant
+whose rows are not among the whole table's nearest gets fewer results than it has. Each connection
+is configured once when it is made, in autocommit, so neither a rolled-back transaction nor a
+search inside one has to set them again."""
 
 from __future__ import annotations
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
-from memory.services.experience_search import configure_hnsw
+from memory.services.experience_search import HNSW_EF_SEARCH, configure_hnsw
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def iterative_scan() -> str | None:
+def settings_now() -> tuple[str | None, str | None]:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('hnsw.iterative_scan', true)")
-        return cursor.fetchone()[0]
+        cursor.execute(
+            "SELECT current_setting('hnsw.iterative_scan', true), current_setting('hnsw.ef_search', true)"
+        )
+        return cursor.fetchone()
 
 
 class Undone(Exception):
     pass
 
 
-def test_a_rolled_back_transaction_does_not_leave_later_searches_without_iterative_scans():
+def test_a_new_connection_has_iterative_scans_before_any_search():
+    connection.close()
+    connection.ensure_connection()
+    assert settings_now() == ("relaxed_order", str(HNSW_EF_SEARCH))
+
+
+def test_a_search_inside_a_transaction_sets_nothing_and_a_rollback_undoes_nothing():
+    connection.ensure_connection()
     with pytest.raises(Undone), transaction.atomic():
-        configure_hnsw()
-        assert iterative_scan() == "relaxed_order"
-        raise Undone  # the transaction that configured it rolls back: so does its SET
-    assert iterative_scan() in (None, "", "off")
-    configure_hnsw()  # the next search on the same connection
-    assert iterative_scan() == "relaxed_order"
+        with CaptureQueriesContext(connection) as queries:
+            configure_hnsw()
+        assert [q["sql"] for q in queries.captured_queries] == []
+        assert settings_now()[0] == "relaxed_order"
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL hnsw.iterative_scan = off")
+        raise Undone  # the transaction rolls back: the connection's own setting is back
+    assert settings_now() == ("relaxed_order", str(HNSW_EF_SEARCH))
