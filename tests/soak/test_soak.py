@@ -7,7 +7,7 @@ fault drill restores what it took away, and the next drill finds the stack as a 
 Modes: the embedded engines (the README command: no REDIS_URL, no DATABASE_URL) and "your own"
 Redis (REDIS_URL set to a Valkey server of the drill's own; the database stays embedded).
 
-Each drill asserts: no request over 5 s, append p99 ≤ 1 s, no 5xx, /readyz "ok" at every poll, no
+Each drill asserts: no request over 5 s, no 5xx, /readyz "ok" at every poll, no
 connection idle in a transaction for more than 5 s, and, once the load stops, every job intent
 done (none failed), every appended message embedded, every finished task distilled exactly once.
 A fault drill allows, from the fault's start to RECOVERY_GRACE_SECONDS after its end, requests that
