@@ -41,10 +41,26 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def redis_start(data_dir: Path) -> None:
+    """The embedded Redis engine of `data_dir`, as `ctxapp up` runs it (unless REDIS_URL is set):
+    the broker, the channel layer and the cache (rate limits, configuration versions) need it."""
+    if os.environ.get("REDIS_URL"):
+        return
+    from ctxapp.infra import embedded_redis
+
+    proc = subprocess.Popen(embedded_redis.server_argv(data_dir), stdin=subprocess.DEVNULL)
+    atexit.register(proc.kill)
+    url = embedded_redis.url(data_dir)
+    if not embedded_redis.wait_until_answers(url, alive=lambda: proc.poll() is None):
+        raise SystemExit(f"the embedded Redis engine did not answer at {url}")
+
+
 def prepare(data_dir: Path) -> str:
-    """Start the embedded database, create the schema from the models, return a fresh API key."""
+    """Start the embedded database and Redis engine, create the schema from the models, return a
+    fresh API key."""
     from ctxapp.infra import embedded
 
+    redis_start(data_dir)
     server = embedded.start_server(embedded.pgdata_dir(data_dir), cleanup_mode="delete")
     os.environ[embedded.ENV_VAR] = embedded.prepare_database(server.get_uri(), embedded.DATABASE_NAME)
     globals()["_pg_server"] = server  # keep the handle alive: the server is deleted when it goes
@@ -65,9 +81,6 @@ def prepare(data_dir: Path) -> str:
     from django.db import connections
 
     call_command("migrate", run_syncdb=True, verbosity=0)
-    # The database cache's table (the rate limits' counters; a migration creates it, and the
-    # tables here come from the models): without it every request's rate-limit count fails.
-    call_command("createcachetable", verbosity=0)
     from memory.models import Tenant
     from memory.services.tenancy import api_key_create
 
