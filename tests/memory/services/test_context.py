@@ -181,7 +181,9 @@ def test_mode_selects_system_parts_and_tools(tenant_a):
 
 
 @pytest.mark.django_db
-def test_pinned_facts_and_memories_from_the_contracts(tenant_a, monkeypatch):
+def test_pinned_facts_and_memories_from_the_contracts(
+    tenant_a, monkeypatch, django_capture_on_commit_callbacks
+):
     calls = {}
     facts = [
         decay.PinnedFact("fact_1", "budget", "Monthly budget is $500.", "high", False),
@@ -197,7 +199,12 @@ def test_pinned_facts_and_memories_from_the_contracts(tenant_a, monkeypatch):
         decay, "facts_after_build", lambda **kw: calls.setdefault("after", kw) and ["fact budget restated"]
     )
     session = _session(tenant_a)
-    built = context_build(tenant=tenant_a, session=session, next_input="why is the query slow?")
+    with django_capture_on_commit_callbacks(execute=False) as after_commit:
+        built = context_build(tenant=tenant_a, session=session, next_input="why is the query slow?")
+    # Counted after the build's commit, outside its transaction (no experience row locked in it).
+    assert "used" not in calls
+    for callback in after_commit:
+        callback()
     contents = [m["content"] for m in built.messages]
     assert contents[0].startswith("Pinned fact — budget: Monthly budget is $500.")
     assert "restated" in contents[1]
