@@ -352,8 +352,8 @@ def _persist(
         included_memories = [i.id for i in candidates.of_kind("memory") if i.included]
         if included_memories:
             # After commit, on its own: the build's transaction locks no experience row. Locked
-            # here, before the agent's event stream below, a distillation job that held the
-            # stream and then locked the same experience deadlocked with the build (a 503).
+            # here, before the agent's event stream below, a worker job that held the stream
+            # and then locked the same experience deadlocked with the build (a 503).
             transaction.on_commit(
                 partial(retrieval.experiences_mark_used, tenant=tenant, experience_ids=included_memories),
                 robust=True,  # a use count that failed to land is logged, never the build's error

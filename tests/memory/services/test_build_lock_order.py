@@ -1,7 +1,7 @@
 """A build and a job that write to one agent's event stream never deadlock over an experience.
 
-A distillation job appends an event (so it holds its agent's event stream until it commits) and
-then locks an experience. A build that recalls that experience must not hold it locked while it
+A worker job may append an event (so it holds its agent's event stream until it commits) and
+then lock an experience. A build that recalls that experience must not hold it locked while it
 waits for the same stream: when the build counted the use inside its transaction, before its own
 `context.built` event, the two waited on each other until PostgreSQL killed one ("deadlock
 detected": the build answered 503 in the soak drill)."""
