@@ -48,11 +48,7 @@ def redis_start(data_dir: Path) -> None:
         return
     from ctxapp.infra import embedded_redis
 
-    proc = subprocess.Popen(embedded_redis.server_argv(data_dir), stdin=subprocess.DEVNULL)
-    atexit.register(proc.kill)
-    url = embedded_redis.url(data_dir)
-    if not embedded_redis.wait_until_answers(url, alive=lambda: proc.poll() is None):
-        raise SystemExit(f"the embedded Redis engine did not answer at {url}")
+    embedded_redis.start_for_this_process(data_dir)
 
 
 def prepare(data_dir: Path) -> str:

@@ -128,28 +128,36 @@ class DatabaseCollector(Collector):
         yield from self._queues()
 
     def _context_builds(self) -> Iterator[Metric]:
-        tokens = {
-            f"le_{i}": Count("id", filter=Q(prompt_tokens__lte=b))
-            for i, b in enumerate(CONTEXT_TOKEN_BUCKETS)
+        # Both histograms from one pass over the builds (an aggregate each read the table twice).
+        buckets = {
+            **{
+                f"le_{i}": Count("id", filter=Q(prompt_tokens__lte=b))
+                for i, b in enumerate(CONTEXT_TOKEN_BUCKETS)
+            },
+            **{
+                f"utilisation_le_{i}": Count("id", filter=Q(utilisation__lte=b))
+                for i, b in enumerate(UTILISATION_BUCKETS)
+            },
         }
-        row = BudgetSample.objects.aggregate(count=Count("id"), total=Sum("prompt_tokens"), **tokens)
+        row = BudgetSample.objects.aggregate(
+            count=Count("id"), tokens_sum=Sum("prompt_tokens"), utilisation_sum=Sum("utilisation"), **buckets
+        )
         yield _histogram(
             "ctxapp_context_build_tokens",
             "Prompt tokens of each context build.",
             CONTEXT_TOKEN_BUCKETS,
             row,
-            float(row["total"] or 0),
+            float(row["tokens_sum"] or 0),
         )
-        utilisation = {
-            f"le_{i}": Count("id", filter=Q(utilisation__lte=b)) for i, b in enumerate(UTILISATION_BUCKETS)
+        utilisation = {"count": row["count"]} | {
+            f"le_{i}": row[f"utilisation_le_{i}"] for i in range(len(UTILISATION_BUCKETS))
         }
-        row = BudgetSample.objects.aggregate(count=Count("id"), total=Sum("utilisation"), **utilisation)
         yield _histogram(
             "ctxapp_context_build_utilisation",
             "Share of the model's input budget each context build used (0 to 1).",
             UTILISATION_BUCKETS,
-            row,
-            float(row["total"] or 0),
+            utilisation,
+            float(row["utilisation_sum"] or 0),
         )
 
     def _events(self) -> Iterator[Metric]:

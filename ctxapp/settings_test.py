@@ -10,7 +10,6 @@ other's jobs.
 import atexit
 import os
 import shutil
-import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -36,16 +35,8 @@ if os.environ.get("CTXAPP_TEST_REDIS_URL"):
     os.environ["REDIS_URL"] = os.environ["CTXAPP_TEST_REDIS_URL"]
 else:
     from ctxapp.infra import embedded_redis
-    from ctxapp.infra.processes import die_with_parent
 
-    _redis = subprocess.Popen(
-        embedded_redis.server_argv(_DATA), stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(os.getpid())
-    )
-    atexit.register(_redis.wait)
-    atexit.register(_redis.terminate)
-    os.environ["REDIS_URL"] = embedded_redis.url(_DATA)
-    if not embedded_redis.wait_until_answers(os.environ["REDIS_URL"], alive=lambda: _redis.poll() is None):
-        raise RuntimeError(f"the tests' Redis engine did not start: see {embedded_redis.redis_dir(_DATA)}")
+    os.environ["REDIS_URL"] = embedded_redis.start_for_this_process(_DATA)
 
 if not os.environ.get("CTXAPP_TEST_DATABASE_URL") and not os.environ.get("CTXAPP_EMBEDDED_DATABASE_URL"):
     from ctxapp.infra import embedded

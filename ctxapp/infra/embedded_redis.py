@@ -12,11 +12,16 @@ else reaches it through `url(data_dir)`: the Celery broker, the Channels layer a
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import os
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from ctxapp.infra.processes import die_with_parent
 
 # Unix socket paths are limited to 107 bytes on Linux (104 on macOS).
 SOCKET_PATH_MAX = 100
@@ -129,3 +134,18 @@ def wait_until_answers(redis_url: str, timeout: float = START_TIMEOUT_SECONDS, a
             return False
         time.sleep(0.05)
     return False
+
+
+def start_for_this_process(data_dir: Path) -> str:
+    """Run the embedded server of `data_dir` for as long as this process lives (the tests' engine,
+    a benchmark's): stopped at exit, and by the kernel if this process is killed. Returns its URL
+    once it answers; raises RuntimeError if it does not start. (`ctxapp up` supervises its own.)"""
+    proc = subprocess.Popen(
+        server_argv(data_dir), stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(os.getpid())
+    )
+    atexit.register(proc.wait)
+    atexit.register(proc.terminate)
+    redis_url = url(data_dir)
+    if not wait_until_answers(redis_url, alive=lambda: proc.poll() is None):
+        raise RuntimeError(f"the embedded Redis engine did not start: see {redis_dir(data_dir)}")
+    return redis_url
