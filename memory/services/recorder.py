@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -48,6 +49,17 @@ def stream_lock(*, tenant: Tenant, agent: Agent | None) -> None:
     transaction ends: for a write that appends to the stream after locking other rows, so that
     concurrent writers wait here, before any of those, instead of each holding some of them."""
     _stream_reserve(tenant=tenant, key=stream_key(agent), count=0)
+
+
+def streams_lock(*, tenant: Tenant, agents: Iterable[Agent | None]) -> None:
+    """`stream_lock` for each distinct stream of `agents`, in one order (by key) for every caller,
+    so that two writers that each lock several streams queue instead of waiting crosswise.
+
+    THE RULE: a transaction that locks other rows (an experience, say) and appends events takes
+    its streams first. Taken only at the first event, a stream is held while the transaction
+    waits for a row another writer holds, and that writer may be waiting for the stream."""
+    for key in sorted({stream_key(agent) for agent in agents}):
+        _stream_reserve(tenant=tenant, key=key, count=0)
 
 
 # The OpenTelemetry GenAI ids an event's payload carries: (payload key, the object it is read

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from memory.exceptions import InvalidInput
 from memory.models import Experience, ExperienceKind, ExperienceScope, ExtractionMethod, Session, Tenant
+from memory.services import recorder
 from memory.services.experiences.create import experience_create
 from memory.services.experiences.reads import visible_filter
 from memory.services.experiences.records import (
@@ -52,6 +53,8 @@ def experiences_promote(
         raise InvalidInput(f"{field} must not be empty.", details={"fields": {field: ["Required."]}})
     scope = ExperienceScope.USER if user_id else ExperienceScope.TENANT
     with transaction.atomic():
+        # The stream before the promoted row: recorder.streams_lock's rule.
+        recorder.stream_lock(tenant=tenant, agent=session.agent if session is not None else None)
         current = (
             Experience.objects.select_for_update()
             .filter(tenant=tenant, kind=kind, user_id=user_id, scope=scope, key=key, agent=agent)

@@ -62,7 +62,13 @@ def validate(*, user_id: str, subject: str, text: str, memory_type: str, confide
 
 
 def subject_lock(*, tenant: Tenant, user_id: str, subject: str) -> None:
-    """Serialise writers of one subject until the transaction ends (two extractions racing)."""
+    """Serialise writers of one subject until the transaction ends (two extractions racing).
+
+    The tenant's event stream, where user memories' events go, is taken first
+    (recorder.streams_lock's rule): an extraction records several subjects in one transaction,
+    holding the stream from its first event on, and a writer that held a later subject while
+    waiting for the stream deadlocked with it."""
+    recorder.stream_lock(tenant=tenant, agent=None)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
