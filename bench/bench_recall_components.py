@@ -1,6 +1,6 @@
 """Which ranking components earn their place: nested leave-one-conversation-out, paired bootstrap.
 
-    nice python bench/bench_recall_components.py [--sets locomo,ua] [--pool product|scope]
+    nice python bench/bench_recall_components.py [--sets locomo,ua,haystack] [--pool product|scope]
         [--base recipe|default] [--seed 0] [--json out.json]
 
 For each dev set on its own (LoCoMo-format files under tests/data/dev/, or --file), every
@@ -40,8 +40,13 @@ sys.path.insert(0, str(ROOT))
 DEV = ROOT / "tests" / "data" / "dev"
 CACHE = Path(os.environ.get("CTXAPP_RANK_CACHE", "/tmp/ctxapp_rank_cache"))
 # Each dev set: its files, read as one set of conversations (LoCoMo-style: every
-# conversations_dev*.locomo.json, so conversations added later count).
-SETS = {"locomo": "conversations_dev*.locomo.json", "ua": "user_assistant_dev.json"}
+# conversations_dev*.locomo.json, so conversations added later count; haystack: the
+# user-assistant set among the other conversations' sessions, in the first person).
+SETS = {
+    "locomo": "conversations_dev*.locomo.json",
+    "ua": "user_assistant_dev.json",
+    "haystack": "user_assistant_haystack_dev.json",
+}
 
 from ctxapp.cli.evaluation_data import dia_key, evidence_ids, load, turn_text  # noqa: E402
 from memory.services import ranking  # noqa: E402
@@ -381,7 +386,7 @@ def run_set(name: str, paths: list[Path], vectors: Vectors, args: argparse.Names
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sets", default="locomo,ua")
+    parser.add_argument("--sets", default="locomo,ua,haystack")
     parser.add_argument("--file", action="append", default=[], help="another LoCoMo-format file")
     parser.add_argument("--pool", default="product", choices=["product", "scope"])
     parser.add_argument("--base", default="recipe", choices=["recipe", "default"])

@@ -68,8 +68,9 @@ REQUIRED_CATEGORIES = {
 }
 
 
-def _builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("build_locomo", DEV / "source" / "build_locomo.py")
+def _builder(name: str = "build_locomo") -> ModuleType:
+    """tests/data/dev/source/<name>.py, the script that builds a dev file, loaded as a module."""
+    spec = importlib.util.spec_from_file_location(name, DEV / "source" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -117,3 +118,42 @@ def test_the_second_dev_file_is_what_its_source_builds_and_passes_its_checks() -
     broken[0]["qa"][1]["evidence"] = ["D99:1"]
     found = builder.problems(broken, required={1, 2, 3, 4, 5})
     assert any("repeats" in line for line in found) and any("names no turn" in line for line in found), found
+
+
+def test_the_haystack_set_is_the_user_assistant_set_among_the_others_sessions_in_the_first_person(
+    tmp_path: Path,
+) -> None:
+    builder = _builder("build_haystack")
+    committed = json.loads((DEV / "user_assistant_haystack_dev.json").read_text(encoding="utf-8"))
+    assert builder.build() == committed, "run tests/data/dev/source/build_haystack.py"
+    source = json.loads((DEV / "user_assistant_dev.json").read_text(encoding="utf-8"))
+    every_session = sum(
+        1 for s in source for k in s["conversation"] if k.startswith("session_") and "date" not in k
+    )
+    for original, haystack in zip(source, committed, strict=True):
+        name = original["conversation"]["speaker_a"]
+        path = tmp_path / f"{haystack['sample_id']}.json"
+        path.write_text(json.dumps([haystack]), encoding="utf-8")
+        [conversation] = load(str(path))
+        turns = {dia_key(t["dia_id"]): t for _, _, session in conversation.sessions for t in session}
+        dates = [when for _, when, _ in conversation.sessions]
+        assert len(dates) == every_session and dates == sorted(dates)  # type: ignore[type-var]
+        assert {t["speaker"] for t in turns.values()} == {"user", "assistant"}
+        original_turns = {
+            t["dia_id"]: t for k, v in original["conversation"].items() if isinstance(v, list) for t in v
+        }
+        for before, after in zip(original["qa"], conversation.questions, strict=True):
+            assert name not in after["question"], after["question"]
+            # The evidence is the same words, wherever the interleaving put them.
+            assert [original_turns[e]["text"] for e in before["evidence"]] == [
+                turns[e]["text"] for e in after["evidence"]
+            ]
+    assert builder.first_person("Which city does Maya live in now?", "Maya") == "Which city do I live in now?"
+    assert (
+        builder.first_person("When did Maya and Jess get engaged?", "Maya")
+        == "When did Jess and I get engaged?"
+    )
+    assert builder.first_person("Is Tomás still on keto?", "Tomás") == "Am I still on keto?"
+    assert builder.first_person("What review advice did the assistant give Maya?", "Maya") == (
+        "What review advice did the assistant give me?"
+    )

@@ -57,6 +57,23 @@ def test_the_harness_ingests_indexes_asks_and_reports_recall(
     }
 
 
+def test_a_run_faster_than_the_keys_rate_limit_waits_and_finishes(
+    live_server: Any, celery_worker: Any, tenant_a: Any, capsys: pytest.CaptureFixture[str], settings: Any
+) -> None:
+    """The harness sends as fast as the server answers; over the per-key limit each request waits
+    as the 429 says and goes on, and the figures are those of an unthrottled run."""
+    import dataclasses
+
+    from ctxapp.client._core import BACKOFF_MAX
+
+    # Enough retries, each waiting at most BACKOFF_MAX, to outlast the default limit's 60 s window.
+    assert evaluation.RATE_LIMIT_RETRIES * BACKOFF_MAX >= 60
+    settings.CTXAPP = dataclasses.replace(settings.CTXAPP, throttle_key_rate="4/s")
+    figures, _ = eval_figures(live_server, tenant_a, capsys, SAMPLE)
+    assert figures["questions_with_evidence"] == 9 and figures["R@10"] == 100.0
+    assert figures["evidence_in_prompt"] >= 85.0
+
+
 def test_cleanup_deletes_what_it_created(
     live_server: Any, celery_worker: Any, tenant_a: Any, capsys: Any
 ) -> None:

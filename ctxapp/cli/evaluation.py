@@ -75,11 +75,19 @@ from ctxapp.cli.evaluation_loo import (
     versus_baseline,
 )
 from ctxapp.client import Client, CtxappError
+from ctxapp.client._core import BACKOFF_MAX
 from memory.services import ranking
 
 SEARCH_LIMIT = 10
 DEFAULT_KINDS = ("message",)
 INDEX_TIMEOUT_SECONDS = 1800.0
+
+
+# A run outpaces the server's per-key rate limit (CTXAPP_THROTTLE_KEY_RATE, 1200 a minute, in a
+# fixed 60 s window: a 429 says to wait until the window ends). The client waits at most 5 s
+# before each retry (BACKOFF_MAX, for agents that must not stall), so enough retries to outlast a
+# whole window: a long file then runs at the rate the server allows instead of stopping.
+RATE_LIMIT_RETRIES = int(60 / BACKOFF_MAX) + 3
 
 
 @dataclass
@@ -214,7 +222,7 @@ def run_recall(
     asked: list[Asked] = []
     plans = LOO_PLANS if loo else LOO_PLANS[:1]
     recalls = LOO_RECALL if loo else LOO_RECALL[:1]
-    with Client(url, api_key) as api:
+    with Client(url, api_key, retries=RATE_LIMIT_RETRIES) as api:
         try:
             total_turns = sum(len(turns) for c in conversations for _, _, turns in c.sessions)
             started = time.perf_counter()

@@ -200,8 +200,8 @@ class SessionContextApi(TenantApiView):
         mode = serializers.ChoiceField(choices=["agent", "ask", "plan"], required=False)
         recall = serializers.DictField(
             required=False,
-            help_text="Recall overrides for this build: enabled, top_k, min_score, position (start|end), "
-            "budget_share, query (default: the input).",
+            help_text="Recall overrides for this build: enabled, top_k, min_score, min_similarity, "
+            "position (start|end), budget_share, max_tokens, relative_gap, query (default: the input).",
         )
         query = serializers.CharField(
             required=False, allow_blank=True, help_text="What to recall for (default: the input)."

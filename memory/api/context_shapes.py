@@ -110,6 +110,7 @@ class RecallPolicySerializer(serializers.Serializer):
     min_similarity = serializers.FloatField()
     position = serializers.ChoiceField(choices=["start", "end"])
     budget_share = serializers.FloatField()
+    max_tokens = serializers.IntegerField()
 
 
 class BuildPolicySerializer(EffectivePolicySerializer):

@@ -301,7 +301,7 @@ class MemoryPolicy(TenantPolicyBase):
         default=True, help_text="Context builds recall relevant items from outside the window."
     )
     recall_top_k = models.PositiveIntegerField(
-        default=15,
+        default=20,
         help_text="Most turns and records a context build recalls; the scores' drop and the budget "
         "usually cut sooner.",
     )
@@ -320,6 +320,11 @@ class MemoryPolicy(TenantPolicyBase):
     )
     recall_budget_share = models.FloatField(
         default=0.15, help_text="Largest share of the input budget recalled items may take."
+    )
+    recall_max_tokens = models.PositiveIntegerField(
+        default=1000,
+        help_text="Most tokens recalled items may take, whatever the model's window (the budget share "
+        "applies too; the smaller wins).",
     )
 
     class Meta:

@@ -19,7 +19,12 @@ from memory.services.context_items import (
 )
 from memory.services.context_policy import EffectivePolicy
 from memory.services.context_profile import profile_memory_ids, user_profile_item
-from memory.services.context_recall import RecallRequest, context_recall, recall_policy_effective
+from memory.services.context_recall import (
+    RecalledItem,
+    RecallRequest,
+    context_recall,
+    recall_policy_effective,
+)
 from memory.services.embedding import QueryEmbedding
 from memory.services.session_digest import context_digest_for_session
 
@@ -365,18 +370,23 @@ def _recall_step(
 ) -> list[ContextItem]:
     """The `recall` component: items from outside the window relevant to the query (manifest
     entries carry their score and why they were chosen). Read-only."""
+
+    def block(item: RecalledItem, text: str) -> dict[str, Any]:
+        return carried_over_message(text, source=item.kind, agent=item.agent, session=item.session or "")
+
     recalled = context_recall(
         tenant=tenant,
         request=request,
-        # What an item costs is the block it goes into the prompt as (the carried-over note and tags).
-        count_tokens=lambda text: counter.message_tokens(carried_over_message(text, source="message")),
+        # What an item costs is the block it goes into the prompt as (the carried-over note and
+        # its tags, the session's and agent's included): what the manifest then counts.
+        count_tokens=lambda item, text: counter.message_tokens(block(item, text)),
     )
     return [
         ContextItem(
             "recall",
             "recall",
             f"recall:{item.kind}:{item.id}",
-            [carried_over_message(item.text, source=item.kind, agent=item.agent, session=item.session or "")],
+            [block(item, item.text)],
             score=round(item.score, 4),
             reason=item.reason,
             extra={

@@ -7,11 +7,11 @@ leaves out what the prompt already carries (window messages, the current summary
 retrieved memories). How much it brings is decided by the scores and the budget, not a fixed
 count: hits scoring at least `min_score` (relative to the pool) or with a cosine of at least
 `min_similarity` (absolute), and within `relative_gap` of the best hit, best first, as long as
-they fit `budget_share` of the token budget (at most `top_k` turns and records). A recalled user
-memory brings the turns it was taken from (its `sources`): the evidence it stands for. The turns
-recalled from one session go into the prompt as one excerpt (one item, `seqs` lists its turns,
-in conversation order), so that each further turn of a session costs its words, not another
-carried-over block. The context builder places them at the start or the end.
+they fit `budget_share` of the token budget and `max_tokens` (at most `top_k` turns and records).
+A recalled user memory brings the turns it was taken from (its `sources`): the evidence it stands
+for. The turns recalled from one session go into the prompt as one excerpt (one item, `seqs`
+lists its turns, in conversation order), so that each further turn of a session costs its words,
+not another carried-over block. The context builder places them at the start or the end.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ POSITIONS = ("start", "end")
 SEARCH_LIMIT = 40  # hits a build's recall search asks for (the budget and the scores then cut)
 # A hit whose relevance (without the length prior) is this far under the best hit's is left out:
 # the scores' own drop decides how much to bring (docs/memory.md, "Recall across sessions"). In
-# z-score units of the pool (ranking.py's fusion); with `top_k` 15 (MemoryPolicy), the cut every
-# fold of nested leave-one-conversation-out chose on the LoCoMo-style dev set (and 4 of 6 on
-# the user-assistant one chose 20 / 6.0, over 1,000 tokens elsewhere).
+# z-score units of the pool (ranking.py's fusion); with `top_k` 20 and `max_tokens` 1,000
+# (MemoryPolicy), the cut every fold of nested leave-one-conversation-out chose on the LoCoMo-style
+# and user-assistant dev sets (the haystack one ties; docs/memory.md, "Through the API").
 RELATIVE_GAP_DEFAULT = 6.0
 SOURCE_TURNS_MAX = 3  # turns a recalled user memory brings at most
 # name → (type, minimum, maximum) of the request's `recall` object
@@ -46,6 +46,7 @@ RECALL_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
     "min_similarity": (float, -1.0, 1.0),
     "position": (str, None, None),
     "budget_share": (float, 0.0, 1.0),
+    "max_tokens": (int, 0, 1_000_000),
     "query": (str, None, None),
     "relative_gap": (float, 0.0, 10.0),
 }
@@ -59,6 +60,9 @@ class RecallPolicy:
     min_similarity: float
     position: str
     budget_share: float
+    # A ceiling whatever the model's window: a share of a 128k-token budget is far more than
+    # recall ever needs, and recalled text the model must read costs on every turn.
+    max_tokens: int = 1000
     query: str = ""  # an explicit search query (default: the next input)
     relative_gap: float = RELATIVE_GAP_DEFAULT  # how far under the best hit a recalled one may score
 
@@ -88,6 +92,7 @@ def recall_policy_effective(*, tenant: Tenant, overrides: Any = None) -> RecallP
         min_similarity=base.recall_min_similarity,
         position=base.recall_position,
         budget_share=base.recall_budget_share,
+        max_tokens=base.recall_max_tokens,
     )
     if overrides is None:
         return policy
@@ -171,7 +176,7 @@ class RecallRequest:
 
 
 def context_recall(
-    *, tenant: Tenant, request: RecallRequest, count_tokens: Callable[[str], int]
+    *, tenant: Tenant, request: RecallRequest, count_tokens: Callable[[RecalledItem, str], int]
 ) -> list[RecalledItem]:
     """The items to recall into the next prompt, best first (a user memory's source turns right
     after it). Read-only.
@@ -181,7 +186,13 @@ def context_recall(
     """
     session, policy = request.session, request.policy
     query = (policy.query or request.query or "").strip()
-    if not policy.enabled or policy.top_k <= 0 or not query or policy.budget_share <= 0:
+    if (
+        not policy.enabled
+        or policy.top_k <= 0
+        or not query
+        or policy.budget_share <= 0
+        or policy.max_tokens <= 0
+    ):
         return []
     shared = request.query_vector
     # The build's vector serves when recall asks the build's own query (not an explicit one).
@@ -211,7 +222,7 @@ def context_recall(
     origins.update(_memory_provenance(tenant=tenant, session=session, hits=hits))
     turns = _source_turns(tenant=tenant, session=session, hits=hits, origins=origins)
     picker = _Picker(
-        allowance=int(request.budget_tokens * policy.budget_share),
+        allowance=min(int(request.budget_tokens * policy.budget_share), policy.max_tokens),
         top_k=policy.top_k,
         count_tokens=count_tokens,
         taken={(session.public_id, seq) for seq in request.window_seqs},
@@ -317,7 +328,8 @@ class _Picker:
 
     allowance: int
     top_k: int
-    count_tokens: Callable[[str], int]
+    # What an item costs with `text`: the whole block it goes into the prompt as (its note and tags).
+    count_tokens: Callable[[RecalledItem, str], int]
     taken: set[tuple[str, int]]
     used: int = 0
     picked: int = 0
@@ -328,7 +340,7 @@ class _Picker:
         return self.picked >= self.top_k
 
     def add(self, item: RecalledItem) -> bool:
-        cost = self.count_tokens(item.text)
+        cost = self.count_tokens(item, item.text)
         if self.full() or self.used + cost > self.allowance:
             return False
         self.used += cost
@@ -358,7 +370,7 @@ class _Picker:
             return
         item, turns = excerpt
         text = _excerpt_text([*turns, turn])
-        cost = self.count_tokens(text) - self.count_tokens(item.text)
+        cost = self.count_tokens(item, text) - self.count_tokens(item, item.text)
         if self.used + cost > self.allowance:
             return
         self.used += cost

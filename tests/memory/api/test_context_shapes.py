@@ -207,6 +207,7 @@ def test_the_answer_is_the_build_the_service_recorded(built) -> None:
         "min_similarity",
         "position",
         "budget_share",
+        "max_tokens",
     ]
     summarisation = ["queued", "already_queued", "reason", "threshold", "covered_up_to_seq"]
     assert list(body["summarisation"]) == summarisation

@@ -53,7 +53,7 @@ def test_an_earlier_sessions_message_is_recalled_for_a_question_about_it(tenant_
     assert built.messages[0]["content"] == "You are helpful."
     assert "Biscuit" in built.messages[1]["content"] and "Caroline" in built.messages[1]["content"]
     assert built.budget["components"]["recall"] > 0
-    assert built.recall_policy.top_k == 15
+    assert built.recall_policy.top_k == 20 and built.recall_policy.max_tokens == 1000
 
 
 def test_another_users_sessions_are_never_recalled(tenant_a, months_ago):
@@ -190,3 +190,41 @@ def test_the_scores_drop_decides_how_much_is_recalled(tenant_a):
     assert wide_seqs == {1, 2, 3}, recall_items(wide)  # every turn about the dog
     assert len(narrow_seqs) == 1 and narrow_seqs < wide_seqs, recall_items(narrow)  # only the best
     assert narrow.budget["components"]["recall"] < wide.budget["components"]["recall"]
+
+
+def test_recall_takes_at_most_max_tokens_whatever_the_models_window(tenant_a):
+    from memory.models import MemoryPolicy
+
+    pets = ["Biscuit", "Pepper", "Miso", "Waffles", "Nube", "Juno", "Olive", "Pickle", "Mochi", "Tofu",
+            "Ziggy", "Bean"]  # fmt: skip
+    for name in pets:  # one earlier session each: each recalled turn is its own excerpt block
+        old = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u5")
+        text = (
+            f"Our dog {name} chewed the garden hose again and then slept in the sun all afternoon, "
+            f"so the vet says {name} needs a longer walk by the river every single morning."
+        )
+        say(tenant_a, old, text)
+    now = session_create(tenant=tenant_a, agent_external_id="bot", user_id="u5")
+    message_indexing.memory_index_drain()
+    question = "What did the vet say about the dog chewing the garden hose and needing longer walks?"
+    wide = {
+        "top_k": 50,
+        "min_score": -10.0,
+        "min_similarity": -1.0,
+        "relative_gap": 10.0,
+        "budget_share": 1.0,
+    }
+
+    def recalled_tokens(**recall: Any) -> int:
+        built = context_build(tenant=tenant_a, session=now, next_input=question, recall={**wide, **recall})
+        assert built.recall_policy.max_tokens == recall.get("max_tokens", built.recall_policy.max_tokens)
+        return sum(int(i["tokens"]) for i in recall_items(built) if i["included"])
+
+    unbounded = recalled_tokens(max_tokens=100_000)
+    assert unbounded > 1000  # every session's turn fits the model's window share
+    default = recalled_tokens()
+    assert 600 < default <= 1000  # the default ceiling, filled best first
+    assert 0 < recalled_tokens(max_tokens=300) <= 300
+    MemoryPolicy.objects.update_or_create(tenant=tenant_a, defaults={"recall_max_tokens": 500})
+    assert 0 < recalled_tokens() <= 500  # the tenant's policy sets the default
+    assert recalled_tokens(max_tokens=0) == 0  # no recall at all
