@@ -33,6 +33,9 @@ def worker_argv(cfg: CtxappSettings, *, concurrency: int | None = None, name: st
     ]  # fmt: skip
 
 
+KEEP_ALIVE_SECONDS = 75
+
+
 def beat_argv(cfg: CtxappSettings) -> list[str]:
     schedule = data_dir_of(cfg) / "celerybeat-schedule"
     return [
@@ -52,6 +55,11 @@ def web_argv(cfg: CtxappSettings, host: str, port: int) -> list[str]:
         # which answers it in the JSON error shape; httptools refuses it itself in plain text.
         # Measured: +0.1-0.2 ms of CPU on a 2.2 ms GET /healthz.
         "--http", "h11",
+        # An idle keep-alive connection stays open longer than clients and proxies keep one
+        # (httpx 5 s, nginx and cloud load balancers 60 s): a server that closes it first can do
+        # so just as a client sends on it, and the client reads a reset for a request the server
+        # never saw (uvicorn's default is 5 s; the soak drill saw one append reset so).
+        "--timeout-keep-alive", str(KEEP_ALIVE_SECONDS),
         # uvicorn would otherwise take X-Forwarded-For from loopback as the client address, so a
         # client could pick its own; memory.api.throttles.client_address alone reads that header,
         # honouring CTXAPP_NUM_PROXIES.
