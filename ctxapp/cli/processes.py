@@ -33,15 +33,16 @@ def worker_argv(cfg: CtxappSettings, *, concurrency: int | None = None, name: st
     ]  # fmt: skip
 
 
-KEEP_ALIVE_SECONDS = 75
-
-
 def beat_argv(cfg: CtxappSettings) -> list[str]:
     schedule = data_dir_of(cfg) / "celerybeat-schedule"
     return [
         sys.executable, "-m", "celery", "-A", "ctxapp", "--quiet", "beat",
         "--loglevel", cfg.log_level, "--schedule", str(schedule),
     ]  # fmt: skip
+
+
+# How long the web server keeps an idle keep-alive connection (see web_argv).
+KEEP_ALIVE_SECONDS = 75
 
 
 def web_argv(cfg: CtxappSettings, host: str, port: int) -> list[str]:

@@ -44,21 +44,26 @@ def _stream_reserve(*, tenant: Tenant, key: str, count: int) -> int:
         return int(cursor.fetchone()[0])
 
 
-def stream_lock(*, tenant: Tenant, agent: Agent | None) -> None:
-    """Take the lock of the agent's stream counter (the tenant stream without one) now, until the
+def stream_lock(*, tenant: Tenant, agent: Agent | None = None, session: Session | None = None) -> None:
+    """Take the lock of the agent's stream counter (a session's agent when only the session is
+    given, the tenant stream without either, as `events_append` picks it) now, until the
     transaction ends: for a write that appends to the stream after locking other rows, so that
     concurrent writers wait here, before any of those, instead of each holding some of them."""
-    _stream_reserve(tenant=tenant, key=stream_key(agent), count=0)
+    streams_lock(tenant=tenant, sessions=[session], agents=[agent])
 
 
-def streams_lock(*, tenant: Tenant, agents: Iterable[Agent | None]) -> None:
-    """`stream_lock` for each distinct stream of `agents`, in one order (by key) for every caller,
-    so that two writers that each lock several streams queue instead of waiting crosswise.
+def streams_lock(
+    *, tenant: Tenant, sessions: Iterable[Session | None] = (), agents: Iterable[Agent | None] = ()
+) -> None:
+    """`stream_lock` for each distinct stream of `sessions` (their agents') and `agents`, in one
+    order (by key) for every caller, so that two writers that each lock several streams queue
+    instead of waiting crosswise.
 
     THE RULE: a transaction that locks other rows (an experience, say) and appends events takes
     its streams first. Taken only at the first event, a stream is held while the transaction
     waits for a row another writer holds, and that writer may be waiting for the stream."""
-    for key in sorted({stream_key(agent) for agent in agents}):
+    owners = [*agents, *(session.agent if session is not None else None for session in sessions)]
+    for key in sorted({stream_key(agent) for agent in owners}):
         _stream_reserve(tenant=tenant, key=key, count=0)
 
 

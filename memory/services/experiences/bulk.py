@@ -79,10 +79,7 @@ def _create_many(*, tenant: Tenant, items: list[tuple[BulkItem, Source]], bulk: 
     drafts = [(records.draft_of(item), source) for item, source in items]
     with transaction.atomic():
         # The streams before the duplicates' rows: recorder.streams_lock's rule.
-        recorder.streams_lock(
-            tenant=tenant,
-            agents=[source.session.agent if source.session is not None else None for _, source in drafts],
-        )
+        recorder.streams_lock(tenant=tenant, sessions=[source.session for _, source in drafts])
         canonical = _stored_duplicates(tenant=tenant, drafts=[draft for draft, _ in drafts])
         plan = _bulk_plan(tenant=tenant, drafts=drafts, canonical=canonical, bulk=bulk)
         _bulk_write(tenant=tenant, plan=plan)

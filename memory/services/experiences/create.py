@@ -81,9 +81,7 @@ def experience_create(
     )  # fmt: skip
     with transaction.atomic():
         # The stream before the duplicate's row: recorder.streams_lock's rule.
-        recorder.stream_lock(
-            tenant=tenant, agent=source_session.agent if source_session is not None else None
-        )
+        recorder.stream_lock(tenant=tenant, session=source_session)
         duplicate = _exact_duplicate(tenant=tenant, draft=draft) if merge else None
         if duplicate is not None and supersedes is None:
             return _merge_exact(

@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from memory.exceptions import NotFound
-from memory.models import Agent, EmbeddingStatus, Experience, ExperiencePolicy, JobIntent, JobStatus, Tenant
+from memory.models import EmbeddingStatus, Experience, ExperiencePolicy, JobIntent, JobStatus, Tenant
 from memory.services import jobs, recorder
 from memory.services.agent_access import rows_visible
 from memory.services.embedding import CacheKey, text_hash, vector_text, vectors_cached
@@ -45,14 +45,7 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
     stream, and one query finds every row's nearest stored neighbour; only a row with a neighbour
     close enough to merge or supersede (`reconcile.RECONCILE_CANDIDATE_FLOOR`) runs `reconcile`.
     """
-    rows = list(
-        Experience.objects.filter(pk__in=experience_ids, embedding_status=EmbeddingStatus.PENDING)
-        .select_related("tenant", "source_session__agent")
-        .only(
-            "pk", "problem", "cause", "solution", "text_hash", "tenant__id",
-            "source_session__id", "source_session__agent__external_id",
-        )
-    )  # fmt: skip
+    rows = _pending(experience_ids)
     if not rows:
         return 0
     texts = {(row.tenant_id, row.text_hash): row.text for row in rows}
@@ -76,20 +69,30 @@ def experiences_embed(*, experience_ids: list[int]) -> int:
     return len(locked)
 
 
+def _pending(experience_ids: list[int]) -> list[Experience]:
+    """The still-pending rows among `experience_ids`, unlocked, with what their texts and their
+    events' streams need."""
+    return list(
+        Experience.objects.filter(pk__in=experience_ids, embedding_status=EmbeddingStatus.PENDING)
+        .select_related("tenant", "source_session__agent")
+        .only(
+            "pk", "problem", "cause", "solution", "text_hash", "tenant__id",
+            "source_session__id", "source_session__agent__external_id",
+        )
+    )  # fmt: skip
+
+
 def _streams_lock(rows: list[Experience]) -> None:
     """Lock the streams the rows' events go to (each row's source session's agent, else its
     tenant's) before any row: recorder.streams_lock's rule. A distillation holds its agent's
     stream while it locks a stored experience it repeats; this job locked that experience first
     and then waited for the stream."""
-    by_tenant: dict[int, tuple[Tenant, set[Agent | None]]] = {}
+    by_tenant: dict[int, list[Experience]] = {}
     for row in rows:
-        session = row.source_session
-        by_tenant.setdefault(row.tenant_id, (row.tenant, set()))[1].add(
-            session.agent if session is not None else None
-        )
+        by_tenant.setdefault(row.tenant_id, []).append(row)
     for tenant_id in sorted(by_tenant):
-        tenant, agents = by_tenant[tenant_id]
-        recorder.streams_lock(tenant=tenant, agents=agents)
+        of_tenant = by_tenant[tenant_id]
+        recorder.streams_lock(tenant=of_tenant[0].tenant, sessions=[row.source_session for row in of_tenant])
 
 
 def _vectors_write(rows: list[Experience], *, vectors: dict[CacheKey, np.ndarray], model_name: str) -> None:
@@ -163,13 +166,7 @@ def experiences_mark_failed(*, experience_ids: list[int], reason: str) -> int:
     """Mark the still-pending experiences among `experience_ids` failed with `reason`. Idempotent."""
     reason = reason[:2000]
     with transaction.atomic():
-        _streams_lock(
-            list(
-                Experience.objects.filter(pk__in=experience_ids, embedding_status=EmbeddingStatus.PENDING)
-                .select_related("tenant", "source_session__agent")
-                .only("pk", "tenant__id", "source_session__id", "source_session__agent__external_id")
-            )
-        )
+        _streams_lock(_pending(experience_ids))
         rows = list(
             Experience.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(pk__in=experience_ids, embedding_status=EmbeddingStatus.PENDING)

@@ -30,7 +30,7 @@ def experience_feedback(
     field = "helpful_count" if helpful else "unhelpful_count"
     with transaction.atomic():
         # The stream before the experience's row: recorder.streams_lock's rule.
-        recorder.stream_lock(tenant=tenant, agent=session.agent if session is not None else None)
+        recorder.stream_lock(tenant=tenant, session=session)
         ExperienceFeedback.objects.create(
             tenant=tenant, experience=experience, helpful=helpful, note=note, session=session
         )

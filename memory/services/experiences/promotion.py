@@ -54,7 +54,7 @@ def experiences_promote(
     scope = ExperienceScope.USER if user_id else ExperienceScope.TENANT
     with transaction.atomic():
         # The stream before the promoted row: recorder.streams_lock's rule.
-        recorder.stream_lock(tenant=tenant, agent=session.agent if session is not None else None)
+        recorder.stream_lock(tenant=tenant, session=session)
         current = (
             Experience.objects.select_for_update()
             .filter(tenant=tenant, kind=kind, user_id=user_id, scope=scope, key=key, agent=agent)

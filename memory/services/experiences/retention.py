@@ -35,7 +35,7 @@ def experience_delete(*, tenant: Tenant, experience: Experience) -> DeleteResult
         # The stream before the row: recorder.streams_lock's rule. (A row's source session does
         # not change; a deleted one leaves the tenant stream, locked below by the event.)
         session = experience.source_session
-        recorder.stream_lock(tenant=tenant, agent=session.agent if session is not None else None)
+        recorder.stream_lock(tenant=tenant, session=session)
         locked = Experience.objects.select_for_update().filter(tenant=tenant, pk=experience.pk).first()
         if locked is None:  # deleted meanwhile
             raise NotFound.of("experience", experience.public_id)

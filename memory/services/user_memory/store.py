@@ -68,7 +68,7 @@ def subject_lock(*, tenant: Tenant, user_id: str, subject: str) -> None:
     (recorder.streams_lock's rule): an extraction records several subjects in one transaction,
     holding the stream from its first event on, and a writer that held a later subject while
     waiting for the stream deadlocked with it."""
-    recorder.stream_lock(tenant=tenant, agent=None)
+    recorder.stream_lock(tenant=tenant)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
